@@ -1,0 +1,174 @@
+// Validation and planning shared by every backend (the non-virtual half of ClusterEngine,
+// as FAISS's Index::search wraps searchImpl_).
+#include "centroidkv/kernels/engine.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "centroidkv/common/status_macros.h"
+
+namespace centroidkv {
+namespace {
+
+absl::Status CheckDims(const LayerView& layer, const EngineLimits& limits) {
+  struct Dim {
+    const char* field;
+    int32_t value;
+    int32_t max;
+  };
+  const Dim dims[] = {{"num_heads", layer.num_heads, limits.max_heads},
+                      {"num_tokens", layer.num_tokens, limits.max_tokens},
+                      {"key_dim", layer.key_dim, limits.max_dim},
+                      {"value_dim", layer.value_dim, limits.max_dim}};
+  for (const Dim& dim : dims) {
+    if (dim.value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dim.field, " must be positive (got ", dim.value, ")"));
+    }
+    if (dim.value > dim.max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dim.field, " is ", dim.value, ", above the limit of ", dim.max));
+    }
+  }
+  const int64_t elements = int64_t{layer.num_heads} * layer.num_tokens *
+                           (int64_t{layer.key_dim} + layer.value_dim);
+  if (elements > limits.max_layer_elements) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "num_heads * num_tokens * (key_dim + value_dim) = ", elements,
+        " elements exceeds the per-job limit of ", limits.max_layer_elements));
+  }
+  if (layer.keys == nullptr || layer.values == nullptr) {
+    return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
+                                                            : "values are missing");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptions(const LayerView& layer, const CompressOptions& options) {
+  if (options.target_ratio.has_value() && options.target_tokens.has_value()) {
+    return absl::InvalidArgumentError("set only one of target_ratio and target_tokens");
+  }
+  if (options.target_ratio.has_value() &&
+      !(*options.target_ratio > 0.0 && *options.target_ratio <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_ratio must be in (0, 1] (got ", *options.target_ratio, ")"));
+  }
+  if (options.target_tokens.has_value() && *options.target_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_tokens must be at least 1 (got ", *options.target_tokens, ")"));
+  }
+  if (options.chunk_size < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_size must be at least 2 (got ", options.chunk_size, ")"));
+  }
+  if (options.sink_tokens < 0 || options.recent_tokens < 0) {
+    return absl::InvalidArgumentError(options.sink_tokens < 0
+                                          ? "sink_tokens must not be negative"
+                                          : "recent_tokens must not be negative");
+  }
+  if (options.min_similarity.has_value() &&
+      !(*options.min_similarity >= -1.0 && *options.min_similarity <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_similarity must be in [-1, 1] (got ", *options.min_similarity, ")"));
+  }
+  if (!(options.tighten_per_pass >= 0.0) || !std::isfinite(options.tighten_per_pass)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tighten_per_pass must be a finite value >= 0 (got ", options.tighten_per_pass, ")"));
+  }
+  if (options.max_passes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_passes must be at least 1 (got ", options.max_passes, ")"));
+  }
+  for (int32_t head : options.passthrough_heads) {
+    if (head < 0 || head >= layer.num_heads) {
+      return absl::InvalidArgumentError(absl::StrCat("passthrough_heads names head ", head,
+                                                     ", outside [0, ", layer.num_heads, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every key and value must be finite; every count positive, and a head's counts must sum
+// to something a uint32 output count can hold.
+absl::Status CheckData(const LayerView& layer) {
+  for (int32_t h = 0; h < layer.num_heads; ++h) {
+    uint64_t count_sum = 0;
+    for (int32_t t = 0; t < layer.num_tokens; ++t) {
+      const int64_t key_base = layer.KeyOffset(h, t);
+      for (int32_t j = 0; j < layer.key_dim; ++j) {
+        if (!std::isfinite(LoadAsFloat(layer.keys, layer.dtype, key_base + j))) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "keys hold a NaN or Inf at head ", h, ", token ", t, ", dim ", j));
+        }
+      }
+      const int64_t value_base = layer.ValueOffset(h, t);
+      for (int32_t j = 0; j < layer.value_dim; ++j) {
+        if (!std::isfinite(LoadAsFloat(layer.values, layer.dtype, value_base + j))) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "values hold a NaN or Inf at head ", h, ", token ", t, ", dim ", j));
+        }
+      }
+      const uint32_t count = layer.CountAt(h, t);
+      if (count == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("counts must be at least 1; head ", h, ", token ", t, " has 0"));
+      }
+      count_sum += count;
+    }
+    if (count_sum > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "counts of head ", h, " sum to ", count_sum, ", more than a uint32 can hold"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view TensorLayoutName(TensorLayout layout) {
+  return layout == TensorLayout::kHeadMajor ? "head_major" : "token_major";
+}
+
+double LayerPlan::FloorForPass(int32_t pass) const {
+  if (!options.min_similarity.has_value()) {
+    return -std::numeric_limits<double>::infinity();
+  }
+  return *options.min_similarity + pass * options.tighten_per_pass;
+}
+
+absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOptions& options,
+                                    const EngineLimits& limits) {
+  CKV_RETURN_IF_ERROR(CheckDims(layer, limits));
+  CKV_RETURN_IF_ERROR(CheckOptions(layer, options));
+  CKV_RETURN_IF_ERROR(CheckData(layer));
+
+  LayerPlan plan;
+  plan.options = options;
+  if (options.target_tokens.has_value()) {
+    plan.target_length = std::min<int64_t>(*options.target_tokens, layer.num_tokens);
+  } else {
+    // The same double arithmetic as the SPEC's ceil(rho * n), so that boundary cases such
+    // as 0.3 * 40 round exactly as the golden implementation does.
+    const double rho = options.target_ratio.value_or(CompressOptions::kDefaultTargetRatio);
+    plan.target_length = static_cast<int64_t>(std::ceil(rho * layer.num_tokens));
+  }
+  plan.passthrough.assign(layer.num_heads, false);
+  for (int32_t head : options.passthrough_heads) plan.passthrough[head] = true;
+  for (bool pass : plan.passthrough) plan.compressed_heads += pass ? 0 : 1;
+  return plan;
+}
+
+absl::StatusOr<CompressResult> ClusterEngine::Compress(const LayerView& layer,
+                                                       const CompressOptions& options,
+                                                       const CompressControl& control) const {
+  CKV_ASSIGN_OR_RETURN(LayerPlan plan, PlanLayer(layer, options, limits_));
+  if (control.IsCancelled()) {
+    return absl::CancelledError("job cancelled before it started");
+  }
+  CompressResult result;
+  CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, control, &result));
+  return result;
+}
+
+}  // namespace centroidkv

@@ -1,0 +1,57 @@
+// Builds the set of engines. Only this file knows which backends were compiled in.
+#include "centroidkv/kernels/engine_factory.h"
+
+#include "kernels/reference/reference_engine.h"
+
+namespace centroidkv {
+
+std::string_view BackendKindName(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kAuto:
+      return "auto";
+    case BackendKind::kCpu:
+      return "cpu";
+    case BackendKind::kGpu:
+      return "gpu";
+    case BackendKind::kReference:
+      return "reference";
+  }
+  return "unknown";
+}
+
+std::unique_ptr<EngineSet> EngineSet::CreateAvailable(const EngineLimits& limits) {
+  std::unique_ptr<EngineSet> set(new EngineSet(limits));
+  set->reference_ = std::make_unique<ReferenceEngine>(limits);
+  // Until the fast CPU backend lands, the reference engine is the CPU backend.
+  set->best_cpu_ = set->reference_.get();
+  return set;
+}
+
+absl::StatusOr<const ClusterEngine*> EngineSet::Select(BackendKind kind) const {
+  switch (kind) {
+    case BackendKind::kAuto:
+      return gpu_ != nullptr ? gpu_ : best_cpu_;
+    case BackendKind::kCpu:
+      return best_cpu_;
+    case BackendKind::kReference:
+      return reference_.get();
+    case BackendKind::kGpu:
+      if (gpu_ == nullptr) {
+        return absl::FailedPreconditionError(
+            "backend: gpu was requested but this server has no GPU backend (no CUDA device, "
+            "or built without CUDA); use backend auto or cpu");
+      }
+      return gpu_;
+  }
+  return absl::InvalidArgumentError("backend: unknown backend kind");
+}
+
+std::vector<std::string> EngineSet::EngineNames() const {
+  std::vector<std::string> names;
+  names.emplace_back(reference_->name());
+  if (best_cpu_ != reference_.get()) names.emplace_back(best_cpu_->name());
+  if (gpu_ != nullptr) names.emplace_back(gpu_->name());
+  return names;
+}
+
+}  // namespace centroidkv

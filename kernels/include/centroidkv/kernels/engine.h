@@ -1,0 +1,158 @@
+// The clustering engine: one interface, several backends (reference, CPU, CUDA), in the
+// manner of FAISS's Index or ggml's backend interface. The unit of work is one layer job:
+// all H KV heads of one layer of one sequence (SPEC.md section 2), because uniform_heads
+// couples the heads and top-r selection is global across the chunks of a head.
+//
+// No CUDA, TBB or gRPC types appear here. Engines are thread-safe: Compress() may be
+// called concurrently from many threads (backends keep per-thread scratch themselves).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "centroidkv/common/dtype.h"
+
+namespace centroidkv {
+
+// How the H x n x d elements of a key or value tensor are laid out in memory.
+//   kHeadMajor:  [H, n, d], element (h, t, j) at (h * n + t) * d + j; counts [H, n].
+//   kTokenMajor: [n, H, d], element (h, t, j) at (t * H + h) * d + j; counts [n, H].
+enum class TensorLayout : uint8_t { kHeadMajor, kTokenMajor };
+
+std::string_view TensorLayoutName(TensorLayout layout);
+
+// One layer of one sequence in host memory, borrowed for the duration of Compress().
+struct LayerView {
+  DType dtype = DType::kFloat32;
+  TensorLayout layout = TensorLayout::kHeadMajor;
+  int32_t num_heads = 0;
+  int32_t num_tokens = 0;
+  int32_t key_dim = 0;
+  int32_t value_dim = 0;
+  const void* keys = nullptr;        // H * n * key_dim elements of dtype
+  const void* values = nullptr;      // H * n * value_dim elements of dtype
+  const uint32_t* counts = nullptr;  // H * n entries, or null for "all 1"
+
+  // Element index of (head, token, 0) in keys / values, and of (head, token) in counts.
+  int64_t KeyOffset(int32_t head, int32_t token) const { return RowIndex(head, token) * key_dim; }
+  int64_t ValueOffset(int32_t head, int32_t token) const {
+    return RowIndex(head, token) * value_dim;
+  }
+  int64_t RowIndex(int32_t head, int32_t token) const {
+    return layout == TensorLayout::kHeadMajor
+               ? static_cast<int64_t>(head) * num_tokens + token
+               : static_cast<int64_t>(token) * num_heads + head;
+  }
+  uint32_t CountAt(int32_t head, int32_t token) const {
+    return counts == nullptr ? 1u : counts[RowIndex(head, token)];
+  }
+};
+
+// SPEC.md section 2 parameters. Field names follow the SPEC and the wire API.
+struct CompressOptions {
+  static constexpr double kDefaultTargetRatio = 0.25;
+  static constexpr int32_t kDefaultChunkSize = 256;
+  static constexpr int32_t kDefaultSinkTokens = 16;
+  static constexpr int32_t kDefaultRecentTokens = 64;
+  static constexpr int32_t kDefaultMaxPasses = 8;
+
+  // At most one of the two targets is set; with neither, target_ratio = 0.25.
+  std::optional<double> target_ratio;   // rho in (0, 1]: t = ceil(rho * n)
+  std::optional<int64_t> target_tokens;  // t >= 1 (clamped to n)
+  int32_t chunk_size = kDefaultChunkSize;           // C >= 2
+  int32_t sink_tokens = kDefaultSinkTokens;         // S >= 0, never merged
+  int32_t recent_tokens = kDefaultRecentTokens;     // W >= 0, never merged
+  std::optional<double> min_similarity;             // tau in [-1, 1]; unset = off
+  double tighten_per_pass = 0.0;                    // delta >= 0
+  int32_t max_passes = kDefaultMaxPasses;           // P >= 1
+  bool uniform_heads = true;
+  std::vector<int32_t> passthrough_heads;           // heads returned unchanged
+  bool compute_assignment = true;                   // fill CompressResult::assignment
+};
+
+// Size limits enforced before any backend runs (RESOURCE_EXHAUSTED / INVALID_ARGUMENT).
+struct EngineLimits {
+  int32_t max_heads = 1024;
+  int32_t max_tokens = 1 << 22;  // 4M entries per head
+  int32_t max_dim = 4096;        // key_dim and value_dim
+  int64_t max_layer_elements = int64_t{1} << 31;  // H * n * (dk + dv)
+};
+
+// The output of one layer job: heads concatenated along the entry axis, float32 (the exact
+// result before any rounding to an output dtype).
+struct CompressResult {
+  int32_t num_heads = 0;
+  int32_t num_tokens = 0;  // input entries per head
+  int32_t key_dim = 0;
+  int32_t value_dim = 0;
+  std::vector<int64_t> offsets;      // [H + 1]: head h owns rows offsets[h] .. offsets[h+1]
+  std::vector<float> keys;           // [total, key_dim]
+  std::vector<float> values;         // [total, value_dim]
+  std::vector<uint32_t> counts;      // [total]
+  std::vector<int32_t> assignment;   // [H, n] head-local output row of each input entry,
+                                     // empty unless CompressOptions::compute_assignment
+  int32_t passes_run = 0;            // passes that merged something
+
+  int64_t total_entries() const { return offsets.empty() ? 0 : offsets.back(); }
+};
+
+// Per-call control that is not part of the job: cooperative cancellation.
+struct CompressControl {
+  // When set and it becomes true, the engine stops at the next pass boundary and returns
+  // absl::CancelledError. Borrowed; must outlive the call.
+  const std::atomic<bool>* cancelled = nullptr;
+
+  bool IsCancelled() const {
+    return cancelled != nullptr && cancelled->load(std::memory_order_relaxed);
+  }
+};
+
+// Validated, resolved parameters of one job, shared by every backend.
+struct LayerPlan {
+  int64_t target_length = 0;           // t, the same for every head
+  std::vector<bool> passthrough;       // [H]
+  int32_t compressed_heads = 0;        // heads that are not passthrough
+  CompressOptions options;
+
+  // The similarity floor of pass p, or -infinity when the floor is off.
+  double FloorForPass(int32_t pass) const;
+};
+
+class ClusterEngine {
+ public:
+  virtual ~ClusterEngine() = default;
+
+  // "reference", "cpu", "cuda:0", ...
+  virtual std::string_view name() const = 0;
+
+  // Validates `layer` and `options` (InvalidArgument / ResourceExhausted naming the
+  // field), plans the job, then runs the backend. Thread-safe.
+  absl::StatusOr<CompressResult> Compress(const LayerView& layer, const CompressOptions& options,
+                                          const CompressControl& control = {}) const;
+
+  const EngineLimits& limits() const { return limits_; }
+
+ protected:
+  explicit ClusterEngine(EngineLimits limits = {}) : limits_(limits) {}
+
+  // Runs SPEC section 2 on a validated job. `out` arrives empty.
+  virtual absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
+                                    const CompressControl& control,
+                                    CompressResult* out) const = 0;
+
+ private:
+  EngineLimits limits_;
+};
+
+// Checks every field of a job, the data included (NaN/Inf in keys or values, zero counts),
+// and resolves it into a plan. Errors name the field as the wire API spells it.
+absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOptions& options,
+                                    const EngineLimits& limits);
+
+}  // namespace centroidkv

@@ -1,0 +1,45 @@
+// Which backends this build and machine offer, and the choice among them per request
+// (ggml's "ask, then fall back": auto takes the GPU when one is present, else the CPU).
+// Thread-safe after construction: Select() only reads.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "centroidkv/kernels/engine.h"
+
+namespace centroidkv {
+
+enum class BackendKind : uint8_t {
+  kAuto,       // GPU when present, otherwise the best CPU backend
+  kCpu,        // the best CPU backend
+  kGpu,        // a CUDA device; FAILED_PRECONDITION when there is none
+  kReference,  // the scalar float64 oracle (slow; for checking)
+};
+
+std::string_view BackendKindName(BackendKind kind);
+
+class EngineSet {
+ public:
+  // Creates every backend this build supports and this machine can run.
+  static std::unique_ptr<EngineSet> CreateAvailable(const EngineLimits& limits = {});
+
+  // The engine that serves `kind`, or FailedPrecondition when this server has none.
+  absl::StatusOr<const ClusterEngine*> Select(BackendKind kind) const;
+
+  // Names of the engines held, e.g. {"reference"}.
+  std::vector<std::string> EngineNames() const;
+  const EngineLimits& limits() const { return limits_; }
+
+ private:
+  explicit EngineSet(const EngineLimits& limits) : limits_(limits) {}
+
+  EngineLimits limits_;
+  std::unique_ptr<ClusterEngine> reference_;
+  const ClusterEngine* best_cpu_ = nullptr;
+  const ClusterEngine* gpu_ = nullptr;  // null until a CUDA backend exists on this machine
+};
+
+}  // namespace centroidkv

@@ -1,0 +1,15 @@
+// The one mapping between absl::Status (used from the engine up) and grpc::Status (used on
+// the wire), in the manner of Triton's GrpcStatusUtil. absl codes are the google.rpc codes,
+// so the mapping is a cast; the message passes through unchanged. Thread-safe.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+
+namespace centroidkv {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace centroidkv

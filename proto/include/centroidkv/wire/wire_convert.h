@@ -1,0 +1,32 @@
+// Conversions between wire enums / parameter messages and the engine's types. Errors name
+// the field as the proto spells it. Thread-safe: pure functions.
+#pragma once
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "centroidkv/kernels/engine.h"
+#include "centroidkv/kernels/engine_factory.h"
+#include "centroidkv/v1/centroidkv.pb.h"
+
+namespace centroidkv {
+
+namespace v1 = ::centroidkv::v1;
+
+// `field` names the message field in errors, e.g. "start_job.dtype".
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field);
+v1::DType DTypeToProto(DType dtype);
+
+absl::StatusOr<TensorLayout> LayoutFromProto(v1::Layout layout);
+v1::Layout LayoutToProto(TensorLayout layout);
+
+absl::StatusOr<BackendKind> BackendFromProto(v1::Backend backend);
+v1::Backend BackendToProto(BackendKind kind);
+
+// Absent fields take the SPEC defaults. Range checks beyond "fits the engine's integer
+// types" are the engine's (PlanLayer), so that in-process and remote calls agree.
+absl::StatusOr<CompressOptions> OptionsFromProto(const v1::CompressionParams& params);
+// Writes only what differs from "unset": every field of `options` is explicit.
+v1::CompressionParams OptionsToProto(const CompressOptions& options);
+
+}  // namespace centroidkv

@@ -1,0 +1,153 @@
+// Wire <-> engine conversions for enums and CompressionParams.
+#include "centroidkv/wire/wire_convert.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace centroidkv {
+namespace {
+
+absl::StatusOr<int32_t> ToInt32(uint32_t value, absl::string_view field) {
+  if (value > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is too large (", value, ")"));
+  }
+  return static_cast<int32_t>(value);
+}
+
+}  // namespace
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_FLOAT16:
+      return DType::kFloat16;
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " is ", static_cast<int>(dtype),
+                       ", not a known dtype (DTYPE_FLOAT32, DTYPE_FLOAT16, DTYPE_BFLOAT16)"));
+  }
+}
+
+v1::DType DTypeToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<TensorLayout> LayoutFromProto(v1::Layout layout) {
+  switch (layout) {
+    case v1::LAYOUT_HEAD_MAJOR:
+      return TensorLayout::kHeadMajor;
+    case v1::LAYOUT_TOKEN_MAJOR:
+      return TensorLayout::kTokenMajor;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "start_job.layout is ", static_cast<int>(layout),
+          ", not a known layout (LAYOUT_HEAD_MAJOR, LAYOUT_TOKEN_MAJOR)"));
+  }
+}
+
+v1::Layout LayoutToProto(TensorLayout layout) {
+  return layout == TensorLayout::kHeadMajor ? v1::LAYOUT_HEAD_MAJOR : v1::LAYOUT_TOKEN_MAJOR;
+}
+
+absl::StatusOr<BackendKind> BackendFromProto(v1::Backend backend) {
+  switch (backend) {
+    case v1::BACKEND_UNSPECIFIED:
+    case v1::BACKEND_AUTO:
+      return BackendKind::kAuto;
+    case v1::BACKEND_CPU:
+      return BackendKind::kCpu;
+    case v1::BACKEND_GPU:
+      return BackendKind::kGpu;
+    case v1::BACKEND_REFERENCE:
+      return BackendKind::kReference;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("start_job.backend is ", static_cast<int>(backend),
+                       ", not a known backend"));
+  }
+}
+
+v1::Backend BackendToProto(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kAuto:
+      return v1::BACKEND_AUTO;
+    case BackendKind::kCpu:
+      return v1::BACKEND_CPU;
+    case BackendKind::kGpu:
+      return v1::BACKEND_GPU;
+    case BackendKind::kReference:
+      return v1::BACKEND_REFERENCE;
+  }
+  return v1::BACKEND_UNSPECIFIED;
+}
+
+absl::StatusOr<CompressOptions> OptionsFromProto(const v1::CompressionParams& params) {
+  CompressOptions options;
+  if (params.target_case() == v1::CompressionParams::kTargetRatio) {
+    options.target_ratio = params.target_ratio();
+  } else if (params.target_case() == v1::CompressionParams::kTargetTokens) {
+    options.target_tokens = params.target_tokens();
+  }
+  struct IntField {
+    bool present;
+    uint32_t value;
+    const char* name;
+    int32_t* out;
+  };
+  const IntField fields[] = {
+      {params.has_chunk_size(), params.chunk_size(), "chunk_size", &options.chunk_size},
+      {params.has_sink_tokens(), params.sink_tokens(), "sink_tokens", &options.sink_tokens},
+      {params.has_recent_tokens(), params.recent_tokens(), "recent_tokens",
+       &options.recent_tokens},
+      {params.has_max_passes(), params.max_passes(), "max_passes", &options.max_passes},
+  };
+  for (const IntField& field : fields) {
+    if (!field.present) continue;
+    auto value = ToInt32(field.value, field.name);
+    if (!value.ok()) return value.status();
+    *field.out = *value;
+  }
+  if (params.has_min_similarity()) options.min_similarity = params.min_similarity();
+  if (params.has_tighten_per_pass()) options.tighten_per_pass = params.tighten_per_pass();
+  if (params.has_uniform_heads()) options.uniform_heads = params.uniform_heads();
+  for (uint32_t head : params.passthrough_heads()) {
+    auto value = ToInt32(head, "passthrough_heads");
+    if (!value.ok()) return value.status();
+    options.passthrough_heads.push_back(*value);
+  }
+  return options;
+}
+
+v1::CompressionParams OptionsToProto(const CompressOptions& options) {
+  v1::CompressionParams params;
+  if (options.target_tokens.has_value()) {
+    params.set_target_tokens(static_cast<uint32_t>(*options.target_tokens));
+  } else {
+    params.set_target_ratio(options.target_ratio.value_or(CompressOptions::kDefaultTargetRatio));
+  }
+  params.set_chunk_size(static_cast<uint32_t>(options.chunk_size));
+  params.set_sink_tokens(static_cast<uint32_t>(options.sink_tokens));
+  params.set_recent_tokens(static_cast<uint32_t>(options.recent_tokens));
+  if (options.min_similarity.has_value()) params.set_min_similarity(*options.min_similarity);
+  params.set_tighten_per_pass(options.tighten_per_pass);
+  params.set_max_passes(static_cast<uint32_t>(options.max_passes));
+  params.set_uniform_heads(options.uniform_heads);
+  for (int32_t head : options.passthrough_heads) {
+    params.add_passthrough_heads(static_cast<uint32_t>(head));
+  }
+  return params;
+}
+
+}  // namespace centroidkv

@@ -38,10 +38,6 @@ absl::Status CheckDims(const LayerView& layer, const EngineLimits& limits) {
         "num_heads * num_tokens * (key_dim + value_dim) = ", elements,
         " elements exceeds the per-job limit of ", limits.max_layer_elements));
   }
-  if (layer.keys == nullptr || layer.values == nullptr) {
-    return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
-                                                            : "values are missing");
-  }
   return absl::OkStatus();
 }
 
@@ -137,10 +133,19 @@ double LayerPlan::FloorForPass(int32_t pass) const {
   return *options.min_similarity + pass * options.tighten_per_pass;
 }
 
+absl::Status ValidateJobShape(const LayerView& layer, const CompressOptions& options,
+                              const EngineLimits& limits) {
+  CKV_RETURN_IF_ERROR(CheckDims(layer, limits));
+  return CheckOptions(layer, options);
+}
+
 absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOptions& options,
                                     const EngineLimits& limits) {
-  CKV_RETURN_IF_ERROR(CheckDims(layer, limits));
-  CKV_RETURN_IF_ERROR(CheckOptions(layer, options));
+  CKV_RETURN_IF_ERROR(ValidateJobShape(layer, options, limits));
+  if (layer.keys == nullptr || layer.values == nullptr) {
+    return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
+                                                            : "values are missing");
+  }
   CKV_RETURN_IF_ERROR(CheckData(layer));
 
   LayerPlan plan;

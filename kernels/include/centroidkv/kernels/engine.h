@@ -150,6 +150,11 @@ class ClusterEngine {
   EngineLimits limits_;
 };
 
+// Checks the shape and parameters of a job without its data (keys and values may be null):
+// what a server can reject as soon as a job is announced, before its bytes arrive.
+absl::Status ValidateJobShape(const LayerView& layer, const CompressOptions& options,
+                              const EngineLimits& limits);
+
 // Checks every field of a job, the data included (NaN/Inf in keys or values, zero counts),
 // and resolves it into a plan. Errors name the field as the wire API spells it.
 absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOptions& options,

@@ -1,0 +1,347 @@
+// `centroidkv compress`: reads keys.npy / values.npy / counts.npy ([H, n, d], float32 or
+// float16; counts uint32), compresses them on a server (--server) or in-process (--local),
+// and writes out_keys / out_values / out_counts / out_offsets / assignment .npy files in
+// the layout of ../shared/golden.
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "centroidkv/client/client.h"
+#include "centroidkv/common/npy.h"
+#include "centroidkv/common/status_macros.h"
+#include "centroidkv/kernels/engine_factory.h"
+#include "client/cli/commands.h"
+
+namespace centroidkv::cli {
+namespace {
+
+struct CompressFlags {
+  std::string in_dir;
+  std::string keys_path, values_path, counts_path;
+  std::string out_dir;
+  std::string server = "127.0.0.1:50051";
+  bool local = false;
+  double target_ratio = CompressOptions::kDefaultTargetRatio;
+  int64_t target_tokens = 0;
+  int32_t chunk_size = CompressOptions::kDefaultChunkSize;
+  int32_t sink_tokens = CompressOptions::kDefaultSinkTokens;
+  int32_t recent_tokens = CompressOptions::kDefaultRecentTokens;
+  double min_similarity = 0.0;
+  double tighten_per_pass = 0.0;
+  int32_t max_passes = CompressOptions::kDefaultMaxPasses;
+  bool uniform_heads = true;
+  std::vector<int32_t> passthrough_heads;
+  std::string output_dtype = "float32";
+  std::string backend = "auto";
+  bool assignment = true;
+  int32_t slab_kib = 256;
+  uint32_t layer_index = 0;
+  bool quiet = false;
+
+  CLI::Option* target_ratio_flag = nullptr;
+  CLI::Option* target_tokens_flag = nullptr;
+  CLI::Option* min_similarity_flag = nullptr;
+};
+
+// The input tensors, owned, plus the view the engine and the client borrow.
+struct LoadedLayer {
+  NpyArray keys, values, counts;
+  bool has_counts = false;
+  std::vector<uint32_t> converted_counts;
+  LayerView view;
+};
+
+absl::StatusOr<DType> NpyToDType(const NpyArray& array, const std::string& path) {
+  if (array.type == NpyType::kFloat32) return DType::kFloat32;
+  if (array.type == NpyType::kFloat16) return DType::kFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": keys and values must be float32 or float16, got ",
+                   NpyDescr(array.type)));
+}
+
+absl::Status CheckRank(const NpyArray& array, size_t rank, const std::string& path,
+                       const char* expected) {
+  if (array.shape.size() != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": expected shape ", expected,
+                                                   ", got ", array.shape.size(), " dimensions"));
+  }
+  for (int64_t dim : array.shape) {
+    if (dim <= 0 || dim > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": every dimension must be in [1, 2^31)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Counts as uint32; int32/int64/uint64 files are accepted when every value fits.
+absl::Status ConvertCounts(LoadedLayer* layer, const std::string& path) {
+  const NpyArray& counts = layer->counts;
+  const int64_t n = counts.NumElements();
+  layer->converted_counts.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t value = 0;
+    switch (counts.type) {
+      case NpyType::kUInt32:
+        value = counts.As<uint32_t>()[i];
+        break;
+      case NpyType::kInt32:
+        value = counts.As<int32_t>()[i];
+        break;
+      case NpyType::kInt64:
+        value = counts.As<int64_t>()[i];
+        break;
+      case NpyType::kUInt64:
+        value = static_cast<int64_t>(std::min<uint64_t>(counts.As<uint64_t>()[i], UINT32_MAX + 1ull));
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": counts must be integers (uint32), got ", NpyDescr(counts.type)));
+    }
+    if (value < 0 || value > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": count ", value, " at index ", i, " does not fit uint32"));
+    }
+    layer->converted_counts[static_cast<size_t>(i)] = static_cast<uint32_t>(value);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LoadedLayer>> LoadLayer(CompressFlags& flags) {
+  namespace fs = std::filesystem;
+  if (!flags.in_dir.empty()) {
+    if (flags.keys_path.empty()) flags.keys_path = (fs::path(flags.in_dir) / "keys.npy").string();
+    if (flags.values_path.empty()) {
+      flags.values_path = (fs::path(flags.in_dir) / "values.npy").string();
+    }
+    const std::string counts = (fs::path(flags.in_dir) / "counts.npy").string();
+    if (flags.counts_path.empty() && fs::exists(counts)) flags.counts_path = counts;
+  }
+  if (flags.keys_path.empty() || flags.values_path.empty()) {
+    return absl::InvalidArgumentError("give --in DIR, or both --keys and --values");
+  }
+  auto layer = std::make_unique<LoadedLayer>();
+  CKV_ASSIGN_OR_RETURN(layer->keys, ReadNpy(flags.keys_path));
+  CKV_ASSIGN_OR_RETURN(layer->values, ReadNpy(flags.values_path));
+  CKV_RETURN_IF_ERROR(CheckRank(layer->keys, 3, flags.keys_path, "[H, n, dk]"));
+  CKV_RETURN_IF_ERROR(CheckRank(layer->values, 3, flags.values_path, "[H, n, dv]"));
+  CKV_ASSIGN_OR_RETURN(DType key_dtype, NpyToDType(layer->keys, flags.keys_path));
+  CKV_ASSIGN_OR_RETURN(DType value_dtype, NpyToDType(layer->values, flags.values_path));
+  if (key_dtype != value_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flags.values_path, ": values are ", std::string(DTypeName(value_dtype)),
+        " but keys are ", std::string(DTypeName(key_dtype)), "; both must have the same dtype"));
+  }
+  const std::vector<int64_t>& ks = layer->keys.shape;
+  const std::vector<int64_t>& vs = layer->values.shape;
+  if (ks[0] != vs[0] || ks[1] != vs[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flags.values_path, ": values have ", vs[0], " heads x ", vs[1], " tokens but keys have ",
+        ks[0], " x ", ks[1]));
+  }
+  LayerView& view = layer->view;
+  view.dtype = key_dtype;
+  view.layout = TensorLayout::kHeadMajor;
+  view.num_heads = static_cast<int32_t>(ks[0]);
+  view.num_tokens = static_cast<int32_t>(ks[1]);
+  view.key_dim = static_cast<int32_t>(ks[2]);
+  view.value_dim = static_cast<int32_t>(vs[2]);
+  view.keys = layer->keys.bytes.data();
+  view.values = layer->values.bytes.data();
+  if (!flags.counts_path.empty()) {
+    CKV_ASSIGN_OR_RETURN(layer->counts, ReadNpy(flags.counts_path));
+    CKV_RETURN_IF_ERROR(CheckRank(layer->counts, 2, flags.counts_path, "[H, n]"));
+    if (layer->counts.shape[0] != ks[0] || layer->counts.shape[1] != ks[1]) {
+      return absl::InvalidArgumentError(absl::StrCat(flags.counts_path, ": counts must be [",
+                                                     ks[0], ", ", ks[1], "]"));
+    }
+    CKV_RETURN_IF_ERROR(ConvertCounts(layer.get(), flags.counts_path));
+    view.counts = layer->converted_counts.data();
+  }
+  return layer;
+}
+
+absl::StatusOr<client::LayerJob> MakeJob(const CompressFlags& flags, const LayerView& view) {
+  client::LayerJob job;
+  job.layer_index = flags.layer_index;
+  job.layer = view;
+  CompressOptions& options = job.options;
+  if (*flags.target_tokens_flag && *flags.target_ratio_flag) {
+    return absl::InvalidArgumentError("give only one of --target-ratio and --target-tokens");
+  }
+  if (*flags.target_tokens_flag) {
+    options.target_tokens = flags.target_tokens;
+  } else {
+    options.target_ratio = flags.target_ratio;
+  }
+  options.chunk_size = flags.chunk_size;
+  options.sink_tokens = flags.sink_tokens;
+  options.recent_tokens = flags.recent_tokens;
+  if (*flags.min_similarity_flag) options.min_similarity = flags.min_similarity;
+  options.tighten_per_pass = flags.tighten_per_pass;
+  options.max_passes = flags.max_passes;
+  options.uniform_heads = flags.uniform_heads;
+  options.passthrough_heads = flags.passthrough_heads;
+  options.compute_assignment = flags.assignment;
+  job.output_dtype = flags.output_dtype == "float16" ? DType::kFloat16 : DType::kFloat32;
+  if (flags.backend == "cpu") job.backend = BackendKind::kCpu;
+  if (flags.backend == "gpu") job.backend = BackendKind::kGpu;
+  if (flags.backend == "reference") job.backend = BackendKind::kReference;
+  return job;
+}
+
+absl::StatusOr<client::LayerResult> RunLocal(const client::LayerJob& job) {
+  auto engines = EngineSet::CreateAvailable();
+  CKV_ASSIGN_OR_RETURN(const ClusterEngine* engine, engines->Select(job.backend));
+  CKV_ASSIGN_OR_RETURN(CompressResult result, engine->Compress(job.layer, job.options));
+  client::LayerResult packed =
+      client::LayerResultFromEngine(job.layer_index, result, *job.output_dtype);
+  packed.backend = std::string(engine->name());
+  return packed;
+}
+
+absl::StatusOr<client::LayerResult> RunRemote(const CompressFlags& flags,
+                                              const client::LayerJob& job) {
+  client::ClientOptions options;
+  options.target = flags.server;
+  options.slab_bytes = flags.slab_kib * 1024;
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> connected,
+                       client::Client::Connect(options));
+  CKV_ASSIGN_OR_RETURN(std::vector<client::LayerResult> results,
+                       connected->CompressLayers({job}));
+  if (!results[0].status.ok()) return results[0].status;
+  return std::move(results[0]);
+}
+
+absl::Status WriteOutputs(const std::string& dir, const client::LayerResult& result) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", error.message()));
+  const int64_t total = result.total_entries();
+  const NpyType float_type = result.dtype == DType::kFloat16 ? NpyType::kFloat16 : NpyType::kFloat32;
+  auto path = [&dir](const char* name) { return (fs::path(dir) / name).string(); };
+  CKV_RETURN_IF_ERROR(
+      WriteNpy(path("out_keys.npy"), float_type, {total, result.key_dim}, result.keys.data()));
+  CKV_RETURN_IF_ERROR(WriteNpy(path("out_values.npy"), float_type, {total, result.value_dim},
+                               result.values.data()));
+  CKV_RETURN_IF_ERROR(
+      WriteNpy(path("out_counts.npy"), NpyType::kUInt32, {total}, result.counts.data()));
+  CKV_RETURN_IF_ERROR(WriteNpy(path("out_offsets.npy"), NpyType::kInt64,
+                               {static_cast<int64_t>(result.offsets.size())},
+                               result.offsets.data()));
+  if (!result.assignment.empty()) {
+    std::vector<int64_t> wide(result.assignment.begin(), result.assignment.end());
+    CKV_RETURN_IF_ERROR(WriteNpy(path("assignment.npy"), NpyType::kInt64,
+                                 {result.num_heads, result.num_tokens}, wide.data()));
+  }
+  return absl::OkStatus();
+}
+
+void PrintSummary(const CompressFlags& flags, const LayerView& view,
+                  const client::LayerResult& result, double seconds) {
+  const int64_t entries_in = int64_t{view.num_heads} * view.num_tokens;
+  const int64_t entries_out = result.total_entries();
+  const double ratio = static_cast<double>(entries_out) / static_cast<double>(entries_in);
+  const double bytes_in = static_cast<double>(entries_in) * (view.key_dim + view.value_dim) *
+                          DTypeSize(view.dtype);
+  std::cout << std::fixed << std::setprecision(3) << "compressed layer " << result.layer_index
+            << " (" << view.num_heads << " heads x " << view.num_tokens << " tokens, dk "
+            << view.key_dim << ", dv " << view.value_dim << ", " << DTypeName(view.dtype)
+            << ") on " << (flags.local ? "local " : "") << result.backend
+            << (flags.local ? "" : absl::StrCat(" at ", flags.server)) << ":\n"
+            << "  tokens in " << entries_in << ", entries out " << entries_out << ", ratio "
+            << ratio << " (" << std::setprecision(1) << 100.0 * (1.0 - ratio)
+            << "% less KV), passes " << result.passes_run << "\n"
+            << std::setprecision(2) << "  time " << seconds * 1e3 << " ms end to end";
+  if (!flags.local) std::cout << ", " << result.compute_seconds * 1e3 << " ms clustering";
+  std::cout << ", " << bytes_in / seconds / 1e6 << " MB/s of KV\n";
+}
+
+void RunCompress(CompressFlags& flags, int* exit_code) {
+  auto fail = [exit_code](const absl::Status& status) {
+    std::cerr << "centroidkv compress: " << status.ToString() << "\n";
+    *exit_code = status.code() == absl::StatusCode::kInvalidArgument ||
+                         status.code() == absl::StatusCode::kNotFound
+                     ? 2
+                     : 1;
+  };
+  auto layer = LoadLayer(flags);
+  if (!layer.ok()) return fail(layer.status());
+  auto job = MakeJob(flags, (*layer)->view);
+  if (!job.ok()) return fail(job.status());
+  const auto start = std::chrono::steady_clock::now();
+  auto result = flags.local ? RunLocal(*job) : RunRemote(flags, *job);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!result.ok()) return fail(result.status());
+  if (!flags.out_dir.empty()) {
+    if (absl::Status written = WriteOutputs(flags.out_dir, *result); !written.ok()) {
+      return fail(written);
+    }
+  }
+  if (!flags.quiet) PrintSummary(flags, (*layer)->view, *result, seconds);
+}
+
+}  // namespace
+
+void AddCompressCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<CompressFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "compress", "Compress one layer's KV cache ([H, n, d] .npy files) and write the result");
+  cmd->add_option("--in", flags->in_dir, "Folder with keys.npy, values.npy and optional counts.npy");
+  cmd->add_option("--keys", flags->keys_path, "keys.npy, [H, n, dk] float32 or float16");
+  cmd->add_option("--values", flags->values_path, "values.npy, [H, n, dv], same dtype as keys");
+  cmd->add_option("--counts", flags->counts_path, "counts.npy, [H, n] uint32 (default: all 1)");
+  cmd->add_option("--out", flags->out_dir,
+                  "Folder for out_keys/out_values/out_counts/out_offsets/assignment .npy");
+  auto* server = cmd->add_option("--server", flags->server, "Server address (HOST:PORT or unix:///path)")
+                     ->capture_default_str();
+  cmd->add_flag("--local", flags->local, "Compress in this process instead of on a server")
+      ->excludes(server);
+  flags->target_ratio_flag =
+      cmd->add_option("--target-ratio", flags->target_ratio, "rho in (0, 1]: keep ceil(rho * n)")
+          ->capture_default_str();
+  flags->target_tokens_flag =
+      cmd->add_option("--target-tokens", flags->target_tokens, "Absolute target length t");
+  cmd->add_option("--chunk-size", flags->chunk_size, "Chunk size C >= 2")->capture_default_str();
+  cmd->add_option("--sink-tokens", flags->sink_tokens, "Leading entries never merged")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--recent-tokens", flags->recent_tokens, "Trailing entries never merged")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  flags->min_similarity_flag = cmd->add_option(
+      "--min-similarity", flags->min_similarity, "Similarity floor tau in [-1, 1] (default off)");
+  cmd->add_option("--tighten-per-pass", flags->tighten_per_pass, "Floor increase per pass")
+      ->capture_default_str();
+  cmd->add_option("--max-passes", flags->max_passes, "Passes P >= 1")->capture_default_str();
+  cmd->add_option("--uniform-heads", flags->uniform_heads,
+                  "true: every compressed head ends with the same length")
+      ->capture_default_str();
+  cmd->add_option("--passthrough-heads", flags->passthrough_heads,
+                  "Heads returned unchanged, e.g. 1,3")
+      ->delimiter(',');
+  cmd->add_option("--output-dtype", flags->output_dtype, "float32 (exact) or float16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"float32", "float16"}));
+  cmd->add_option("--backend", flags->backend, "auto, cpu, gpu or reference")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "gpu", "reference"}));
+  cmd->add_option("--assignment", flags->assignment, "Ask for the assignment (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--slab-kib", flags->slab_kib, "Slab size sent to the server, KiB")
+      ->capture_default_str()
+      ->check(CLI::Range(4, 4096));
+  cmd->add_option("--layer", flags->layer_index, "Layer index to tag the job with");
+  cmd->add_flag("--quiet", flags->quiet, "Print nothing on success");
+  cmd->callback([flags, exit_code] { RunCompress(*flags, exit_code); });
+}
+
+}  // namespace centroidkv::cli

@@ -1,0 +1,46 @@
+// `centroidkv info --server ADDR`: what GetInfo reports.
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_join.h"
+#include "centroidkv/client/client.h"
+#include "client/cli/commands.h"
+
+namespace centroidkv::cli {
+
+void AddInfoCommand(CLI::App& app, int* exit_code) {
+  auto target = std::make_shared<std::string>("127.0.0.1:50051");
+  CLI::App* info = app.add_subcommand("info", "Show a server's version, backends and limits");
+  info->add_option("--server", *target, "Server address (HOST:PORT or unix:///path)")
+      ->capture_default_str();
+  info->callback([target, exit_code] {
+    client::ClientOptions options;
+    options.target = *target;
+    auto connected = client::Client::Connect(options);
+    if (!connected.ok()) {
+      std::cerr << "centroidkv info: " << connected.status().ToString() << "\n";
+      *exit_code = 2;
+      return;
+    }
+    auto info = (*connected)->GetInfo();
+    if (!info.ok()) {
+      std::cerr << "centroidkv info: " << info.status().ToString() << "\n";
+      *exit_code = 2;
+      return;
+    }
+    std::cout << "version:          " << info->version << "\n"
+              << "backends:         " << absl::StrJoin(info->backends, ", ") << "\n"
+              << "default backend:  " << info->default_backend << "\n"
+              << "devices:          "
+              << (info->devices.empty() ? "none" : absl::StrJoin(info->devices, ", ")) << "\n"
+              << "max job bytes:    " << info->max_job_bytes << "\n"
+              << "max stream bytes: " << info->max_stream_bytes << "\n"
+              << "max total bytes:  " << info->max_total_bytes << "\n"
+              << "max message:      " << info->max_message_bytes << "\n"
+              << "max heads/tokens/dim: " << info->max_heads << " / " << info->max_tokens
+              << " / " << info->max_dim << "\n";
+  });
+}
+
+}  // namespace centroidkv::cli

@@ -1,0 +1,97 @@
+// Client: channel set-up, GetInfo, and the blocking CompressLayers convenience.
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "centroidkv/client/client.h"
+#include "centroidkv/v1/centroidkv.grpc.pb.h"
+#include "centroidkv/wire/grpc_status.h"
+#include "client/compress_stream_impl.h"
+
+namespace centroidkv::client {
+namespace {
+
+class GrpcClient final : public Client {
+ public:
+  GrpcClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel)
+      : options_(options),
+        channel_(std::move(channel)),
+        stub_(v1::CentroidKV::NewStub(channel_)) {}
+
+  absl::StatusOr<ServerInfo> GetInfo() override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::GetInfoRequest request;
+    v1::GetInfoResponse response;
+    grpc::Status status = stub_->GetInfo(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    ServerInfo info;
+    info.version = response.version();
+    info.backends.assign(response.backends().begin(), response.backends().end());
+    info.default_backend = response.default_backend();
+    info.devices.assign(response.devices().begin(), response.devices().end());
+    info.max_job_bytes = static_cast<int64_t>(response.limits().max_job_bytes());
+    info.max_stream_bytes = static_cast<int64_t>(response.limits().max_stream_bytes());
+    info.max_total_bytes = static_cast<int64_t>(response.limits().max_total_bytes());
+    info.max_message_bytes = static_cast<int32_t>(response.limits().max_message_bytes());
+    info.max_tokens = static_cast<int32_t>(response.limits().max_tokens());
+    info.max_heads = static_cast<int32_t>(response.limits().max_heads());
+    info.max_dim = static_cast<int32_t>(response.limits().max_dim());
+    return info;
+  }
+
+  std::unique_ptr<CompressStream> OpenStream() override {
+    return std::make_unique<GrpcCompressStream>(stub_.get(), options_);
+  }
+
+ private:
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CentroidKV::Stub> stub_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.slab_bytes < 1024 || options.slab_bytes > options.max_message_bytes - 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slab_bytes must be in [1024, max_message_bytes - 1024] (got ", options.slab_bytes, ")"));
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  auto channel =
+      grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  if (options.connect_timeout.count() > 0 &&
+      !channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
+    return absl::UnavailableError(absl::StrCat("server: cannot connect to '", options.target,
+                                               "' within ", options.connect_timeout.count(),
+                                               " ms"));
+  }
+  return std::unique_ptr<Client>(new GrpcClient(options, std::move(channel)));
+}
+
+absl::StatusOr<std::vector<LayerResult>> Client::CompressLayers(
+    const std::vector<LayerJob>& jobs) {
+  std::unique_ptr<CompressStream> stream = OpenStream();
+  std::map<uint64_t, size_t> position;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    absl::StatusOr<uint64_t> id = stream->Submit(jobs[i]);
+    if (!id.ok()) {
+      // The stream broke while submitting; its own status says why.
+      absl::Status closed = stream->Close();
+      return closed.ok() ? id.status() : closed;
+    }
+    position[*id] = i;
+  }
+  std::vector<LayerResult> results(jobs.size());
+  for (size_t received = 0; received < jobs.size(); ++received) {
+    absl::StatusOr<LayerResult> result = stream->Next();
+    if (!result.ok()) return result.status();
+    results[position[result->job_id]] = *std::move(result);
+  }
+  absl::Status closed = stream->Close();
+  if (!closed.ok()) return closed;
+  return results;
+}
+
+}  // namespace centroidkv::client

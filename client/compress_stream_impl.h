@@ -1,0 +1,82 @@
+// The gRPC implementation of CompressStream: a client bidi reactor (route_guide style)
+// that writes queued jobs as StartJob + slabs, one write in flight, without waiting for
+// replies, and reassembles result slabs into LayerResults.
+// Thread-safe: public calls and reactions meet under mu_; gRPC operations are started
+// outside it. A hold keeps OnDone away while writes may still be started.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include <grpcpp/grpcpp.h>
+
+#include "centroidkv/client/client.h"
+#include "centroidkv/v1/centroidkv.grpc.pb.h"
+
+namespace centroidkv::client {
+
+class GrpcCompressStream final
+    : public CompressStream,
+      public grpc::ClientBidiReactor<v1::CompressRequest, v1::CompressResponse> {
+ public:
+  GrpcCompressStream(v1::CentroidKV::Stub* stub, const ClientOptions& options);
+  ~GrpcCompressStream() override;
+
+  absl::StatusOr<uint64_t> Submit(const LayerJob& job) override;
+  absl::Status Cancel(uint64_t job_id) override;
+  absl::StatusOr<LayerResult> Next() override;
+  absl::Status Close() override;
+  void Abort() override;
+
+  void OnWriteDone(bool ok) override;
+  void OnReadDone(bool ok) override;
+  void OnWritesDoneDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  // A queued outgoing message source: a job's StartJob and slabs, or one cancel.
+  struct Outgoing {
+    uint64_t job_id = 0;
+    LayerJob job;
+    bool is_cancel = false;
+    int stage = 0;          // 0 StartJob, 1 keys, 2 values, 3 counts, 4 done
+    uint64_t cursor = 0;    // bytes of the current tensor written
+  };
+  // Fills request_ with the next message; false when the queue is empty.
+  bool NextRequest();
+  uint64_t StageBytes(const Outgoing& out) const;
+  const uint8_t* StageData(const Outgoing& out) const;
+  // Decides the next write (under mu_): sets *start_write or *writes_done when due.
+  void PrepareWrite(bool* start_write, bool* writes_done);
+  void StartDecided(bool start_write, bool writes_done);
+  void HandleResponse();
+  void FinishJobLocked(uint64_t job_id);
+  void ReleaseHoldLocked(bool* release);
+
+  const ClientOptions options_;
+  grpc::ClientContext context_;
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  v1::CompressRequest request_;
+  v1::CompressResponse response_;
+  std::deque<Outgoing> outgoing_;
+  std::map<uint64_t, LayerResult> partial_;  // results whose slabs are arriving
+  std::map<uint64_t, uint64_t> missing_bytes_;
+  std::deque<LayerResult> completed_;
+  std::map<uint64_t, uint32_t> layer_of_;  // job id -> layer index, for error replies
+  uint64_t next_job_id_ = 1;
+  int64_t outstanding_ = 0;  // submitted, not yet returned by Next()
+  bool write_in_flight_ = false;
+  bool close_requested_ = false;
+  bool writes_done_started_ = false;
+  bool reads_ended_ = false;
+  bool hold_released_ = false;
+  bool done_ = false;
+  int32_t starts_pending_ = 0;  // writes decided under mu_ and not yet started
+  absl::Status final_status_;
+};
+
+}  // namespace centroidkv::client

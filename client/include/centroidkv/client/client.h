@@ -1,0 +1,127 @@
+// The C++ client library of CentroidKV: what an inference worker links to send layer jobs
+// to a server and get centroids, counts and assignments back.
+//
+//   auto client = Client::Connect({.target = "unix:///run/ckv.sock"});
+//   auto stream = (*client)->OpenStream();
+//   stream->Submit(job_for_layer_0);   // pipelined: returns once queued
+//   stream->Submit(job_for_layer_1);
+//   auto result = stream->Next();      // whichever job finishes first
+//
+// No gRPC, TBB or CUDA types appear here. Client and CompressStream are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "centroidkv/kernels/engine.h"
+#include "centroidkv/kernels/engine_factory.h"
+
+namespace centroidkv::client {
+
+struct ClientOptions {
+  // "host:port", "unix:///path/to.sock", or any gRPC target such as "dns:///svc:50051".
+  std::string target = "127.0.0.1:50051";
+  // Payload bytes per slab sent (64 KiB - 1 MiB is the sweet spot for gRPC).
+  int32_t slab_bytes = 256 << 10;
+  // Largest message accepted from the server (result slabs are 1 MiB by default).
+  int32_t max_message_bytes = 8 << 20;
+  // Deadline of each stream, counted from its opening; zero means none.
+  std::chrono::milliseconds stream_deadline{0};
+  // How long Connect() waits for the channel to become ready; zero: do not wait.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
+};
+
+// One layer job. The buffers in `layer` are borrowed: they must stay valid until the
+// job's result has been returned by Next() (or the stream has ended).
+struct LayerJob {
+  uint32_t layer_index = 0;
+  LayerView layer;
+  CompressOptions options;           // options.compute_assignment asks for the assignment
+  std::optional<DType> output_dtype;  // default: the input dtype
+  BackendKind backend = BackendKind::kAuto;
+};
+
+// The result of one job, heads concatenated along the entry axis.
+struct LayerResult {
+  uint64_t job_id = 0;
+  uint32_t layer_index = 0;
+  absl::Status status;  // a per-job failure (e.g. RESOURCE_EXHAUSTED); the rest is empty
+  DType dtype = DType::kFloat32;  // of keys and values
+  int32_t num_heads = 0;
+  int32_t num_tokens = 0;
+  int32_t key_dim = 0;
+  int32_t value_dim = 0;
+  std::vector<int64_t> offsets;    // [H + 1]
+  std::vector<uint8_t> keys;       // [total, key_dim] of dtype, little-endian
+  std::vector<uint8_t> values;     // [total, value_dim] of dtype
+  std::vector<uint32_t> counts;    // [total]
+  std::vector<int32_t> assignment; // [H, n], empty unless asked for
+  std::string backend;
+  int32_t passes_run = 0;
+  double compute_seconds = 0.0;
+  double queue_seconds = 0.0;
+
+  int64_t total_entries() const { return offsets.empty() ? 0 : offsets.back(); }
+  std::vector<float> KeysAsFloat() const;
+  std::vector<float> ValuesAsFloat() const;
+};
+
+// Packs an in-process engine result the way the server would send it, rounding keys and
+// values once to `output_dtype` (used by `centroidkv compress --local`).
+LayerResult LayerResultFromEngine(uint32_t layer_index, const CompressResult& result,
+                                  DType output_dtype);
+
+struct ServerInfo {
+  std::string version;
+  std::vector<std::string> backends;
+  std::string default_backend;
+  std::vector<std::string> devices;
+  int64_t max_job_bytes = 0;
+  int64_t max_stream_bytes = 0;
+  int64_t max_total_bytes = 0;
+  int32_t max_message_bytes = 0;
+  int32_t max_tokens = 0;
+  int32_t max_heads = 0;
+  int32_t max_dim = 0;
+};
+
+// One Compress stream: jobs go out as fast as gRPC flow control allows, results come back
+// in completion order.
+class CompressStream {
+ public:
+  virtual ~CompressStream() = default;
+
+  // Queues a job and returns its id at once. Fails if the stream has ended.
+  virtual absl::StatusOr<uint64_t> Submit(const LayerJob& job) = 0;
+  // Asks the server to drop a job; no result will come for it.
+  virtual absl::Status Cancel(uint64_t job_id) = 0;
+  // Blocks until some submitted job finishes and returns it (a per-job failure is in
+  // LayerResult::status). Returns the stream's error if it broke, and OutOfRange when
+  // every submitted job has been returned.
+  virtual absl::StatusOr<LayerResult> Next() = 0;
+  // Half-closes, waits for the stream to end and returns its final status.
+  virtual absl::Status Close() = 0;
+  // Cancels the whole stream (pending jobs are dropped by the server).
+  virtual void Abort() = 0;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  virtual ~Client() = default;
+
+  virtual absl::StatusOr<ServerInfo> GetInfo() = 0;
+  virtual std::unique_ptr<CompressStream> OpenStream() = 0;
+
+  // Sends every job on one stream, pipelined, and returns the results in the order of
+  // `jobs`. A per-job failure is in its LayerResult::status.
+  absl::StatusOr<std::vector<LayerResult>> CompressLayers(const std::vector<LayerJob>& jobs);
+};
+
+}  // namespace centroidkv::client

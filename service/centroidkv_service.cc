@@ -1,0 +1,45 @@
+// CentroidKVService: stream creation and the GetInfo description of this server.
+#include "service/centroidkv_service.h"
+
+#include "centroidkv/wire/wire_convert.h"
+#include "service/compress_reactor.h"
+
+#ifndef CKV_VERSION
+#define CKV_VERSION "unknown"
+#endif
+
+namespace centroidkv::service {
+
+grpc::ServerBidiReactor<v1::CompressRequest, v1::CompressResponse>*
+CentroidKVService::Compress(grpc::CallbackServerContext* /*context*/) {
+  return new CompressReactor(context_);
+}
+
+grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext* context,
+                                                     const v1::GetInfoRequest* /*request*/,
+                                                     v1::GetInfoResponse* response) {
+  const ServerOptions& options = context_->options;
+  response->set_version(CKV_VERSION);
+  for (const std::string& name : context_->engines->EngineNames()) {
+    response->add_backends(name);
+  }
+  if (auto engine = context_->engines->Select(BackendKind::kAuto); engine.ok()) {
+    response->set_default_backend(std::string((*engine)->name()));
+  }
+  v1::Limits* limits = response->mutable_limits();
+  limits->set_max_heads(static_cast<uint32_t>(options.engine_limits.max_heads));
+  limits->set_max_tokens(static_cast<uint32_t>(options.engine_limits.max_tokens));
+  limits->set_max_dim(static_cast<uint32_t>(options.engine_limits.max_dim));
+  limits->set_max_job_bytes(options.max_job_bytes);
+  limits->set_max_stream_bytes(options.max_stream_bytes);
+  limits->set_max_total_bytes(options.max_total_bytes);
+  limits->set_max_message_bytes(static_cast<uint32_t>(options.max_message_bytes));
+  limits->set_result_slab_bytes(static_cast<uint32_t>(options.result_slab_bytes));
+  *response->mutable_defaults() = OptionsToProto(CompressOptions{});
+
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace centroidkv::service

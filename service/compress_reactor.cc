@@ -1,0 +1,450 @@
+// CompressReactor: the protocol of one Compress stream (see centroidkv.proto).
+#include "service/compress_reactor.h"
+
+#include <chrono>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "centroidkv/wire/grpc_status.h"
+
+namespace centroidkv::service {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+CompressReactor::CompressReactor(ServiceContext* context) : context_(context) {
+  context_->streams.Add(this);
+  Actions actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = context_->draining.load();
+    read_in_flight_ = true;
+    ++calls_in_progress_;
+    actions.start_read = true;
+  }
+  Perform(actions);
+}
+
+void CompressReactor::Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
+
+void CompressReactor::Unref() {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reactions.
+
+void CompressReactor::OnReadDone(bool ok) {
+  Actions actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    read_in_flight_ = false;
+    if (finish_requested_) {
+      // The stream is ending; drop whatever arrived.
+    } else if (!ok) {
+      reads_done_ = true;
+      if (!receiving_.empty() || waiting_.has_value()) {
+        const uint64_t job_id =
+            waiting_.has_value() ? waiting_->job->job_id() : receiving_.begin()->first;
+        FailStream(absl::FailedPreconditionError(absl::StrCat(
+                       "stream half-closed while job ", job_id, " still expected slabs")),
+                   &actions);
+      } else {
+        MaybeFinish(&actions);
+      }
+    } else if (absl::Status status = HandleRequest(&actions); !status.ok()) {
+      FailStream(status, &actions);
+    } else if (!waiting_.has_value() && !finish_requested_ && !read_in_flight_) {
+      // (AdmitWaitingJob may already have started the next read.)
+      read_in_flight_ = true;
+      ++calls_in_progress_;
+      actions.start_read = true;
+    }
+  }
+  Perform(actions);
+}
+
+void CompressReactor::OnWriteDone(bool ok) {
+  Actions actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_in_flight_ = false;
+    if (!ok) {
+      FailStream(absl::UnavailableError("writing a result failed: the client went away"),
+                 &actions);
+    } else {
+      PrepareWrite(&actions);
+      MaybeFinish(&actions);
+    }
+  }
+  Perform(actions);
+}
+
+void CompressReactor::OnCancel() {
+  Actions actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FailStream(absl::CancelledError("stream cancelled by the client or its deadline passed"),
+               &actions);
+  }
+  Perform(actions);
+}
+
+void CompressReactor::OnDone() {
+  bool drop_wait_ref = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (budget_wait_.has_value()) {
+      drop_wait_ref = context_->budget.CancelWait(*budget_wait_);
+      budget_wait_.reset();
+    }
+  }
+  context_->streams.Remove(this);
+  if (drop_wait_ref) Unref();
+  Unref();  // gRPC's reference
+}
+
+void CompressReactor::Drain() {
+  Actions actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+    MaybeFinish(&actions);
+  }
+  Perform(actions);
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests.
+
+absl::Status CompressReactor::HandleRequest(Actions* actions) {
+  switch (request_.message_case()) {
+    case v1::CompressRequest::kStartJob:
+      return HandleStartJob(request_.start_job(), actions);
+    case v1::CompressRequest::kSlab:
+      return HandleSlab(request_.slab(), actions);
+    case v1::CompressRequest::kCancelJob:
+      HandleCancelJob(request_.cancel_job(), actions);
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(
+          "request: a CompressRequest must hold start_job, slab or cancel_job");
+  }
+}
+
+absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions* actions) {
+  const uint64_t job_id = start.job_id();
+  if (receiving_.count(job_id) || computing_.count(job_id) || rejected_.count(job_id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("start_job.job_id ", job_id, " is already in flight on this stream"));
+  }
+  for (const Output& output : outgoing_) {
+    if (output.encoder != nullptr && output.encoder->job_id() == job_id) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "start_job.job_id ", job_id, " is already in flight on this stream (result pending)"));
+    }
+  }
+  if (draining_) {
+    rejected_.insert(job_id);
+    QueueJobError(job_id,
+                  absl::UnavailableError("server is shutting down; resend the job elsewhere"),
+                  0, actions);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<IncomingJob>> job;
+  try {
+    job = IncomingJob::Create(start, context_->options);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("start_job: out of memory allocating job ", job_id));
+  }
+  if (!job.ok()) return job.status();
+  absl::StatusOr<const ClusterEngine*> engine = context_->engines->Select((*job)->backend());
+  if (!engine.ok()) return engine.status();
+  waiting_ = ReceivingJob{std::move(*job), *engine};
+  return AdmitWaitingJob(actions);
+}
+
+absl::Status CompressReactor::AdmitWaitingJob(Actions* actions) {
+  if (!waiting_.has_value() || finish_requested_) return absl::OkStatus();
+  const uint64_t footprint = waiting_->job->footprint_bytes();
+  const ServerOptions& options = context_->options;
+  if (footprint > options.max_stream_bytes || footprint > options.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "start_job: job ", waiting_->job->job_id(), " needs ", footprint,
+        " bytes for input and result, above max_stream_bytes ", options.max_stream_bytes,
+        " or max_total_bytes ", options.max_total_bytes));
+  }
+  if (stream_bytes_ + footprint > options.max_stream_bytes) {
+    return absl::OkStatus();  // wait for this stream's own jobs to drain
+  }
+  if (!context_->budget.TryReserve(footprint)) {
+    if (!budget_wait_.has_value()) {
+      Ref();  // held by the budget's wake callback
+      budget_wait_ = context_->budget.Wait([this] {
+        OnBudgetAvailable();
+        Unref();
+      });
+    }
+    // A release may have happened between the failed reservation and the registration.
+    if (!context_->budget.TryReserve(footprint)) return absl::OkStatus();
+    if (context_->budget.CancelWait(*budget_wait_)) Unref();
+    budget_wait_.reset();
+  }
+  stream_bytes_ += footprint;
+  const uint64_t job_id = waiting_->job->job_id();
+  receiving_.emplace(job_id, std::move(*waiting_));
+  waiting_.reset();
+  if (!read_in_flight_ && !reads_done_) {
+    read_in_flight_ = true;
+    ++calls_in_progress_;
+    actions->start_read = true;
+  }
+  return absl::OkStatus();
+}
+
+void CompressReactor::OnBudgetAvailable() {
+  Actions actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    budget_wait_.reset();
+    if (absl::Status status = AdmitWaitingJob(&actions); !status.ok()) {
+      FailStream(status, &actions);
+    }
+  }
+  Perform(actions);
+}
+
+absl::Status CompressReactor::HandleSlab(const v1::TensorSlab& slab, Actions* actions) {
+  auto it = receiving_.find(slab.job_id());
+  if (it == receiving_.end()) {
+    if (rejected_.count(slab.job_id())) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "slab.job_id ", slab.job_id(),
+        " is not a job receiving data on this stream (send start_job first)"));
+  }
+  if (absl::Status status = it->second.job->AddSlab(slab); !status.ok()) return status;
+  if (it->second.job->complete()) {
+    ReceivingJob job = std::move(it->second);
+    receiving_.erase(it);
+    SubmitJob(std::move(job));
+  }
+  (void)actions;
+  return absl::OkStatus();
+}
+
+void CompressReactor::HandleCancelJob(const v1::CancelJob& cancel, Actions* actions) {
+  const uint64_t job_id = cancel.job_id();
+  if (auto it = receiving_.find(job_id); it != receiving_.end()) {
+    const uint64_t footprint = it->second.job->footprint_bytes();
+    receiving_.erase(it);
+    ReleaseFootprint(footprint, actions);
+  } else if (auto running = computing_.find(job_id); running != computing_.end()) {
+    running->second->store(true);  // the pool drops it; OnJobComputed releases it
+  } else {
+    for (auto out = outgoing_.begin(); out != outgoing_.end(); ++out) {
+      // A result not yet started on the wire can be dropped whole.
+      if (out->encoder != nullptr && out->encoder->job_id() == job_id &&
+          !(out == outgoing_.begin() && write_in_flight_)) {
+        const uint64_t footprint = out->footprint;
+        outgoing_.erase(out);
+        ReleaseFootprint(footprint, actions);
+        break;
+      }
+    }
+  }
+  // Cancelling a job that already finished is not an error: the reply may be in flight.
+}
+
+// ---------------------------------------------------------------------------------------
+// Jobs in the pool.
+
+void CompressReactor::SubmitJob(ReceivingJob job) {
+  const uint64_t job_id = job.job->job_id();
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  computing_.emplace(job_id, cancelled);
+  computing_footprint_.emplace(job_id, job.job->footprint_bytes());
+  Ref();  // held by the task
+  std::shared_ptr<IncomingJob> input(std::move(job.job));
+  const ClusterEngine* engine = job.engine;
+  const double enqueue_time = NowSeconds();
+  context_->executor->Submit([this, job_id, input, engine, cancelled, enqueue_time] {
+    RunJob(job_id, input, engine, cancelled, enqueue_time);
+    Unref();
+  });
+}
+
+void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
+                             const ClusterEngine* engine,
+                             std::shared_ptr<std::atomic<bool>> cancelled, double enqueue_time) {
+  JobTimings timings;
+  const double start = NowSeconds();
+  timings.queue_seconds = start - enqueue_time;
+  absl::StatusOr<CompressResult> result;
+  try {
+    result = engine->Compress(job->view(), job->options(), CompressControl{cancelled.get()});
+  } catch (const std::bad_alloc&) {
+    result = absl::ResourceExhaustedError(
+        absl::StrCat("job ", job_id, ": out of memory while clustering"));
+  }
+  timings.compute_seconds = NowSeconds() - start;
+  const ResultMeta meta{job->layer_index(), job->output_dtype(), std::string(engine->name()),
+                        timings};
+  job.reset();  // free the input before the result is queued
+  OnJobComputed(job_id, std::move(result), meta);
+}
+
+void CompressReactor::OnJobComputed(uint64_t job_id, absl::StatusOr<CompressResult> result,
+                                    const ResultMeta& meta) {
+  Actions actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto flag = computing_.find(job_id);
+    const bool job_cancelled = flag != computing_.end() && flag->second->load();
+    const uint64_t footprint = computing_footprint_[job_id];
+    computing_.erase(job_id);
+    computing_footprint_.erase(job_id);
+    if (finish_requested_ || job_cancelled ||
+        (!result.ok() && result.status().code() == absl::StatusCode::kCancelled)) {
+      ReleaseFootprint(footprint, &actions);
+    } else if (!result.ok() && result.status().code() == absl::StatusCode::kInvalidArgument) {
+      // Bad data (NaN, zero counts, ...) is bad input: the stream fails, naming the field.
+      ReleaseFootprint(footprint, &actions);
+      FailStream(absl::InvalidArgumentError(
+                     absl::StrCat("job ", job_id, ": ", result.status().message())),
+                 &actions);
+    } else if (!result.ok()) {
+      QueueJobError(job_id, result.status(), footprint, &actions);
+    } else {
+      // The job's input is gone; the result needs at most the reserved footprint.
+      outgoing_.push_back(Output{});
+      outgoing_.back().footprint = footprint;
+      outgoing_.back().encoder = std::make_unique<ResultEncoder>(
+          job_id, meta.layer_index, meta.output_dtype, meta.backend, meta.timings,
+          std::move(*result), context_->options.result_slab_bytes);
+      PrepareWrite(&actions);
+    }
+    MaybeFinish(&actions);
+  }
+  Perform(actions);
+}
+
+void CompressReactor::QueueJobError(uint64_t job_id, const absl::Status& status,
+                                    uint64_t footprint, Actions* actions) {
+  Output output;
+  output.footprint = footprint;
+  output.error.emplace();
+  v1::JobError* error = output.error->mutable_error();
+  error->set_job_id(job_id);
+  error->set_code(static_cast<int32_t>(status.code()));
+  error->set_message(std::string(status.message()));
+  outgoing_.push_back(std::move(output));
+  PrepareWrite(actions);
+}
+
+// ---------------------------------------------------------------------------------------
+// Writing, finishing, and the hand-off to gRPC.
+
+void CompressReactor::ReleaseFootprint(uint64_t bytes, Actions* actions) {
+  stream_bytes_ -= bytes;
+  actions->release_bytes += bytes;
+  if (waiting_.has_value() && !finish_requested_) {
+    if (absl::Status status = AdmitWaitingJob(actions); !status.ok()) {
+      FailStream(status, actions);
+    }
+  }
+}
+
+void CompressReactor::PrepareWrite(Actions* actions) {
+  while (!write_in_flight_ && !finish_requested_ && !outgoing_.empty()) {
+    Output& front = outgoing_.front();
+    bool have_message = false;
+    if (front.error.has_value()) {
+      response_ = std::move(*front.error);
+      front.error.reset();
+      have_message = true;
+    } else if (front.encoder != nullptr) {
+      have_message = front.encoder->Next(&response_);
+    }
+    if (!have_message || front.encoder == nullptr) {
+      const uint64_t footprint = front.footprint;
+      outgoing_.pop_front();
+      ReleaseFootprint(footprint, actions);
+    }
+    if (have_message) {
+      write_in_flight_ = true;
+      ++calls_in_progress_;
+      actions->start_write = true;
+    }
+  }
+}
+
+bool CompressReactor::Idle() const {
+  return receiving_.empty() && computing_.empty() && outgoing_.empty() && !write_in_flight_ &&
+         !waiting_.has_value();
+}
+
+void CompressReactor::MaybeFinish(Actions* actions) {
+  if (finish_requested_ || !Idle()) return;
+  if (reads_done_) {
+    RequestFinish(grpc::Status::OK, actions);
+  } else if (draining_) {
+    RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "server is shutting down; reconnect to another replica"),
+                  actions);
+  }
+}
+
+void CompressReactor::FailStream(const absl::Status& status, Actions* actions) {
+  if (finish_requested_) return;
+  for (auto& [job_id, cancelled] : computing_) cancelled->store(true);
+  uint64_t released = 0;
+  for (auto& [job_id, job] : receiving_) released += job.job->footprint_bytes();
+  for (Output& output : outgoing_) released += output.footprint;
+  receiving_.clear();
+  outgoing_.clear();
+  waiting_.reset();
+  stream_bytes_ -= released;
+  actions->release_bytes += released;
+  RequestFinish(ToGrpcStatus(status), actions);
+}
+
+void CompressReactor::RequestFinish(const grpc::Status& status, Actions* actions) {
+  finish_requested_ = true;
+  final_status_ = status;
+  if (calls_in_progress_ == 0 && !finish_called_) {
+    finish_called_ = true;
+    actions->finish = true;
+  }
+}
+
+void CompressReactor::Perform(const Actions& actions) {
+  if (actions.release_bytes > 0) context_->budget.Release(actions.release_bytes);
+  const int32_t calls = (actions.start_read ? 1 : 0) + (actions.start_write ? 1 : 0);
+  if (actions.start_read) StartRead(&request_);
+  if (actions.start_write) StartWrite(&response_);
+  bool finish = actions.finish;
+  grpc::Status status;
+  if (calls > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_in_progress_ -= calls;
+    if (finish_requested_ && !finish_called_ && calls_in_progress_ == 0) {
+      finish_called_ = true;
+      finish = true;
+    }
+    status = final_status_;
+  } else if (finish) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status = final_status_;
+  }
+  // Finish must be the last use of `this`: OnDone may run inline and delete the reactor.
+  if (finish) Finish(status);
+}
+
+}  // namespace centroidkv::service

@@ -1,0 +1,122 @@
+// The server side of one Compress stream: a gRPC callback reactor (route_guide style)
+// that assembles layer jobs from slabs, hands complete jobs to the clustering pool and
+// streams each result back as soon as it is ready, one write in flight at a time.
+//
+// Threads: reactions arrive on gRPC threads and job completions on oneTBB threads; all
+// state is under mu_, and gRPC operations are started only after mu_ is released (a
+// reaction may run inline inside StartWrite). Lifetime: reference counted; gRPC holds one
+// reference until OnDone, each job in the pool and a budget wait hold one more.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "centroidkv/v1/centroidkv.grpc.pb.h"
+#include "service/incoming_job.h"
+#include "service/result_encoder.h"
+#include "service/service_context.h"
+
+namespace centroidkv::service {
+
+class CompressReactor final
+    : public grpc::ServerBidiReactor<v1::CompressRequest, v1::CompressResponse> {
+ public:
+  explicit CompressReactor(ServiceContext* context);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+  // Server shutdown: new jobs get UNAVAILABLE, jobs in flight finish and are written,
+  // then the stream ends with UNAVAILABLE (or OK if the client already half-closed).
+  void Drain();
+
+  void Ref();
+  void Unref();
+
+ private:
+  // gRPC operations decided under mu_ and started after it is released.
+  struct Actions {
+    bool start_read = false;
+    bool start_write = false;
+    bool finish = false;
+    uint64_t release_bytes = 0;  // to give back to the shared budget
+  };
+  struct ReceivingJob {
+    std::unique_ptr<IncomingJob> job;
+    const ClusterEngine* engine = nullptr;
+  };
+  struct Output {  // one job's reply: a result, or an error message
+    std::unique_ptr<ResultEncoder> encoder;
+    std::optional<v1::CompressResponse> error;
+    uint64_t footprint = 0;
+  };
+
+  ~CompressReactor() override = default;
+
+  absl::Status HandleRequest(Actions* actions);
+  absl::Status HandleStartJob(const v1::StartJob& start, Actions* actions);
+  absl::Status HandleSlab(const v1::TensorSlab& slab, Actions* actions);
+  void HandleCancelJob(const v1::CancelJob& cancel, Actions* actions);
+
+  // Reserves the waiting job's footprint (stream and shared budget) and, once it fits,
+  // admits it and resumes reading. Returns an error if the job can never fit.
+  absl::Status AdmitWaitingJob(Actions* actions);
+  void OnBudgetAvailable();
+  void SubmitJob(ReceivingJob job);
+  void RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job, const ClusterEngine* engine,
+              std::shared_ptr<std::atomic<bool>> cancelled, double enqueue_time);
+  struct ResultMeta {
+    uint32_t layer_index;
+    DType output_dtype;
+    std::string backend;
+    JobTimings timings;
+  };
+  void OnJobComputed(uint64_t job_id, absl::StatusOr<CompressResult> result,
+                     const ResultMeta& meta);
+  void QueueJobError(uint64_t job_id, const absl::Status& status, uint64_t footprint,
+                     Actions* actions);
+
+  void ReleaseFootprint(uint64_t bytes, Actions* actions);
+  void PrepareWrite(Actions* actions);
+  void MaybeFinish(Actions* actions);
+  void FailStream(const absl::Status& status, Actions* actions);
+  void RequestFinish(const grpc::Status& status, Actions* actions);
+  bool Idle() const;
+  void Perform(const Actions& actions);
+
+  ServiceContext* const context_;
+  std::atomic<int32_t> refs_{1};
+
+  std::mutex mu_;
+  v1::CompressRequest request_;    // the read buffer; one read in flight
+  v1::CompressResponse response_;  // the write buffer; one write in flight
+  std::map<uint64_t, ReceivingJob> receiving_;
+  std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> computing_;  // job -> cancel flag
+  std::map<uint64_t, uint64_t> computing_footprint_;
+  std::deque<Output> outgoing_;
+  std::set<uint64_t> rejected_;  // jobs refused while draining: their slabs are dropped
+  std::optional<ReceivingJob> waiting_;  // a job waiting for memory; reading is paused
+  std::optional<MemoryBudget::WaiterId> budget_wait_;
+  uint64_t stream_bytes_ = 0;  // footprints of this stream's admitted jobs
+  bool reads_done_ = false;
+  bool read_in_flight_ = false;
+  bool write_in_flight_ = false;
+  bool draining_ = false;
+  bool finish_requested_ = false;
+  bool finish_called_ = false;
+  int32_t calls_in_progress_ = 0;  // StartRead/StartWrite calls being made outside mu_
+  grpc::Status final_status_;
+};
+
+}  // namespace centroidkv::service

@@ -1,0 +1,63 @@
+// One layer job being received on a Compress stream: the StartJob checked and translated
+// into engine terms, and the buffers its slabs are assembled into. Slabs of a tensor must
+// arrive in order (each starts where the previous one ended). Errors name the wire field.
+// Thread-compatible: owned by one stream, handed to one worker task when complete.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "centroidkv/kernels/engine.h"
+#include "centroidkv/kernels/engine_factory.h"
+#include "centroidkv/v1/centroidkv.pb.h"
+#include "service/server_options.h"
+
+namespace centroidkv::service {
+
+class IncomingJob {
+ public:
+  // Validates `start` (dtype, layout, dims, parameters, size limits) and allocates the
+  // input buffers. RESOURCE_EXHAUSTED when the job exceeds max_job_bytes.
+  static absl::StatusOr<std::unique_ptr<IncomingJob>> Create(const v1::StartJob& start,
+                                                             const ServerOptions& options);
+
+  // Copies one slab into place. FAILED_PRECONDITION for an overlap or a gap,
+  // INVALID_ARGUMENT for an unknown tensor or bytes past the tensor's end.
+  absl::Status AddSlab(const v1::TensorSlab& slab);
+
+  bool complete() const;
+  uint64_t job_id() const { return job_id_; }
+  uint32_t layer_index() const { return layer_index_; }
+  BackendKind backend() const { return backend_; }
+  DType output_dtype() const { return output_dtype_; }
+  const CompressOptions& options() const { return options_; }
+  // Input bytes plus the most the result can take: what the stream reserves for this job.
+  uint64_t footprint_bytes() const { return footprint_bytes_; }
+  // Borrowed view of the assembled input; valid while this object lives.
+  const LayerView& view() const { return view_; }
+
+ private:
+  struct TensorBuffer {
+    std::vector<uint8_t> bytes;
+    uint64_t received = 0;
+  };
+  IncomingJob() = default;
+  TensorBuffer* BufferFor(v1::Tensor tensor);
+
+  uint64_t job_id_ = 0;
+  uint32_t layer_index_ = 0;
+  BackendKind backend_ = BackendKind::kAuto;
+  DType output_dtype_ = DType::kFloat32;
+  CompressOptions options_;
+  bool has_counts_ = false;
+  TensorBuffer keys_, values_, counts_;
+  uint64_t footprint_bytes_ = 0;
+  LayerView view_;
+};
+
+// Worst-case bytes of a job's result (every entry kept), for the stream's reservation.
+uint64_t MaxResultBytes(const LayerView& shape, DType output_dtype, bool with_assignment);
+
+}  // namespace centroidkv::service

@@ -1,0 +1,73 @@
+// Server assembly (builder, health, reflection, message limits) and graceful shutdown.
+#include "service/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace centroidkv::service {
+namespace {
+constexpr char kServiceName[] = "centroidkv.v1.CentroidKV";
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  std::unique_ptr<Server> server(new Server());
+  server->context_ = std::make_unique<ServiceContext>(options);
+  server->service_ = std::make_unique<CentroidKVService>(server->context_.get());
+  server->listen_address_ = options.listen_address;
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
+                           &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // Keepalive: notice dead peers on long-lived worker streams.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
+  server->grpc_server_ = builder.BuildAndStart();
+  if (server->grpc_server_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("listen: cannot listen on '", options.listen_address,
+                     "' (address in use, bad address, or no permission)"));
+  }
+  grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  health->SetServingStatus(kServiceName, true);
+  return server;
+}
+
+Server::~Server() { Shutdown(); }
+
+std::string Server::target() const {
+  if (absl::StartsWith(listen_address_, "unix:")) return listen_address_;
+  return absl::StrCat("127.0.0.1:", port_);
+}
+
+void Server::Shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    if (grpc_server_ == nullptr) return;
+    grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+    health->SetServingStatus(kServiceName, false);
+    health->SetServingStatus(false);
+    context_->draining.store(true);
+    context_->streams.DrainAll();
+    // Stop accepting calls, wait for streams until the grace period, then cancel the rest.
+    const auto deadline = std::chrono::system_clock::now() + context_->options.grace_period;
+    grpc_server_->Shutdown(deadline);
+    context_->executor->WaitIdle(context_->options.grace_period);
+  });
+}
+
+void Server::Wait() {
+  if (grpc_server_ != nullptr) grpc_server_->Wait();
+}
+
+}  // namespace centroidkv::service

@@ -1,0 +1,46 @@
+// ServiceContext construction and the registry of live streams.
+#include "service/service_context.h"
+
+#include <vector>
+
+#include "service/compress_reactor.h"
+
+namespace centroidkv::service {
+
+ServiceContext::ServiceContext(const ServerOptions& server_options)
+    : options(server_options),
+      engines(EngineSet::CreateAvailable(server_options.engine_limits)),
+      executor(std::make_unique<WorkExecutor>(server_options.worker_threads)),
+      budget(server_options.max_total_bytes) {}
+
+void StreamRegistry::Add(CompressReactor* reactor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reactors_.insert(reactor);
+}
+
+void StreamRegistry::Remove(CompressReactor* reactor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reactors_.erase(reactor);
+}
+
+size_t StreamRegistry::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reactors_.size();
+}
+
+void StreamRegistry::DrainAll() {
+  std::vector<CompressReactor*> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (CompressReactor* reactor : reactors_) {
+      reactor->Ref();
+      live.push_back(reactor);
+    }
+  }
+  for (CompressReactor* reactor : live) {
+    reactor->Drain();
+    reactor->Unref();
+  }
+}
+
+}  // namespace centroidkv::service

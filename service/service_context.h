@@ -1,0 +1,47 @@
+// What every stream of one server shares: options, engines, the clustering pool, the
+// memory budget and the registry of live streams (for draining on shutdown).
+// Thread-safe: fields are set once at start-up; the registry has its own lock.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "centroidkv/kernels/engine_factory.h"
+#include "service/executor.h"
+#include "service/memory_budget.h"
+#include "service/server_options.h"
+
+namespace centroidkv::service {
+
+class CompressReactor;
+
+// Live Compress streams. Reactors add themselves on creation and remove themselves in
+// OnDone; Drain() visits each one that is still registered.
+class StreamRegistry {
+ public:
+  void Add(CompressReactor* reactor);
+  void Remove(CompressReactor* reactor);
+  size_t size() const;
+  // Calls Drain() on every live stream, holding a reference so none is deleted meanwhile.
+  void DrainAll();
+
+ private:
+  mutable std::mutex mu_;
+  std::set<CompressReactor*> reactors_;
+};
+
+struct ServiceContext {
+  explicit ServiceContext(const ServerOptions& server_options);
+
+  ServerOptions options;
+  std::unique_ptr<EngineSet> engines;
+  std::unique_ptr<WorkExecutor> executor;
+  MemoryBudget budget;
+  StreamRegistry streams;
+  std::atomic<bool> draining{false};
+};
+
+}  // namespace centroidkv::service

@@ -20,6 +20,7 @@ double NowSeconds() {
 
 CompressReactor::CompressReactor(ServiceContext* context) : context_(context) {
   context_->streams.Add(this);
+  context_->stats.streams_opened.fetch_add(1);
   Actions actions;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -271,6 +272,7 @@ void CompressReactor::SubmitJob(ReceivingJob job) {
   computing_.emplace(job_id, cancelled);
   computing_footprint_.emplace(job_id, job.job->footprint_bytes());
   Ref();  // held by the task
+  context_->stats.jobs_received.fetch_add(1);
   std::shared_ptr<IncomingJob> input(std::move(job.job));
   const ClusterEngine* engine = job.engine;
   const double enqueue_time = NowSeconds();
@@ -302,6 +304,7 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
 
 void CompressReactor::OnJobComputed(uint64_t job_id, absl::StatusOr<CompressResult> result,
                                     const ResultMeta& meta) {
+  ServiceStats& stats = context_->stats;
   Actions actions;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -312,17 +315,22 @@ void CompressReactor::OnJobComputed(uint64_t job_id, absl::StatusOr<CompressResu
     computing_footprint_.erase(job_id);
     if (finish_requested_ || job_cancelled ||
         (!result.ok() && result.status().code() == absl::StatusCode::kCancelled)) {
+      stats.jobs_dropped.fetch_add(1);
       ReleaseFootprint(footprint, &actions);
     } else if (!result.ok() && result.status().code() == absl::StatusCode::kInvalidArgument) {
       // Bad data (NaN, zero counts, ...) is bad input: the stream fails, naming the field.
+      stats.jobs_failed.fetch_add(1);
       ReleaseFootprint(footprint, &actions);
       FailStream(absl::InvalidArgumentError(
                      absl::StrCat("job ", job_id, ": ", result.status().message())),
                  &actions);
     } else if (!result.ok()) {
+      // A valid job that failed while computing: reported for that job only.
+      stats.jobs_failed.fetch_add(1);
       QueueJobError(job_id, result.status(), footprint, &actions);
     } else {
       // The job's input is gone; the result needs at most the reserved footprint.
+      stats.jobs_completed.fetch_add(1);
       outgoing_.push_back(Output{});
       outgoing_.back().footprint = footprint;
       outgoing_.back().encoder = std::make_unique<ResultEncoder>(

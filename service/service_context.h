@@ -33,6 +33,15 @@ class StreamRegistry {
   std::set<CompressReactor*> reactors_;
 };
 
+// Counters of the server's life so far (read by tests, GetInfo and, later, /metrics).
+struct ServiceStats {
+  std::atomic<int64_t> streams_opened{0};
+  std::atomic<int64_t> jobs_received{0};   // complete jobs handed to the pool
+  std::atomic<int64_t> jobs_completed{0};  // results queued for writing
+  std::atomic<int64_t> jobs_failed{0};     // engine errors (per job or stream-ending)
+  std::atomic<int64_t> jobs_dropped{0};    // cancelled, or their stream ended first
+};
+
 struct ServiceContext {
   explicit ServiceContext(const ServerOptions& server_options);
 
@@ -41,6 +50,7 @@ struct ServiceContext {
   std::unique_ptr<WorkExecutor> executor;
   MemoryBudget budget;
   StreamRegistry streams;
+  ServiceStats stats;
   std::atomic<bool> draining{false};
 };
 

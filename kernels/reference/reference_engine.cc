@@ -183,6 +183,7 @@ absl::Status ReferenceEngine::CompressImpl(const LayerPlan& plan, const LayerVie
     bool any_long = false;
     for (int32_t h = 0; h < layer.num_heads; ++h) {
       if (plan.passthrough[h] || heads[h].length <= t) continue;
+      if (control.IsCancelled()) return absl::CancelledError("job cancelled");
       any_long = true;
       candidates[h] = CandidateEdges(heads[h], plan, layer.key_dim, plan.FloorForPass(pass));
       merges[h] = std::min<int64_t>(heads[h].length - t, candidates[h].size());

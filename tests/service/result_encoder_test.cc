@@ -1,0 +1,87 @@
+// ResultEncoder: header then slabs in order, sizes add up, fp16 output rounds once.
+#include "service/result_encoder.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace centroidkv::service {
+namespace {
+
+CompressResult MakeResult(int64_t rows, int32_t key_dim, int32_t value_dim) {
+  CompressResult result;
+  result.num_heads = 1;
+  result.num_tokens = static_cast<int32_t>(rows * 2);
+  result.key_dim = key_dim;
+  result.value_dim = value_dim;
+  result.offsets = {0, rows};
+  for (int64_t i = 0; i < rows * key_dim; ++i) result.keys.push_back(0.001f * i + 1.0f / 3);
+  for (int64_t i = 0; i < rows * value_dim; ++i) result.values.push_back(-0.5f * i);
+  for (int64_t i = 0; i < rows; ++i) result.counts.push_back(2);
+  for (int64_t i = 0; i < rows * 2; ++i) result.assignment.push_back(static_cast<int32_t>(i / 2));
+  return result;
+}
+
+TEST(ResultEncoderTest, HeaderThenOrderedSlabsCoveringEveryByte) {
+  const CompressResult result = MakeResult(1000, 16, 8);
+  ResultEncoder encoder(77, 3, DType::kFloat32, "reference", {}, result, 4096);
+  v1::CompressResponse message;
+  ASSERT_TRUE(encoder.Next(&message));
+  ASSERT_TRUE(message.has_result());
+  const v1::JobResult header = message.result();
+  EXPECT_EQ(header.job_id(), 77u);
+  EXPECT_EQ(header.layer_index(), 3u);
+  EXPECT_EQ(header.out_keys_bytes(), 1000u * 16 * 4);
+  EXPECT_EQ(header.assignment_bytes(), 2000u * 4);
+
+  std::vector<uint8_t> keys;
+  std::vector<uint8_t> assignment;
+  v1::Tensor last = v1::TENSOR_UNSPECIFIED;
+  while (encoder.Next(&message)) {
+    ASSERT_TRUE(message.has_slab());
+    const v1::TensorSlab& slab = message.slab();
+    EXPECT_EQ(slab.job_id(), 77u);
+    EXPECT_LE(slab.data().size(), 4096u);
+    EXPECT_GE(slab.tensor(), last) << "tensors come in a fixed order";
+    last = slab.tensor();
+    std::vector<uint8_t>* target = slab.tensor() == v1::TENSOR_OUT_KEYS     ? &keys
+                                   : slab.tensor() == v1::TENSOR_ASSIGNMENT ? &assignment
+                                                                            : nullptr;
+    if (target != nullptr) {
+      EXPECT_EQ(slab.byte_offset(), target->size());
+      target->insert(target->end(), slab.data().begin(), slab.data().end());
+    }
+  }
+  ASSERT_EQ(keys.size(), result.keys.size() * 4);
+  EXPECT_EQ(std::memcmp(keys.data(), result.keys.data(), keys.size()), 0);
+  ASSERT_EQ(assignment.size(), result.assignment.size() * 4);
+  EXPECT_EQ(std::memcmp(assignment.data(), result.assignment.data(), assignment.size()), 0);
+}
+
+TEST(ResultEncoderTest, Float16OutputIsTheFloat32ResultRoundedOnce) {
+  const CompressResult result = MakeResult(10, 4, 4);
+  ResultEncoder encoder(1, 0, DType::kFloat16, "reference", {}, result, 1 << 20);
+  v1::CompressResponse message;
+  ASSERT_TRUE(encoder.Next(&message));
+  EXPECT_EQ(message.result().dtype(), v1::DTYPE_FLOAT16);
+  ASSERT_TRUE(encoder.Next(&message));
+  ASSERT_EQ(message.slab().tensor(), v1::TENSOR_OUT_KEYS);
+  const auto* halves = reinterpret_cast<const uint16_t*>(message.slab().data().data());
+  ASSERT_EQ(message.slab().data().size(), result.keys.size() * 2);
+  for (size_t i = 0; i < result.keys.size(); ++i) {
+    EXPECT_EQ(halves[i], FloatToHalf(result.keys[i])) << "element " << i;
+  }
+}
+
+TEST(ResultEncoderTest, NoAssignmentWhenNotComputed) {
+  CompressResult result = MakeResult(5, 2, 2);
+  result.assignment.clear();
+  ResultEncoder encoder(1, 0, DType::kFloat32, "reference", {}, result, 1 << 20);
+  v1::CompressResponse message;
+  ASSERT_TRUE(encoder.Next(&message));
+  EXPECT_FALSE(message.result().has_assignment());
+  while (encoder.Next(&message)) EXPECT_NE(message.slab().tensor(), v1::TENSOR_ASSIGNMENT);
+}
+
+}  // namespace
+}  // namespace centroidkv::service

@@ -1,0 +1,352 @@
+// The server as a whole: health and reflection services, GetInfo, unix sockets, many
+// concurrent streams, backpressure under a small memory budget, and graceful drain.
+#include "service/server.h"
+
+#include <gtest/gtest.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <thread>
+
+#include "centroidkv/client/client.h"
+#include "centroidkv/kernels/engine_factory.h"
+#include "tests/service/service_test_util.h"
+#include "tests/testing/random_layer.h"
+
+namespace centroidkv::service {
+namespace {
+
+using ::centroidkv::service::testing::DecodeResults;
+using ::centroidkv::service::testing::MakeStub;
+using ::centroidkv::service::testing::RawStream;
+using ::centroidkv::service::testing::StartLoopbackServer;
+
+// A unary call through the generic stub (no generated code): returns the reply bytes.
+grpc::Status GenericUnary(const std::string& target, const std::string& method,
+                          const std::string& request_bytes, std::string* reply_bytes) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer reply;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply,
+                 [&done](grpc::Status status) { done.set_value(status); });
+  grpc::Status status = done.get_future().get();
+  std::vector<grpc::Slice> slices;
+  reply.Dump(&slices);
+  reply_bytes->clear();
+  for (const grpc::Slice& s : slices) {
+    reply_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return status;
+}
+
+TEST(ServerTest, HealthServiceReportsServing) {
+  auto server = StartLoopbackServer();
+  ASSERT_NE(server, nullptr);
+  std::string reply;
+  // HealthCheckRequest{service: ""} is empty; the reply is {status: SERVING(1)} = 08 01.
+  ASSERT_TRUE(GenericUnary(server->target(), "/grpc.health.v1.Health/Check", "", &reply).ok());
+  EXPECT_EQ(reply, std::string("\x08\x01", 2));
+  const std::string name = "centroidkv.v1.CentroidKV";
+  const std::string request = std::string("\x0a", 1) + static_cast<char>(name.size()) + name;
+  ASSERT_TRUE(GenericUnary(server->target(), "/grpc.health.v1.Health/Check", request, &reply).ok());
+  EXPECT_EQ(reply, std::string("\x08\x01", 2));
+}
+
+// A bidi call through the generic stub: one request, reads until the server's reply.
+class ReflectionCall : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  ReflectionCall(grpc::GenericStub* stub, const std::string& request_bytes) {
+    grpc::Slice slice(request_bytes);
+    request_ = grpc::ByteBuffer(&slice, 1);
+    stub->PrepareBidiStreamingCall(&context_,
+                                   "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                   grpc::StubOptions(), this);
+    StartWrite(&request_);
+    StartRead(&reply_);
+    StartCall();
+  }
+  void OnWriteDone(bool) override { StartWritesDone(); }
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      std::vector<grpc::Slice> slices;
+      reply_.Dump(&slices);
+      for (const grpc::Slice& s : slices) {
+        text_.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+      StartRead(&reply_);
+    }
+  }
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+    done_ = true;
+    cv_.notify_all();
+  }
+  grpc::Status Await(std::string* text) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    *text = text_;
+    return status_;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_, reply_;
+  std::string text_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  grpc::Status status_;
+};
+
+TEST(ServerTest, ReflectionListsTheService) {
+  auto server = StartLoopbackServer();
+  ASSERT_NE(server, nullptr);
+  grpc::GenericStub stub(grpc::CreateChannel(server->target(), grpc::InsecureChannelCredentials()));
+  // ServerReflectionRequest{list_services: "*"}: field 7, length 1.
+  ReflectionCall call(&stub, std::string("\x3a\x01*", 3));
+  std::string text;
+  ASSERT_TRUE(call.Await(&text).ok());
+  EXPECT_NE(text.find("centroidkv.v1.CentroidKV"), std::string::npos);
+  EXPECT_NE(text.find("grpc.health.v1.Health"), std::string::npos);
+}
+
+TEST(ServerTest, GetInfoDescribesBackendsLimitsAndDefaults) {
+  ServerOptions options;
+  options.max_job_bytes = 12345678;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  grpc::ClientContext context;
+  v1::GetInfoResponse info;
+  ASSERT_TRUE(stub->GetInfo(&context, v1::GetInfoRequest(), &info).ok());
+  EXPECT_FALSE(info.version().empty());
+  EXPECT_NE(std::find(info.backends().begin(), info.backends().end(), "reference"),
+            info.backends().end());
+  EXPECT_FALSE(info.default_backend().empty());
+  EXPECT_EQ(info.limits().max_job_bytes(), 12345678u);
+  EXPECT_EQ(info.defaults().chunk_size(), 256u);
+  EXPECT_EQ(info.defaults().sink_tokens(), 16u);
+  EXPECT_EQ(info.defaults().recent_tokens(), 64u);
+  EXPECT_DOUBLE_EQ(info.defaults().target_ratio(), 0.25);
+  EXPECT_FALSE(info.defaults().has_min_similarity()) << "the floor is off by default";
+}
+
+TEST(ServerTest, ListensOnUnixSocket) {
+  ServerOptions options;
+  const std::string path = "/tmp/ckv-service-test-" + std::to_string(getpid()) + ".sock";
+  options.listen_address = "unix://" + path;
+  auto server = Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  client::ClientOptions client_options;
+  client_options.target = (*server)->target();
+  auto client = client::Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto info = (*client)->GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  test::RandomLayerSpec spec;
+  spec.prototypes = 4;
+  test::RandomLayer layer = test::RandomLayer::Generate(spec);
+  client::LayerJob job;
+  job.layer = layer.view();
+  job.options.chunk_size = 16;
+  job.options.sink_tokens = 2;
+  job.options.recent_tokens = 4;
+  auto results = (*client)->CompressLayers({job});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ((*results)[0].total_entries(), 2 * 16);  // ceil(0.25 * 64) per head
+}
+
+// Many streams at once, each with several jobs in flight, through the client library.
+TEST(ServerTest, ManyConcurrentStreamsGetTheirOwnResults) {
+  ServerOptions options;
+  options.worker_threads = 2;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto engines = EngineSet::CreateAvailable();
+  const ClusterEngine* reference = *engines->Select(BackendKind::kReference);
+  client::ClientOptions client_options;
+  client_options.target = server->target();
+  client_options.slab_bytes = 4096;
+  auto client = client::Client::Connect(client_options);
+  ASSERT_TRUE(client.ok());
+
+  constexpr int kStreams = 8, kJobsPerStream = 6;
+  std::atomic<int> mismatches{0}, failures{0};
+  std::vector<std::thread> threads;
+  for (int s = 0; s < kStreams; ++s) {
+    threads.emplace_back([&, s] {
+      std::vector<test::RandomLayer> layers;
+      std::vector<client::LayerJob> jobs;
+      for (int j = 0; j < kJobsPerStream; ++j) {
+        test::RandomLayerSpec spec;
+        spec.num_heads = 1 + (s + j) % 4;
+        spec.num_tokens = 40 + 13 * j;
+        spec.key_dim = 8 << (j % 3);
+        spec.value_dim = 4 + s;
+        spec.prototypes = 5;
+        spec.with_counts = j % 2 == 1;
+        spec.seed = static_cast<uint64_t>(1000 * s + j);
+        layers.push_back(test::RandomLayer::Generate(spec));
+      }
+      for (int j = 0; j < kJobsPerStream; ++j) {
+        client::LayerJob job;
+        job.layer_index = static_cast<uint32_t>(j);
+        job.layer = layers[j].view();
+        job.options.chunk_size = 8;
+        job.options.sink_tokens = 1;
+        job.options.recent_tokens = 3;
+        job.options.target_ratio = 0.3;
+        job.output_dtype = DType::kFloat32;
+        jobs.push_back(job);
+      }
+      auto results = (*client)->CompressLayers(jobs);
+      if (!results.ok()) {
+        ++failures;
+        return;
+      }
+      for (int j = 0; j < kJobsPerStream; ++j) {
+        auto expected = reference->Compress(jobs[j].layer, jobs[j].options);
+        const client::LayerResult& got = (*results)[j];
+        if (!expected.ok() || got.layer_index != static_cast<uint32_t>(j) ||
+            got.counts != expected->counts || got.assignment != expected->assignment ||
+            got.KeysAsFloat() != expected->keys || got.ValuesAsFloat() != expected->values) {
+          ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(server->context().stats.jobs_completed.load(), kStreams * kJobsPerStream);
+  EXPECT_EQ(server->context().budget.used(), 0u);
+}
+
+// With a budget far smaller than the offered load, reading pauses instead of buffering:
+// every job still completes, and the budget is never exceeded.
+TEST(ServerTest, BackpressureKeepsMemoryWithinBudget) {
+  test::RandomLayerSpec spec;
+  spec.num_heads = 2;
+  spec.num_tokens = 1024;
+  spec.key_dim = 16;
+  spec.value_dim = 16;
+  spec.prototypes = 8;
+  test::RandomLayer layer = test::RandomLayer::Generate(spec);
+  // Footprint of one job: input 256 KiB + result 256 KiB + counts and assignment 16 KiB.
+  ServerOptions options;
+  options.max_stream_bytes = 1200 << 10;  // two jobs per stream
+  options.max_total_bytes = 1700 << 10;   // three jobs over all streams
+  options.worker_threads = 2;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  client::ClientOptions client_options;
+  client_options.target = server->target();
+  auto client = client::Client::Connect(client_options);
+  ASSERT_TRUE(client.ok());
+
+  std::atomic<bool> running{true};
+  std::atomic<uint64_t> peak{0};
+  std::thread sampler([&] {
+    while (running) {
+      peak = std::max<uint64_t>(peak, server->context().budget.used());
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  client::LayerJob job;
+  job.layer = layer.view();
+  job.options.chunk_size = 64;
+  job.options.sink_tokens = 4;
+  job.options.recent_tokens = 16;
+  job.output_dtype = DType::kFloat32;
+  std::vector<std::thread> streams;
+  std::atomic<int> completed{0};
+  for (int s = 0; s < 3; ++s) {
+    streams.emplace_back([&] {
+      auto results = (*client)->CompressLayers(std::vector<client::LayerJob>(8, job));
+      if (!results.ok()) return;
+      for (const auto& result : *results) completed += result.status.ok() ? 1 : 0;
+    });
+  }
+  for (auto& thread : streams) thread.join();
+  running = false;
+  sampler.join();
+  EXPECT_EQ(completed.load(), 24);
+  EXPECT_LE(peak.load(), options.max_total_bytes);
+  EXPECT_GT(peak.load(), 0u);
+  EXPECT_EQ(server->context().budget.used(), 0u);
+}
+
+TEST(ServerTest, JobLargerThanStreamBudgetIsResourceExhausted) {
+  ServerOptions options;
+  options.max_stream_bytes = 64 << 10;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  test::RandomLayerSpec spec;
+  spec.num_tokens = 1024;
+  test::RandomLayer layer = test::RandomLayer::Generate(spec);
+  RawStream stream(stub.get());
+  stream.SendJob(1, layer.view(), CompressOptions{});
+  const grpc::Status status = stream.Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(status.error_message().find("max_stream_bytes"), std::string::npos)
+      << status.error_message();
+}
+
+// Shutdown: the job in flight finishes and is delivered, a job announced during the
+// drain is refused with UNAVAILABLE (so the client can resend it elsewhere).
+TEST(ServerTest, GracefulShutdownFinishesJobsInFlightAndRefusesNewOnes) {
+  ServerOptions options;
+  options.worker_threads = 1;
+  options.grace_period = std::chrono::seconds(30);
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  test::RandomLayerSpec spec;
+  spec.num_heads = 8;
+  spec.num_tokens = 4096;
+  spec.key_dim = 64;
+  spec.value_dim = 8;
+  test::RandomLayer slow = test::RandomLayer::Generate(spec);
+  CompressOptions slow_options;
+  slow_options.chunk_size = 512;
+  slow_options.max_passes = 2;
+  RawStream stream(stub.get());
+  ASSERT_TRUE(stream.SendJob(1, slow.view(), slow_options, 1 << 20));
+  while (server->context().stats.jobs_received.load() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::thread shutdown([&server] { server->Shutdown(); });
+  while (!server->context().draining.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  test::RandomLayerSpec small_spec;
+  test::RandomLayer small = test::RandomLayer::Generate(small_spec);
+  stream.SendJob(2, small.view(), CompressOptions{});
+  std::vector<v1::CompressResponse> responses;
+  v1::CompressResponse response;
+  while (stream.Read(&response)) responses.push_back(response);
+  const grpc::Status status = stream.Finish();
+  shutdown.join();
+
+  std::map<uint64_t, v1::JobError> errors;
+  auto results = DecodeResults(responses, &errors);
+  ASSERT_EQ(results.count(1), 1u) << "the job in flight was not delivered";
+  EXPECT_EQ(results[1].total_entries(), results[1].offsets.back());
+  EXPECT_GT(results[1].counts.size(), 0u);
+  ASSERT_EQ(errors.count(2), 1u);
+  EXPECT_EQ(errors[2].code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_EQ(server->context().executor->pending(), 0);
+}
+
+}  // namespace
+}  // namespace centroidkv::service

@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
     spdlog::error("{}", server.status().ToString());
     return 1;
   }
-  spdlog::info("centroidkv-server listening on {} (port {}), backends: {}, {} threads",
-               options.listen_address, (*server)->port(),
+  spdlog::info("centroidkv-server listening on {} (this host dials {}), backends: {}, {} threads",
+               options.listen_address, (*server)->target(),
                fmt::join((*server)->context().engines->EngineNames(), ","),
                (*server)->context().executor->threads());
 

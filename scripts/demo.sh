@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The main job, on a fresh Debian 12 machine: install what is missing, build, start a
+# server, and compress real and synthetic KV caches through it with the CLI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+bash scripts/build.sh centroidkv_server centroidkv_cli
+bin=${CKV_BUILD_DIR:-build}/bin
+
+work=$(mktemp -d /tmp/centroidkv-demo.XXXXXX)
+socket="unix://$work/ckv.sock"
+"$bin/centroidkv-server" --listen "$socket" >"$work/server.log" 2>&1 &
+server_pid=$!
+cleanup() {
+  kill -TERM "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+for _ in $(seq 1 100); do
+  if "$bin/centroidkv" info --server "$socket" >/dev/null 2>&1; then break; fi
+  sleep 0.1
+done
+echo "== server"
+"$bin/centroidkv" info --server "$socket"
+
+golden=../shared/golden/stories260K_layer2
+if [ -f "$golden/keys.npy" ]; then
+  echo
+  echo "== real KV: stories260K layer 2 after 320 tokens (SPEC section 4 settings, 25% budget)"
+  "$bin/centroidkv" compress --server "$socket" --in "$golden" --target-ratio 0.25 \
+    --chunk-size 64 --sink-tokens 4 --recent-tokens 32 --out "$work/stories"
+  if cmp -s "$work/stories/out_counts.npy" "$golden/out_counts.npy" &&
+     cmp -s "$work/stories/assignment.npy" "$golden/assignment.npy"; then
+    echo "  counts and assignment equal ../shared/golden/stories260K_layer2 exactly"
+  else
+    echo "  MISMATCH against ../shared/golden/stories260K_layer2" >&2
+    exit 1
+  fi
+else
+  echo "(../shared/golden not found: skipping the real-KV example)"
+fi
+
+echo
+echo "== synthetic KV (labelled synthetic): 8 heads x 4096 tokens x 128, fp16, paper defaults"
+"$bin/centroidkv" generate --out "$work/synthetic" --heads 8 --tokens 4096 --key-dim 128 \
+  --value-dim 128 --dtype float16 --seed 7 >/dev/null
+"$bin/centroidkv" compress --server "$socket" --in "$work/synthetic" --target-ratio 0.25 \
+  --output-dtype float16 --out "$work/synthetic-out"
+
+echo
+echo "== stopping the server (SIGTERM: drain, then exit)"
+kill -TERM "$server_pid"
+wait "$server_pid"
+tail -n 3 "$work/server.log"
+echo "demo done"

@@ -1,0 +1,96 @@
+// Tests of kernels/engine_factory.cc: which engine serves which backend kind.
+#include "centroidkv/kernels/engine_factory.h"
+
+#include <algorithm>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace centroidkv {
+namespace {
+
+TEST(EngineFactoryTest, ReferenceIsTheReferenceEngine) {
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  absl::StatusOr<const ClusterEngine*> engine = engines->Select(BackendKind::kReference);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_NE(*engine, nullptr);
+  EXPECT_EQ((*engine)->name(), "reference");
+}
+
+TEST(EngineFactoryTest, AutoAndCpuReturnEngines) {
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  for (BackendKind kind : {BackendKind::kAuto, BackendKind::kCpu}) {
+    absl::StatusOr<const ClusterEngine*> engine = engines->Select(kind);
+    ASSERT_TRUE(engine.ok()) << BackendKindName(kind) << ": " << engine.status();
+    ASSERT_NE(*engine, nullptr) << BackendKindName(kind);
+    EXPECT_FALSE((*engine)->name().empty());
+  }
+}
+
+TEST(EngineFactoryTest, CpuIsNotAGpuEngine) {
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  absl::StatusOr<const ClusterEngine*> engine = engines->Select(BackendKind::kCpu);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->name().find("cuda"), std::string_view::npos) << (*engine)->name();
+}
+
+TEST(EngineFactoryTest, GpuWithoutDeviceIsFailedPrecondition) {
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  absl::StatusOr<const ClusterEngine*> engine = engines->Select(BackendKind::kGpu);
+  const std::vector<std::string> names = engines->EngineNames();
+  const bool has_gpu = std::any_of(names.begin(), names.end(), [](const std::string& name) {
+    return name.rfind("cuda", 0) == 0;
+  });
+  if (has_gpu) {
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_EQ((*engine)->name().rfind("cuda", 0), 0u) << (*engine)->name();
+    return;
+  }
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition) << engine.status();
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "gpu", std::string(engine.status().message()));
+}
+
+TEST(EngineFactoryTest, EngineNamesIncludeReferenceOnce) {
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  const std::vector<std::string> names = engines->EngineNames();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "reference"), 1);
+  for (const std::string& name : names) {
+    EXPECT_EQ(std::count(names.begin(), names.end(), name), 1) << name << " listed twice";
+  }
+}
+
+TEST(EngineFactoryTest, SelectedEnginesAreListed) {
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  const std::vector<std::string> names = engines->EngineNames();
+  for (BackendKind kind : {BackendKind::kAuto, BackendKind::kCpu, BackendKind::kReference}) {
+    absl::StatusOr<const ClusterEngine*> engine = engines->Select(kind);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_NE(std::find(names.begin(), names.end(), std::string((*engine)->name())), names.end())
+        << BackendKindName(kind) << " selects " << (*engine)->name() << ", not listed";
+  }
+}
+
+TEST(EngineFactoryTest, EnginesCarryTheLimits) {
+  EngineLimits limits;
+  limits.max_heads = 3;
+  limits.max_tokens = 77;
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable(limits);
+  EXPECT_EQ(engines->limits().max_heads, 3);
+  for (BackendKind kind : {BackendKind::kAuto, BackendKind::kCpu, BackendKind::kReference}) {
+    absl::StatusOr<const ClusterEngine*> engine = engines->Select(kind);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_EQ((*engine)->limits().max_heads, 3) << BackendKindName(kind);
+    EXPECT_EQ((*engine)->limits().max_tokens, 77) << BackendKindName(kind);
+  }
+}
+
+TEST(EngineFactoryTest, BackendKindNames) {
+  EXPECT_EQ(BackendKindName(BackendKind::kAuto), "auto");
+  EXPECT_EQ(BackendKindName(BackendKind::kCpu), "cpu");
+  EXPECT_EQ(BackendKindName(BackendKind::kGpu), "gpu");
+  EXPECT_EQ(BackendKindName(BackendKind::kReference), "reference");
+}
+
+}  // namespace
+}  // namespace centroidkv

@@ -63,11 +63,42 @@ absl::Status GrpcCompressStream::Cancel(uint64_t job_id) {
     if (done_ || reads_ended_ || close_requested_) {
       return absl::FailedPreconditionError("the stream is not open");
     }
-    Outgoing out;
-    out.job_id = job_id;
-    out.is_cancel = true;
-    outgoing_.push_back(std::move(out));
+    if (job_id == 0 || job_id >= next_job_id_) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", job_id, " was not submitted on this stream"));
+    }
+    // Finished but not yet returned by Next(): drop it here; the server is done with it.
+    for (auto it = completed_.begin(); it != completed_.end(); ++it) {
+      if (it->job_id == job_id) {
+        completed_.erase(it);
+        --outstanding_;
+        changed_.notify_all();
+        return absl::OkStatus();
+      }
+    }
+    // Already returned by Next() (or cancelled before): nothing left to drop.
+    if (layer_of_.erase(job_id) == 0) return absl::OkStatus();
+    // A reply not yet complete: forget what arrived of it and drop the rest when it comes.
+    if (partial_.erase(job_id) == 0) cancelled_.insert(job_id);
+    missing_bytes_.erase(job_id);
     --outstanding_;  // no result will be returned for it
+    changed_.notify_all();
+    // Stop sending the job (its buffers are no longer read after this call). If its
+    // StartJob went out, the server is told to drop what it has; otherwise it never knew.
+    Outgoing cancel;
+    cancel.job_id = job_id;
+    cancel.is_cancel = true;
+    auto it = std::find_if(outgoing_.begin(), outgoing_.end(), [job_id](const Outgoing& out) {
+      return !out.is_cancel && out.job_id == job_id;
+    });
+    if (it == outgoing_.end()) {
+      outgoing_.push_back(std::move(cancel));
+    } else if (it->stage > 0) {
+      *it = std::move(cancel);
+    } else {
+      outgoing_.erase(it);
+      cancelled_.erase(job_id);  // the server never heard of it: no reply to drop
+    }
     PrepareWrite(&start_write, &writes_done);
   }
   StartDecided(start_write, writes_done);
@@ -274,6 +305,8 @@ void GrpcCompressStream::HandleResponse() {
   switch (response_.message_case()) {
     case v1::CompressResponse::kResult: {
       const v1::JobResult& header = response_.result();
+      // A cancelled job's header is dropped; its slabs then find no partial result.
+      if (cancelled_.erase(header.job_id()) > 0) return;
       LayerResult result;
       result.job_id = header.job_id();
       result.layer_index = header.layer_index();
@@ -337,6 +370,7 @@ void GrpcCompressStream::HandleResponse() {
     }
     case v1::CompressResponse::kError: {
       const v1::JobError& error = response_.error();
+      if (cancelled_.erase(error.job_id()) > 0) return;
       LayerResult result;
       result.job_id = error.job_id();
       result.layer_index = layer_of_[error.job_id()];

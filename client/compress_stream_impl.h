@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include <grpcpp/grpcpp.h>
 
@@ -67,6 +68,7 @@ class GrpcCompressStream final
   std::map<uint64_t, uint64_t> missing_bytes_;
   std::deque<LayerResult> completed_;
   std::map<uint64_t, uint32_t> layer_of_;  // job id -> layer index, for error replies
+  std::set<uint64_t> cancelled_;  // cancelled jobs whose reply (if any) is to be dropped
   uint64_t next_job_id_ = 1;
   int64_t outstanding_ = 0;  // submitted, not yet returned by Next()
   bool write_in_flight_ = false;

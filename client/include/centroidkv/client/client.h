@@ -38,7 +38,7 @@ struct ClientOptions {
 };
 
 // One layer job. The buffers in `layer` are borrowed: they must stay valid until the
-// job's result has been returned by Next() (or the stream has ended).
+// job's result has been returned by Next() (or the job was cancelled, or the stream ended).
 struct LayerJob {
   uint32_t layer_index = 0;
   LayerView layer;
@@ -99,7 +99,9 @@ class CompressStream {
 
   // Queues a job and returns its id at once. Fails if the stream has ended.
   virtual absl::StatusOr<uint64_t> Submit(const LayerJob& job) = 0;
-  // Asks the server to drop a job; no result will come for it.
+  // Asks the server to drop a job; no result will come for it, even if it had already
+  // arrived, and its buffers are not read after this returns. Cancelling a job already
+  // returned by Next() does nothing; an id never submitted on this stream is NotFound.
   virtual absl::Status Cancel(uint64_t job_id) = 0;
   // Blocks until some submitted job finishes and returns it (a per-job failure is in
   // LayerResult::status). Returns the stream's error if it broke, and OutOfRange when

@@ -1,0 +1,295 @@
+// Tests of the `centroidkv` CLI (client/cli/): the real binary from CKV_BIN_DIR run as a
+// child process. Every golden case through `compress --server` (an in-process Server) and
+// `compress --local`, its .npy output compared with the golden output; bad input files and
+// parameters each exit non-zero with a message on stderr naming the problem.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "centroidkv/common/npy.h"
+#include "gtest/gtest.h"
+#include "tests/client/client_testing.h"
+#include "tests/testing/golden.h"
+
+namespace centroidkv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CommandResult {
+  int exit_code = -1;  // -1: killed by a signal or not run
+  std::string output;
+};
+
+// Runs `command` through the shell and returns its exit code and what it wrote to stdout.
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t read = 0;
+  while ((read = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, read);
+  const int status = pclose(pipe);
+  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
+std::string Quoted(const std::string& text) { return "'" + text + "'"; }
+
+std::string Binary() { return std::string(CKV_BIN_DIR) + "/centroidkv"; }
+
+// A double as a flag value that parses back to the same double.
+std::string Exact(double value) {
+  std::ostringstream out;
+  out << std::setprecision(17) << value;
+  return out.str();
+}
+
+// The flags that give the CLI every parameter of `options` (each one explicit).
+std::string ParameterFlags(const CompressOptions& options) {
+  std::string flags;
+  if (options.target_tokens.has_value()) {
+    flags += " --target-tokens " + std::to_string(*options.target_tokens);
+  } else {
+    flags += " --target-ratio " +
+             Exact(options.target_ratio.value_or(CompressOptions::kDefaultTargetRatio));
+  }
+  flags += " --chunk-size " + std::to_string(options.chunk_size);
+  flags += " --sink-tokens " + std::to_string(options.sink_tokens);
+  flags += " --recent-tokens " + std::to_string(options.recent_tokens);
+  if (options.min_similarity.has_value()) {
+    flags += " --min-similarity " + Exact(*options.min_similarity);
+  }
+  flags += " --tighten-per-pass " + Exact(options.tighten_per_pass);
+  flags += " --max-passes " + std::to_string(options.max_passes);
+  flags += std::string(" --uniform-heads=") + (options.uniform_heads ? "true" : "false");
+  if (!options.passthrough_heads.empty()) {
+    std::string heads;
+    for (int32_t head : options.passthrough_heads) {
+      heads += (heads.empty() ? "" : ",") + std::to_string(head);
+    }
+    flags += " --passthrough-heads=" + heads;
+  }
+  return flags;
+}
+
+// Reads `dir/name`, checks its element type and rank; null on failure (with a failure).
+std::unique_ptr<NpyArray> ReadOutput(const fs::path& dir, const char* name, NpyType type,
+                                     size_t rank) {
+  absl::StatusOr<NpyArray> array = ReadNpy((dir / name).string());
+  EXPECT_TRUE(array.ok()) << array.status();
+  if (!array.ok()) return nullptr;
+  EXPECT_EQ(NpyDescr(array->type), NpyDescr(type)) << name;
+  EXPECT_EQ(array->shape.size(), rank) << name;
+  if (array->type != type || array->shape.size() != rank) return nullptr;
+  return std::make_unique<NpyArray>(*std::move(array));
+}
+
+// The CLI's output folder as a CompressResult, checking the files' types and shapes.
+void ReadResult(const fs::path& dir, const test::GoldenCase& golden, CompressResult* result) {
+  auto offsets = ReadOutput(dir, "out_offsets.npy", NpyType::kInt64, 1);
+  auto keys = ReadOutput(dir, "out_keys.npy", NpyType::kFloat32, 2);
+  auto values = ReadOutput(dir, "out_values.npy", NpyType::kFloat32, 2);
+  auto counts = ReadOutput(dir, "out_counts.npy", NpyType::kUInt32, 1);
+  auto assignment = ReadOutput(dir, "assignment.npy", NpyType::kInt64, 2);
+  ASSERT_TRUE(offsets && keys && values && counts && assignment);
+  const int64_t total = counts->shape[0];
+  EXPECT_EQ(keys->shape, (std::vector<int64_t>{total, golden.key_dim}));
+  EXPECT_EQ(values->shape, (std::vector<int64_t>{total, golden.value_dim}));
+  EXPECT_EQ(assignment->shape, (std::vector<int64_t>{golden.num_heads, golden.num_tokens}));
+  result->num_heads = golden.num_heads;
+  result->num_tokens = golden.num_tokens;
+  result->key_dim = golden.key_dim;
+  result->value_dim = golden.value_dim;
+  const int64_t* o = offsets->As<int64_t>();
+  result->offsets.assign(o, o + offsets->NumElements());
+  const float* k = keys->As<float>();
+  result->keys.assign(k, k + keys->NumElements());
+  const float* v = values->As<float>();
+  result->values.assign(v, v + values->NumElements());
+  const uint32_t* c = counts->As<uint32_t>();
+  result->counts.assign(c, c + counts->NumElements());
+  const int64_t* a = assignment->As<int64_t>();
+  for (int64_t i = 0; i < assignment->NumElements(); ++i) {
+    result->assignment.push_back(static_cast<int32_t>(a[i]));
+  }
+}
+
+class CliTest : public client::testutil::ServerTest {
+ protected:
+  void SetUp() override {
+    ServerTest::SetUp();
+    ASSERT_TRUE(fs::exists(Binary())) << Binary() << " is missing (build centroidkv_cli)";
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string(info->test_suite_name()) + "-" + info->name();
+    for (char& c : name) {
+      if (c == '/') c = '-';
+    }
+    dir_ = fs::temp_directory_path() / ("ckv-cli-test-" + std::to_string(getpid()) + "-" + name);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // " --server TARGET" or " --local".
+  static std::string Where(bool local) {
+    return local ? std::string(" --local") : " --server " + Quoted(server_->target());
+  }
+
+  fs::path dir_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Golden cases, through a server and in-process.
+
+class CliGoldenTest : public CliTest,
+                      public ::testing::WithParamInterface<std::tuple<std::string, bool>> {};
+
+TEST_P(CliGoldenTest, CompressWritesTheGoldenResult) {
+  const auto& [name, local] = GetParam();
+  absl::StatusOr<test::GoldenCase> golden = test::LoadGoldenCase(name);
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const fs::path out = dir_ / "out";
+  const std::string command = Binary() + " compress --in " + Quoted(golden->dir) + " --out " +
+                              Quoted(out.string()) + Where(local) +
+                              ParameterFlags(golden->options) + " 2>&1";
+  const CommandResult run = RunCommand(command);
+  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
+  EXPECT_NE(run.output.find("compressed layer"), std::string::npos) << run.output;
+  CompressResult result;
+  ASSERT_NO_FATAL_FAILURE(ReadResult(out, *golden, &result));
+  test::ExpectMatchesGolden(*golden, result);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CliGoldenTest,
+    ::testing::Combine(::testing::ValuesIn(test::ListGoldenCases()), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& info) {
+      return client::testutil::CamelCase(std::get<0>(info.param)) +
+             (std::get<1>(info.param) ? "Local" : "Server");
+    });
+
+// --keys/--values/--counts instead of --in.
+TEST_F(CliTest, ExplicitInputPathsWork) {
+  absl::StatusOr<test::GoldenCase> golden = test::LoadGoldenCase("counts_in");
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const fs::path in(golden->dir);
+  const fs::path out = dir_ / "out";
+  const std::string command =
+      Binary() + " compress --keys " + Quoted((in / "keys.npy").string()) + " --values " +
+      Quoted((in / "values.npy").string()) + " --counts " + Quoted((in / "counts.npy").string()) +
+      " --out " + Quoted(out.string()) + Where(false) + ParameterFlags(golden->options) + " 2>&1";
+  const CommandResult run = RunCommand(command);
+  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
+  CompressResult result;
+  ASSERT_NO_FATAL_FAILURE(ReadResult(out, *golden, &result));
+  test::ExpectMatchesGolden(*golden, result);
+}
+
+TEST_F(CliTest, InfoPrintsTheServerVersion) {
+  const CommandResult run = RunCommand(Binary() + " info" + Where(false) + " 2>&1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find(CKV_TEST_PROJECT_VERSION), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("reference"), std::string::npos) << run.output;
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input: a non-zero exit and a message on stderr naming the problem.
+
+class CliBadInputTest : public CliTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  // Copies small_basic's input into dir_/in, to be spoiled by the test.
+  void SetUp() override {
+    CliTest::SetUp();
+    in_ = dir_ / "in";
+    fs::create_directories(in_);
+    const fs::path golden = fs::path(test::GoldenRoot()) / "small_basic";
+    for (const char* name : {"keys.npy", "values.npy", "counts.npy"}) {
+      fs::copy_file(golden / name, in_ / name);
+    }
+    absl::StatusOr<test::GoldenCase> loaded = test::LoadGoldenCase("small_basic");
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    golden_ = *std::move(loaded);
+  }
+
+  // Runs compress on dir_/in and expects failure with every `parts` on stderr.
+  void ExpectFailure(const std::string& extra_flags, const std::vector<std::string>& parts) {
+    const std::string command = Binary() + " compress --in " + Quoted(in_.string()) +
+                                " --out " + Quoted((dir_ / "out").string()) + Where(GetParam()) +
+                                extra_flags + " 2>&1 >/dev/null";
+    const CommandResult run = RunCommand(command);
+    EXPECT_NE(run.exit_code, 0) << command;
+    EXPECT_NE(run.exit_code, -1) << command << " did not exit normally";
+    for (const std::string& part : parts) {
+      EXPECT_NE(run.output.find(part), std::string::npos)
+          << "stderr does not name '" << part << "': " << run.output;
+    }
+    EXPECT_FALSE(fs::exists(dir_ / "out" / "out_keys.npy"));
+  }
+
+  fs::path in_;
+  test::GoldenCase golden_;
+};
+
+TEST_P(CliBadInputTest, CorruptKeysFile) {
+  std::ofstream(in_ / "keys.npy", std::ios::binary | std::ios::trunc) << "NOTNUMPY, just garbage";
+  ExpectFailure("", {"keys.npy", "magic"});
+}
+
+TEST_P(CliBadInputTest, IntegerKeys) {
+  std::vector<int32_t> data(static_cast<size_t>(golden_.num_heads) * golden_.num_tokens *
+                            golden_.key_dim);
+  ASSERT_TRUE(WriteNpy((in_ / "keys.npy").string(), NpyType::kInt32,
+                       {golden_.num_heads, golden_.num_tokens, golden_.key_dim}, data.data())
+                  .ok());
+  ExpectFailure("", {"keys.npy", "<i4"});
+}
+
+TEST_P(CliBadInputTest, ValuesWithOtherHeadCount) {
+  const int64_t heads = golden_.num_heads + 1;
+  std::vector<float> data(static_cast<size_t>(heads) * golden_.num_tokens * golden_.value_dim,
+                          0.5f);
+  ASSERT_TRUE(WriteNpy((in_ / "values.npy").string(), NpyType::kFloat32,
+                       {heads, golden_.num_tokens, golden_.value_dim}, data.data())
+                  .ok());
+  ExpectFailure("", {"values.npy", "heads"});
+}
+
+TEST_P(CliBadInputTest, ValuesWithOtherTokenCount) {
+  const int64_t tokens = golden_.num_tokens - 1;
+  std::vector<float> data(static_cast<size_t>(golden_.num_heads) * tokens * golden_.value_dim,
+                          0.5f);
+  ASSERT_TRUE(WriteNpy((in_ / "values.npy").string(), NpyType::kFloat32,
+                       {golden_.num_heads, tokens, golden_.value_dim}, data.data())
+                  .ok());
+  ExpectFailure("", {"values.npy", "tokens"});
+}
+
+TEST_P(CliBadInputTest, ZeroCount) {
+  std::vector<uint32_t> counts(static_cast<size_t>(golden_.num_heads) * golden_.num_tokens, 1);
+  counts[golden_.num_tokens + 7] = 0;
+  ASSERT_TRUE(WriteNpy((in_ / "counts.npy").string(), NpyType::kUInt32,
+                       {golden_.num_heads, golden_.num_tokens}, counts.data())
+                  .ok());
+  ExpectFailure(" --chunk-size 8", {"INVALID_ARGUMENT", "counts"});
+}
+
+TEST_P(CliBadInputTest, ChunkSizeOne) {
+  ExpectFailure(" --chunk-size 1", {"INVALID_ARGUMENT", "chunk_size"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CliBadInputTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Local" : "Server";
+                         });
+
+}  // namespace
+}  // namespace centroidkv::cli

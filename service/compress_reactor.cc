@@ -25,9 +25,13 @@ CompressReactor::CompressReactor(ServiceContext* context) : context_(context) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     draining_ = context_->draining.load();
-    read_in_flight_ = true;
-    ++calls_in_progress_;
-    actions.start_read = true;
+    if (draining_) {
+      MaybeFinish(&actions);  // a stream opened during shutdown ends at once
+    } else {
+      read_in_flight_ = true;
+      ++calls_in_progress_;
+      actions.start_read = true;
+    }
   }
   Perform(actions);
 }

@@ -4,7 +4,9 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +14,7 @@
 namespace centroidkv::service {
 namespace {
 constexpr char kServiceName[] = "centroidkv.v1.CentroidKV";
+constexpr std::chrono::milliseconds kLinger{300};
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
@@ -59,10 +62,20 @@ void Server::Shutdown() {
     health->SetServingStatus(false);
     context_->draining.store(true);
     context_->streams.DrainAll();
-    // Stop accepting calls, wait for streams until the grace period, then cancel the rest.
-    const auto deadline = std::chrono::system_clock::now() + context_->options.grace_period;
-    grpc_server_->Shutdown(deadline);
-    context_->executor->WaitIdle(context_->options.grace_period);
+    const auto start = std::chrono::steady_clock::now();
+    const auto grace = context_->options.grace_period;
+    // Let every stream finish its jobs and end by itself, then linger briefly: closing a
+    // connection while its client is still reading (and acknowledging with window
+    // updates) resets it, and the client would lose the last results.
+    if (context_->streams.WaitEmpty(grace)) {
+      std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(kLinger, grace));
+    }
+    // Stop accepting calls, cancel what remains at the end of the grace period.
+    const auto left = grace - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::steady_clock::now() - start);
+    grpc_server_->Shutdown(std::chrono::system_clock::now() +
+                           std::max(left, std::chrono::milliseconds(0)));
+    context_->executor->WaitIdle(grace);
   });
 }
 

@@ -21,6 +21,12 @@ void StreamRegistry::Add(CompressReactor* reactor) {
 void StreamRegistry::Remove(CompressReactor* reactor) {
   std::lock_guard<std::mutex> lock(mu_);
   reactors_.erase(reactor);
+  if (reactors_.empty()) empty_.notify_all();
+}
+
+bool StreamRegistry::WaitEmpty(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return empty_.wait_for(lock, timeout, [this] { return reactors_.empty(); });
 }
 
 size_t StreamRegistry::size() const {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -27,9 +29,12 @@ class StreamRegistry {
   size_t size() const;
   // Calls Drain() on every live stream, holding a reference so none is deleted meanwhile.
   void DrainAll();
+  // Waits until no stream is live or `timeout` passes; returns true when none is live.
+  bool WaitEmpty(std::chrono::milliseconds timeout);
 
  private:
   mutable std::mutex mu_;
+  std::condition_variable empty_;
   std::set<CompressReactor*> reactors_;
 };
 

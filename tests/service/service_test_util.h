@@ -48,6 +48,8 @@ class RawStream {
   // StartJob, then every tensor in slabs of `slab_bytes`. False if a write failed.
   bool SendJob(uint64_t job_id, const LayerView& layer, const CompressOptions& options,
                size_t slab_bytes = 64 << 10);
+  // Half-closes the sending side.
+  bool WritesDone() { return stream_->WritesDone(); }
   // Half-closes, reads every response until the end, and returns the final status.
   grpc::Status Finish(std::vector<v1::CompressResponse>* responses = nullptr);
   grpc::ClientContext& context() { return context_; }

@@ -171,7 +171,7 @@ TEST(ServerTest, ManyConcurrentStreamsGetTheirOwnResults) {
   auto server = StartLoopbackServer(options);
   ASSERT_NE(server, nullptr);
   auto engines = EngineSet::CreateAvailable();
-  const ClusterEngine* reference = *engines->Select(BackendKind::kReference);
+  const ClusterEngine* in_process = *engines->Select(BackendKind::kAuto);
   client::ClientOptions client_options;
   client_options.target = server->target();
   client_options.slab_bytes = 4096;
@@ -213,7 +213,7 @@ TEST(ServerTest, ManyConcurrentStreamsGetTheirOwnResults) {
         return;
       }
       for (int j = 0; j < kJobsPerStream; ++j) {
-        auto expected = reference->Compress(jobs[j].layer, jobs[j].options);
+        auto expected = in_process->Compress(jobs[j].layer, jobs[j].options);
         const client::LayerResult& got = (*results)[j];
         if (!expected.ok() || got.layer_index != static_cast<uint32_t>(j) ||
             got.counts != expected->counts || got.assignment != expected->assignment ||
@@ -321,7 +321,7 @@ TEST(ServerTest, GracefulShutdownFinishesJobsInFlightAndRefusesNewOnes) {
   slow_options.chunk_size = 512;
   slow_options.max_passes = 2;
   RawStream stream(stub.get());
-  ASSERT_TRUE(stream.SendJob(1, slow.view(), slow_options, 1 << 20));
+  ASSERT_TRUE(stream.SendJob(1, slow.view(), slow_options, 1 << 20, v1::BACKEND_REFERENCE));
   while (server->context().stats.jobs_received.load() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

@@ -33,7 +33,7 @@ uint64_t CountBytes(const LayerView& layer) {
 }
 
 v1::CompressRequest StartJobRequest(uint64_t job_id, const LayerView& layer,
-                                    const CompressOptions& options) {
+                                    const CompressOptions& options, v1::Backend backend) {
   v1::CompressRequest request;
   v1::StartJob* start = request.mutable_start_job();
   start->set_job_id(job_id);
@@ -47,6 +47,7 @@ v1::CompressRequest StartJobRequest(uint64_t job_id, const LayerView& layer,
   *start->mutable_params() = OptionsToProto(options);
   start->set_return_assignment(options.compute_assignment);
   start->set_output_dtype(v1::DTYPE_FLOAT32);
+  start->set_backend(backend);
   return request;
 }
 
@@ -117,8 +118,8 @@ RawStream::RawStream(v1::CentroidKV::Stub* stub, std::chrono::milliseconds deadl
 bool RawStream::Write(const v1::CompressRequest& request) { return stream_->Write(request); }
 
 bool RawStream::SendJob(uint64_t job_id, const LayerView& layer, const CompressOptions& options,
-                        size_t slab_bytes) {
-  if (!Write(StartJobRequest(job_id, layer, options))) return false;
+                        size_t slab_bytes, v1::Backend backend) {
+  if (!Write(StartJobRequest(job_id, layer, options, backend))) return false;
   struct Part {
     v1::Tensor tensor;
     const void* data;

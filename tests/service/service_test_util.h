@@ -23,7 +23,8 @@ std::unique_ptr<v1::CentroidKV::Stub> MakeStub(const std::string& target);
 
 // A StartJob describing `layer` (dims, dtype, layout, has_counts) with `options`.
 v1::CompressRequest StartJobRequest(uint64_t job_id, const LayerView& layer,
-                                    const CompressOptions& options);
+                                    const CompressOptions& options,
+                                    v1::Backend backend = v1::BACKEND_AUTO);
 v1::CompressRequest SlabRequest(uint64_t job_id, v1::Tensor tensor, uint64_t byte_offset,
                                 const void* data, size_t size);
 
@@ -47,7 +48,7 @@ class RawStream {
   bool Write(const v1::CompressRequest& request);
   // StartJob, then every tensor in slabs of `slab_bytes`. False if a write failed.
   bool SendJob(uint64_t job_id, const LayerView& layer, const CompressOptions& options,
-               size_t slab_bytes = 64 << 10);
+               size_t slab_bytes = 64 << 10, v1::Backend backend = v1::BACKEND_AUTO);
   // Half-closes the sending side.
   bool WritesDone() { return stream_->WritesDone(); }
   // Half-closes, reads every response until the end, and returns the final status.

@@ -1,0 +1,189 @@
+// fp32 FMA peak: see cpu_peak.h. Each kernel keeps many independent accumulators (more than
+// FMA latency x FMA ports) so that the FMA units, not the dependency chains, are the limit.
+// The accumulators converge to a finite value (acc * 0.999999 + small), so there are no
+// denormals or infinities, and the result is consumed so the loop cannot be removed.
+#include "bench/cpu_peak.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+namespace centroidkv::bench {
+namespace {
+
+// One independent FMA chain per accumulator; X(k) is repeated for every accumulator.
+#define CKV_REPEAT_12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define CKV_REPEAT_24(X) \
+  CKV_REPEAT_12(X) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+
+// 24 zmm chains: FMA latency 4 x 2 ports needs 8; 24 leaves room and fits the 32 registers.
+constexpr int64_t kAvx512Chains = 24;
+constexpr int64_t kAvx512Lanes = 16;
+
+__attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t iterations, float seed) {
+  const __m512 mul = _mm512_set1_ps(0.999999f);
+  const __m512 add = _mm512_set1_ps(seed * 1e-7f);
+#define CKV_DECLARE(k) __m512 acc##k = _mm512_set1_ps(seed + static_cast<float>(k));
+  CKV_REPEAT_24(CKV_DECLARE)
+#undef CKV_DECLARE
+  for (int64_t i = 0; i < iterations; ++i) {
+#define CKV_STEP(k) acc##k = _mm512_fmadd_ps(acc##k, mul, add);
+    CKV_REPEAT_24(CKV_STEP)
+#undef CKV_STEP
+  }
+  __m512 sum = _mm512_setzero_ps();
+#define CKV_SUM(k) sum = _mm512_add_ps(sum, acc##k);
+  CKV_REPEAT_24(CKV_SUM)
+#undef CKV_SUM
+  // (Not _mm512_reduce_add_ps: GCC 12 flags its internal _mm256_undefined_pd as
+  // uninitialised under -Werror.)
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
+// 12 ymm chains (16 registers in all).
+constexpr int64_t kAvx2Chains = 12;
+constexpr int64_t kAvx2Lanes = 8;
+
+__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iterations, float seed) {
+  const __m256 mul = _mm256_set1_ps(0.999999f);
+  const __m256 add = _mm256_set1_ps(seed * 1e-7f);
+#define CKV_DECLARE(k) __m256 acc##k = _mm256_set1_ps(seed + static_cast<float>(k));
+  CKV_REPEAT_12(CKV_DECLARE)
+#undef CKV_DECLARE
+  for (int64_t i = 0; i < iterations; ++i) {
+#define CKV_STEP(k) acc##k = _mm256_fmadd_ps(acc##k, mul, add);
+    CKV_REPEAT_12(CKV_STEP)
+#undef CKV_STEP
+  }
+  __m256 sum = _mm256_setzero_ps();
+#define CKV_SUM(k) sum = _mm256_add_ps(sum, acc##k);
+  CKV_REPEAT_12(CKV_SUM)
+#undef CKV_SUM
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
+// Scalar multiply-add (the portable fallback; 2 flops per step, fused or not).
+constexpr int64_t kScalarChains = 12;
+
+float FmaLoopScalar(int64_t iterations, float seed) {
+  const float mul = 0.999999f;
+  const float add = seed * 1e-7f;
+#define CKV_DECLARE(k) float acc##k = seed + static_cast<float>(k);
+  CKV_REPEAT_12(CKV_DECLARE)
+#undef CKV_DECLARE
+  for (int64_t i = 0; i < iterations; ++i) {
+#define CKV_STEP(k) acc##k = acc##k * mul + add;
+    CKV_REPEAT_12(CKV_STEP)
+#undef CKV_STEP
+  }
+  float sum = 0.0f;
+#define CKV_SUM(k) sum += acc##k;
+  CKV_REPEAT_12(CKV_SUM)
+#undef CKV_SUM
+  return sum;
+}
+
+#undef CKV_REPEAT_24
+#undef CKV_REPEAT_12
+
+struct Kernel {
+  float (*loop)(int64_t, float) = nullptr;
+  int64_t flops_per_iteration = 0;  // chains x lanes x 2
+};
+
+Kernel KernelFor(const std::string& isa) {
+  if (isa == "avx512") return {&FmaLoopAvx512, kAvx512Chains * kAvx512Lanes * 2};
+  if (isa == "avx2") return {&FmaLoopAvx2, kAvx2Chains * kAvx2Lanes * 2};
+  if (isa == "scalar") return {&FmaLoopScalar, kScalarChains * 2};
+  throw std::invalid_argument("cpu_peak: unknown ISA '" + isa + "' (avx512, avx2, scalar)");
+}
+
+std::atomic<float> g_sink{0.0f};  // keeps the results alive
+
+double Seconds(std::chrono::steady_clock::time_point from) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - from).count();
+}
+
+// Runs `iterations` on every thread at once; returns wall seconds from the common start to
+// the last thread's end (thread creation is outside the timed span).
+double RunAllThreads(const Kernel& kernel, int32_t threads, int64_t iterations) {
+  std::atomic<bool> go{false};
+  std::atomic<int32_t> ready{0};
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (int32_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      const float result = kernel.loop(iterations, 1.0f + static_cast<float>(t));
+      g_sink.store(result, std::memory_order_relaxed);
+    });
+  }
+  while (ready.load() < threads) std::this_thread::yield();
+  const auto start = std::chrono::steady_clock::now();
+  go.store(true, std::memory_order_release);
+  for (std::thread& thread : pool) thread.join();
+  return Seconds(start);
+}
+
+}  // namespace
+
+std::vector<std::string> AvailablePeakIsas() {
+  __builtin_cpu_init();
+  std::vector<std::string> isas;
+  if (__builtin_cpu_supports("avx512f")) isas.emplace_back("avx512");
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isas.emplace_back("avx2");
+  isas.emplace_back("scalar");
+  return isas;
+}
+
+PeakResult MeasureFp32Peak(const PeakOptions& options) {
+  PeakResult result;
+  const std::vector<std::string> isas = AvailablePeakIsas();
+  result.isa = options.isa.empty() ? isas.front() : options.isa;
+  if (std::find(isas.begin(), isas.end(), result.isa) == isas.end()) {
+    throw std::invalid_argument("cpu_peak: this CPU cannot run ISA " + result.isa);
+  }
+  const Kernel kernel = KernelFor(result.isa);
+  result.threads = options.threads > 0
+                       ? options.threads
+                       : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+
+  // Calibrate on one thread: grow the iteration count until one run takes >= 20 ms, then
+  // scale it to the requested duration.
+  int64_t iterations = 1 << 16;
+  double seconds = 0.0;
+  for (;;) {
+    const auto start = std::chrono::steady_clock::now();
+    g_sink.store(kernel.loop(iterations, 1.0f), std::memory_order_relaxed);
+    seconds = Seconds(start);
+    if (seconds >= 0.02 || iterations > (int64_t{1} << 40)) break;
+    iterations *= 4;
+  }
+  iterations = std::max<int64_t>(
+      1, static_cast<int64_t>(static_cast<double>(iterations) * options.min_seconds / seconds));
+
+  const double flops = static_cast<double>(kernel.flops_per_iteration) *
+                       static_cast<double>(iterations) * result.threads;
+  for (int32_t rep = 0; rep < std::max(1, options.repetitions); ++rep) {
+    const double elapsed = RunAllThreads(kernel, result.threads, iterations);
+    const double gflops = flops / elapsed / 1e9;
+    result.samples.push_back(gflops);
+    result.gflops = std::max(result.gflops, gflops);
+  }
+  return result;
+}
+
+}  // namespace centroidkv::bench

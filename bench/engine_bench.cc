@@ -1,0 +1,499 @@
+// centroidkv-cpu-bench: the kernel-level CPU benchmark of SPEC section 5 and issue 3.
+//
+// One layer job (H = 8 heads x n = 32768 tokens, head dim 128, fp16 keys and values,
+// head-major) through the engine that serves BackendKind::kCpu, one pass at ratio 0.5, for
+// chunk sizes 64, 256 and 1024; in the same process this machine's fp32 FMA peak
+// (cpu_peak.h) and, when built with FAISS, the FAISS peer doing the same per-chunk A-to-B
+// matching. Metrics (medians over repetitions of wall-clock time per layer job, T):
+//   tokens_per_s      layer-head tokens per second = H * n / T (every head's n input tokens
+//                     count once; divide by H for one head's rate)
+//   gb_per_s          input KV bytes (keys + values, fp16) / T / 1e9
+//   gflops            similarity flops / T / 1e9, where the similarity step evaluates
+//                     H * sum over chunks |A| * |B| dot products of 2 * d flops each; T is
+//                     the whole pipeline (normalise, match, select, merge, compact)
+//   fraction_of_peak  gflops / peak_gflops
+//   faiss_ratio       tokens_per_s / FAISS tokens_per_s (FAISS: search only, best threading)
+//
+// Own flags (--name=value, after Google Benchmark's --benchmark_* flags):
+//   --tokens --heads --dim --chunks=64,256,1024 --ratio --sink --recent --seed
+//   --engine=cpu|reference --reps --min_time --threads --peak_reps --faiss=0|1 --check=0|1
+//   --dump_dir=DIR  (keys.npy, values.npy, meta.json, assignment_C<chunk>.npy for the
+//                    PyTorch peer)  --summary_out=FILE (the JSON summary)
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench/cpu_peak.h"
+#include "bench/workload.h"
+#include "centroidkv/common/npy.h"
+#include "centroidkv/kernels/engine_factory.h"
+
+#ifdef CKV_HAVE_FAISS
+#include "bench/faiss_peer.h"
+#endif
+
+namespace centroidkv::bench {
+namespace {
+
+struct Flags {
+  WorkloadSpec workload;
+  std::vector<int32_t> chunks = {64, 256, 1024};
+  double ratio = 0.5;
+  int32_t sink = 0;
+  int32_t recent = 0;
+  std::string engine = "cpu";
+  int32_t reps = 5;
+  double min_time = 0.5;
+  int32_t threads = 0;
+  int32_t peak_reps = 5;
+  bool faiss = true;
+  bool check = true;
+  std::string dump_dir;
+  std::string summary_out;
+};
+
+[[noreturn]] void Die(const std::string& message) {
+  std::cerr << "centroidkv-cpu-bench: " << message << "\n";
+  std::exit(2);
+}
+
+template <typename T>
+T ParseNumber(const std::string& name, const std::string& text) {
+  T value{};
+  bool ok = false;
+  if constexpr (std::is_same_v<T, double>) {
+    ok = absl::SimpleAtod(text, &value);
+  } else {
+    ok = absl::SimpleAtoi(text, &value);
+  }
+  if (!ok) Die("--" + name + ": not a number: " + text);
+  return value;
+}
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) Die("unknown argument " + arg);
+    const std::string name = arg.substr(2, eq - 2);
+    const std::string value = arg.substr(eq + 1);
+    if (name == "tokens") {
+      flags.workload.tokens = ParseNumber<int32_t>(name, value);
+    } else if (name == "heads") {
+      flags.workload.heads = ParseNumber<int32_t>(name, value);
+    } else if (name == "dim") {
+      flags.workload.dim = ParseNumber<int32_t>(name, value);
+    } else if (name == "seed") {
+      flags.workload.seed = ParseNumber<uint64_t>(name, value);
+    } else if (name == "chunks") {
+      flags.chunks.clear();
+      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        flags.chunks.push_back(ParseNumber<int32_t>(name, std::string(part)));
+      }
+    } else if (name == "ratio") {
+      flags.ratio = ParseNumber<double>(name, value);
+    } else if (name == "sink") {
+      flags.sink = ParseNumber<int32_t>(name, value);
+    } else if (name == "recent") {
+      flags.recent = ParseNumber<int32_t>(name, value);
+    } else if (name == "engine") {
+      flags.engine = value;
+    } else if (name == "reps") {
+      flags.reps = ParseNumber<int32_t>(name, value);
+    } else if (name == "min_time") {
+      flags.min_time = ParseNumber<double>(name, value);
+    } else if (name == "threads") {
+      flags.threads = ParseNumber<int32_t>(name, value);
+    } else if (name == "peak_reps") {
+      flags.peak_reps = ParseNumber<int32_t>(name, value);
+    } else if (name == "faiss") {
+      flags.faiss = ParseNumber<int32_t>(name, value) != 0;
+    } else if (name == "check") {
+      flags.check = ParseNumber<int32_t>(name, value) != 0;
+    } else if (name == "dump_dir") {
+      flags.dump_dir = value;
+    } else if (name == "summary_out") {
+      flags.summary_out = value;
+    } else {
+      Die("unknown flag --" + name);
+    }
+  }
+  if (flags.workload.heads < 1 || flags.workload.tokens < 2 || flags.workload.dim < 1 ||
+      flags.chunks.empty() || flags.reps < 1) {
+    Die("need --heads >= 1, --tokens >= 2, --dim >= 1, --reps >= 1 and some --chunks");
+  }
+  if (flags.threads <= 0) {
+    flags.threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return flags;
+}
+
+CompressOptions OptionsFor(const Flags& flags, int32_t chunk) {
+  CompressOptions options;
+  options.target_ratio = flags.ratio;
+  options.chunk_size = chunk;
+  options.sink_tokens = flags.sink;
+  options.recent_tokens = flags.recent;
+  options.max_passes = 1;
+  options.uniform_heads = true;
+  options.compute_assignment = true;
+  return options;
+}
+
+// Per chunk size: what the untimed check run established.
+struct ChunkCheck {
+  std::vector<int32_t> assignment;  // [H, n] from the engine
+  int64_t output_entries_per_head = 0;
+  double faiss_agreement = -1.0;    // fraction of sources FAISS sends where we merged them
+};
+
+// Runs the engine once, untimed, and checks what SPEC section 2 guarantees.
+ChunkCheck CheckEngine(const ClusterEngine& engine, const Workload& workload,
+                       const Flags& flags, int32_t chunk) {
+  const WorkloadSpec& spec = workload.spec;
+  absl::StatusOr<CompressResult> result =
+      engine.Compress(workload.View(), OptionsFor(flags, chunk));
+  if (!result.ok()) Die("engine " + std::string(engine.name()) + ": " + result.status().ToString());
+  ChunkCheck check;
+  const int64_t target = static_cast<int64_t>(std::ceil(flags.ratio * spec.tokens));
+  for (int32_t h = 0; h < spec.heads; ++h) {
+    const int64_t begin = result->offsets[h];
+    const int64_t end = result->offsets[h + 1];
+    uint64_t total = 0;
+    for (int64_t i = begin; i < end; ++i) total += result->counts[i];
+    if (total != static_cast<uint64_t>(spec.tokens)) {
+      Die("chunk " + std::to_string(chunk) + ": counts of head " + std::to_string(h) +
+          " sum to " + std::to_string(total));
+    }
+    if (h == 0) check.output_entries_per_head = end - begin;
+    if (end - begin != check.output_entries_per_head) Die("heads differ in length");
+  }
+  if (check.output_entries_per_head < target) Die("compressed below the target length");
+  check.assignment = std::move(result->assignment);
+  if (static_cast<int64_t>(check.assignment.size()) != int64_t{spec.heads} * spec.tokens) {
+    Die("no assignment in the result");
+  }
+  return check;
+}
+
+struct Samples {
+  std::vector<double> seconds;  // per-iteration wall time of each repetition
+  double aggregate_median = 0.0;
+};
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+// The console reporter, plus a copy of every repetition's time per iteration.
+class CapturingReporter : public benchmark::ConsoleReporter {
+ public:
+  CapturingReporter()
+      : ConsoleReporter(isatty(STDOUT_FILENO) ? OO_ColorTabular : OO_Tabular) {}
+
+  void ReportRuns(const std::vector<Run>& reports) override {
+    for (const Run& run : reports) {
+      if (run.error_occurred || run.iterations <= 0) continue;
+      const double per_iteration = run.real_accumulated_time / static_cast<double>(run.iterations);
+      Samples& samples = samples_[run.run_name.function_name];
+      if (run.run_type == Run::RT_Iteration) {
+        samples.seconds.push_back(per_iteration);
+      } else if (run.aggregate_name == "median") {
+        samples.aggregate_median = per_iteration;
+      }
+    }
+    ConsoleReporter::ReportRuns(reports);
+  }
+
+  // Median seconds per layer job of benchmark `name`, or 0 when it did not run.
+  double MedianSeconds(const std::string& name) const {
+    auto it = samples_.find(name);
+    if (it == samples_.end()) return 0.0;
+    return it->second.seconds.empty() ? it->second.aggregate_median : Median(it->second.seconds);
+  }
+  size_t Repetitions(const std::string& name) const {
+    auto it = samples_.find(name);
+    return it == samples_.end() ? 0 : it->second.seconds.size();
+  }
+
+ private:
+  std::map<std::string, Samples> samples_;
+};
+
+std::string PipelineName(int32_t chunk) { return "pipeline/C" + std::to_string(chunk); }
+std::string FaissName(std::string_view threading, int32_t chunk) {
+  return "faiss_" + std::string(threading) + "/C" + std::to_string(chunk);
+}
+
+// Counters shown next to each benchmark (the summary recomputes them from the medians).
+void SetCounters(benchmark::State& state, double tokens, double kv_bytes, double flops,
+                 double peak_gflops) {
+  using benchmark::Counter;
+  state.counters["tok/s"] = Counter(tokens, Counter::kIsIterationInvariantRate);
+  if (kv_bytes > 0) {
+    state.counters["GB/s"] = Counter(kv_bytes / 1e9, Counter::kIsIterationInvariantRate);
+  }
+  state.counters["GFLOP/s"] = Counter(flops / 1e9, Counter::kIsIterationInvariantRate);
+  state.counters["of_peak"] =
+      Counter(flops / 1e9 / peak_gflops, Counter::kIsIterationInvariantRate);
+}
+
+void WriteMeta(const Flags& flags, const std::string& engine_name) {
+  std::ofstream meta(flags.dump_dir + "/meta.json");
+  meta << "{\"heads\": " << flags.workload.heads << ", \"tokens\": " << flags.workload.tokens
+       << ", \"dim\": " << flags.workload.dim << ", \"seed\": " << flags.workload.seed
+       << ", \"ratio\": " << flags.ratio << ", \"sink\": " << flags.sink
+       << ", \"recent\": " << flags.recent << ", \"engine\": \"" << engine_name
+       << "\", \"chunks\": [";
+  for (size_t i = 0; i < flags.chunks.size(); ++i) meta << (i ? ", " : "") << flags.chunks[i];
+  meta << "]}\n";
+  if (!meta) Die("cannot write " + flags.dump_dir + "/meta.json");
+}
+
+int Main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);  // removes the --benchmark_* flags it knows
+  const Flags flags = ParseFlags(argc, argv);
+  const WorkloadSpec& spec = flags.workload;
+
+  std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  absl::StatusOr<const ClusterEngine*> selected =
+      flags.engine == "reference" ? engines->Select(BackendKind::kReference)
+      : flags.engine == "cpu"     ? engines->Select(BackendKind::kCpu)
+                                  : absl::InvalidArgumentError("--engine: cpu or reference");
+  if (!selected.ok()) Die(selected.status().ToString());
+  const ClusterEngine& engine = **selected;
+  const std::string engine_name(engine.name());
+
+  PeakOptions peak_options;
+  peak_options.threads = flags.threads;
+  peak_options.repetitions = flags.peak_reps;
+  const PeakResult peak_before = MeasureFp32Peak(peak_options);
+  std::cout << "fp32 FMA peak (" << peak_before.isa << ", " << peak_before.threads
+            << " threads, best of " << peak_before.samples.size()
+            << "): " << peak_before.gflops << " GFLOP/s\n";
+
+  std::cout << "generating " << spec.heads << " heads x " << spec.tokens << " tokens x d "
+            << spec.dim << " (fp16, seed " << spec.seed << ")\n"
+            << std::flush;
+  const Workload workload = MakeWorkload(spec);
+  const LayerView view = workload.View();
+  const double tokens = static_cast<double>(spec.heads) * spec.tokens;
+  const double kv_bytes = static_cast<double>(workload.KvBytes());
+  if (!flags.dump_dir.empty()) {
+    if (absl::Status status = WriteWorkloadNpy(workload, flags.dump_dir); !status.ok()) {
+      Die(status.ToString());
+    }
+    WriteMeta(flags, engine_name);
+  }
+
+  std::map<int32_t, ChunkCheck> checks;
+  std::map<int32_t, double> flops_per_job;
+  for (int32_t chunk : flags.chunks) {
+    const std::vector<ChunkSpan> spans = FirstPassChunks(spec.tokens, chunk, flags.sink,
+                                                          flags.recent);
+    flops_per_job[chunk] =
+        static_cast<double>(spec.heads) * SimilarityPairs(spans) * 2.0 * spec.dim;
+    if (flags.check || !flags.dump_dir.empty()) {
+      std::cout << "checking " << engine_name << " at chunk " << chunk << "\n" << std::flush;
+      checks[chunk] = CheckEngine(engine, workload, flags, chunk);
+      if (!flags.dump_dir.empty()) {
+        const std::string path =
+            flags.dump_dir + "/assignment_C" + std::to_string(chunk) + ".npy";
+        absl::Status status = WriteNpy(path, NpyType::kInt32, {spec.heads, spec.tokens},
+                                       checks[chunk].assignment.data());
+        if (!status.ok()) Die(status.ToString());
+      }
+    }
+  }
+
+  // Ours first, then the peers: OpenMP threads that spin after FAISS cannot slow us down.
+  for (int32_t chunk : flags.chunks) {
+    const CompressOptions options = OptionsFor(flags, chunk);
+    const double flops = flops_per_job[chunk];
+    const double peak = peak_before.gflops;
+    benchmark::RegisterBenchmark(
+        PipelineName(chunk).c_str(),
+        [&engine, view, options, tokens, kv_bytes, flops, peak](benchmark::State& state) {
+          for (auto _ : state) {
+            absl::StatusOr<CompressResult> result = engine.Compress(view, options);
+            if (!result.ok()) {
+              state.SkipWithError(result.status().ToString().c_str());
+              break;
+            }
+            benchmark::DoNotOptimize(result->counts.data());
+          }
+          SetCounters(state, tokens, kv_bytes, flops, peak);
+        })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(flags.min_time)
+        ->Repetitions(flags.reps);
+  }
+
+#ifdef CKV_HAVE_FAISS
+  // One matcher at a time (its indexes hold the whole B half of the layer): built on first
+  // use for a chunk size, outside the timed loop.
+  struct FaissState {
+    int32_t chunk = -1;
+    std::unique_ptr<FaissMatcher> matcher;
+  };
+  auto faiss_state = std::make_shared<FaissState>();
+  if (flags.faiss) {
+    for (int32_t chunk : flags.chunks) {
+      for (FaissThreading threading : {FaissThreading::kInternal, FaissThreading::kOverChunks}) {
+        const double flops = flops_per_job[chunk];
+        const double peak = peak_before.gflops;
+        const int32_t threads = flags.threads;
+        const Flags* flags_ptr = &flags;
+        const Workload* workload_ptr = &workload;
+        auto* check = flags.check ? &checks[chunk] : nullptr;
+        benchmark::RegisterBenchmark(
+            FaissName(FaissThreadingName(threading), chunk).c_str(),
+            [=](benchmark::State& state) {
+              if (faiss_state->chunk != chunk) {
+                faiss_state->matcher.reset();
+                faiss_state->matcher = std::make_unique<FaissMatcher>(
+                    *workload_ptr, FirstPassChunks(workload_ptr->spec.tokens, chunk,
+                                                   flags_ptr->sink, flags_ptr->recent));
+                faiss_state->chunk = chunk;
+              }
+              FaissMatcher& matcher = *faiss_state->matcher;
+              FaissMatcher::ConfigureThreads(threading, threads);
+              for (auto _ : state) matcher.Match(threading, threads);
+              SetCounters(state, tokens, 0.0, flops, peak);
+              if (check != nullptr && threading == FaissThreading::kInternal) {
+                // Where FAISS sends a source, our engine merged it (every source merges in
+                // one pass at ratio 0.5), up to near-ties in float rounding.
+                int64_t agree = 0;
+                for (int64_t i = 0; i < matcher.num_sources(); ++i) {
+                  const int64_t row = int64_t{matcher.SourceHead(i)} * workload_ptr->spec.tokens;
+                  const int64_t b = matcher.DestinationToken(i);
+                  agree += b >= 0 && check->assignment[row + matcher.SourceToken(i)] ==
+                                         check->assignment[row + b];
+                }
+                check->faiss_agreement =
+                    static_cast<double>(agree) / static_cast<double>(matcher.num_sources());
+              }
+            })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond)
+            ->MinTime(flags.min_time)
+            ->Repetitions(flags.reps);
+      }
+    }
+  }
+#endif
+
+  CapturingReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+#ifdef CKV_HAVE_FAISS
+  faiss_state->matcher.reset();
+#endif
+
+  const PeakResult peak_after = MeasureFp32Peak(peak_options);
+  const double peak_gflops = std::max(peak_before.gflops, peak_after.gflops);
+  std::cout << "fp32 FMA peak after the runs: " << peak_after.gflops
+            << " GFLOP/s; using the best: " << peak_gflops << "\n";
+
+  // The summary, from the medians.
+  std::ostringstream json;
+  json << std::setprecision(6);
+  json << "{\"engine\": \"" << engine_name << "\", \"heads\": " << spec.heads
+       << ", \"tokens\": " << spec.tokens << ", \"dim\": " << spec.dim
+       << ", \"dtype\": \"float16\", \"ratio\": " << flags.ratio << ", \"sink\": " << flags.sink
+       << ", \"recent\": " << flags.recent << ", \"max_passes\": 1, \"seed\": " << spec.seed
+       << ", \"threads\": " << flags.threads << ", \"peak\": {\"isa\": \"" << peak_before.isa
+       << "\", \"before_gflops\": " << peak_before.gflops
+       << ", \"after_gflops\": " << peak_after.gflops << ", \"gflops\": " << peak_gflops
+       << "}, \"faiss_built\": "
+#ifdef CKV_HAVE_FAISS
+       << "true"
+#else
+       << "false"
+#endif
+       << ", \"chunks\": [";
+  std::cout << "\nsummary (medians; engine " << engine_name << ")\n"
+            << "chunk  ms/layer  Mtok/s  GB/s    GFLOP/s  of_peak  faiss_ratio\n";
+  bool first = true;
+  for (int32_t chunk : flags.chunks) {
+    const double seconds = reporter.MedianSeconds(PipelineName(chunk));
+    if (seconds <= 0.0) continue;
+    const double tokens_per_s = tokens / seconds;
+    const double gflops = flops_per_job[chunk] / seconds / 1e9;
+    double faiss_seconds = 0.0;
+    std::string faiss_best;
+    for (const char* threading : {"internal", "over_chunks"}) {
+      const double s = reporter.MedianSeconds(FaissName(threading, chunk));
+      if (s > 0.0 && (faiss_seconds == 0.0 || s < faiss_seconds)) {
+        faiss_seconds = s;
+        faiss_best = threading;
+      }
+    }
+    json << (first ? "" : ", ") << "{\"chunk\": " << chunk << ", \"seconds\": " << seconds
+         << ", \"repetitions\": " << reporter.Repetitions(PipelineName(chunk))
+         << ", \"tokens_per_s\": " << tokens_per_s << ", \"gb_per_s\": " << kv_bytes / seconds / 1e9
+         << ", \"similarity_flops\": " << flops_per_job[chunk] << ", \"gflops\": " << gflops
+         << ", \"peak_gflops\": " << peak_gflops
+         << ", \"fraction_of_peak\": " << gflops / peak_gflops;
+    std::cout << std::setw(5) << chunk << "  " << std::setw(8) << seconds * 1e3 << "  "
+              << std::setw(6) << tokens_per_s / 1e6 << "  " << std::setw(6)
+              << kv_bytes / seconds / 1e9 << "  " << std::setw(7) << gflops << "  "
+              << std::setw(7) << gflops / peak_gflops << "  ";
+    if (faiss_seconds > 0.0) {
+      json << ", \"faiss_seconds\": " << faiss_seconds << ", \"faiss_threading\": \""
+           << faiss_best << "\", \"faiss_internal_seconds\": "
+           << reporter.MedianSeconds(FaissName("internal", chunk))
+           << ", \"faiss_over_chunks_seconds\": "
+           << reporter.MedianSeconds(FaissName("over_chunks", chunk))
+           << ", \"faiss_tokens_per_s\": " << tokens / faiss_seconds
+           << ", \"faiss_ratio\": " << faiss_seconds / seconds;
+      std::cout << faiss_seconds / seconds;
+    } else {
+      json << ", \"faiss_ratio\": null";
+      std::cout << "-";
+    }
+    auto check = checks.find(chunk);
+    if (check != checks.end()) {
+      json << ", \"entries_per_head\": " << check->second.output_entries_per_head;
+      if (check->second.faiss_agreement >= 0.0) {
+        json << ", \"faiss_agreement\": " << check->second.faiss_agreement;
+      }
+    }
+    json << "}";
+    std::cout << "\n";
+    first = false;
+  }
+  json << "]}";
+  if (!flags.summary_out.empty()) {
+    std::ofstream out(flags.summary_out);
+    out << json.str() << "\n";
+    if (!out) Die("cannot write " + flags.summary_out);
+  }
+  std::cout << json.str() << "\n";
+  benchmark::Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace centroidkv::bench
+
+int main(int argc, char** argv) { return centroidkv::bench::Main(argc, argv); }

@@ -1,0 +1,59 @@
+// The SPEC section 5 kernel workload: one layer job of H heads x n tokens, head dim d, fp16
+// keys and values, head-major, built from a seed. Shared by the engine benchmark and the
+// FAISS peer; the PyTorch peer reads the same bytes from the .npy files WriteWorkloadNpy
+// leaves behind, so every contender works on identical data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "centroidkv/kernels/engine.h"
+
+namespace centroidkv::bench {
+
+struct WorkloadSpec {
+  int32_t heads = 8;
+  int32_t tokens = 32768;
+  int32_t dim = 128;      // key_dim = value_dim
+  uint64_t seed = 1;
+  int32_t topics = 32;    // shared directions per head
+  double noise = 0.35;    // per-element Gaussian noise around the topic direction
+  double stay = 0.9;      // probability that a token continues the previous token's topic
+};
+
+struct Workload {
+  WorkloadSpec spec;
+  std::vector<uint16_t> keys;    // fp16 bits, [H, n, d]
+  std::vector<uint16_t> values;  // fp16 bits, [H, n, d]
+
+  LayerView View() const;
+  // Input bytes of keys plus values.
+  int64_t KvBytes() const { return static_cast<int64_t>(keys.size() + values.size()) * 2; }
+};
+
+// Synthetic clustered data in the manner of `centroidkv generate`: each head has `topics`
+// random Gaussian directions; tokens come in runs that stay near one direction (probability
+// `stay` per step) plus noise. Deterministic in the seed (one generator per head and tensor).
+Workload MakeWorkload(const WorkloadSpec& spec);
+
+// One chunk of the compressible range: entries [begin, begin + length) of a head.
+struct ChunkSpan {
+  int32_t begin = 0;
+  int32_t length = 0;
+  int32_t sources() const { return (length + 1) / 2; }      // |A|: offsets 0, 2, 4, ...
+  int32_t destinations() const { return length / 2; }       // |B|: offsets 1, 3, 5, ...
+};
+
+// The chunks of the first pass (SPEC section 2 steps 1-2) over a head of `tokens` entries.
+std::vector<ChunkSpan> FirstPassChunks(int32_t tokens, int32_t chunk_size, int32_t sink,
+                                       int32_t recent);
+
+// A-B pairs whose similarity one head's first pass evaluates: sum over chunks of |A| x |B|.
+int64_t SimilarityPairs(const std::vector<ChunkSpan>& chunks);
+
+// Writes keys.npy and values.npy (float16, [H, n, d]) into `dir` (created if missing).
+absl::Status WriteWorkloadNpy(const Workload& workload, const std::string& dir);
+
+}  // namespace centroidkv::bench

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The quality report of SPEC section 4 on the real model: builds the server and
+# centroidkv-quality, starts a server, runs the comparison (CentroidKV through the server vs
+# StreamingLLM, H2O-style eviction and k-means), and writes docs/quality.md,
+# docs/quality.json and the plot docs/quality.png (python3-matplotlib, installed if missing).
+# Extra arguments go to centroidkv-quality (e.g. --texts 16 --calibration-texts 8).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/build.sh centroidkv_server centroidkv_quality
+bin=${CKV_BUILD_DIR:-build}/bin
+
+socket_path=/tmp/centroidkv-quality.sock
+rm -f "$socket_path"
+log=$(mktemp /tmp/centroidkv-quality-server.XXXXXX)
+"$bin/centroidkv-server" --listen "unix://$socket_path" >"$log" 2>&1 &
+server_pid=$!
+cleanup() {
+  kill -TERM "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  rm -f "$log" "$socket_path"
+}
+trap cleanup EXIT
+for _ in $(seq 1 100); do [ -S "$socket_path" ] && break; sleep 0.1; done
+
+"$bin/centroidkv-quality" --server "unix://$socket_path" \
+  --model ../shared/models/stories260K.bin --tokenizer ../shared/models/tok512.bin \
+  --report-md docs/quality.md --report-json docs/quality.json "$@"
+
+if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  echo "quality: installing python3-matplotlib for the plot" >&2
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    python3-matplotlib >&2
+fi
+/usr/bin/python3 scripts/plot_quality.py docs/quality.json docs/quality.png >&2

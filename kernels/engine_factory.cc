@@ -1,6 +1,7 @@
 // Builds the set of engines. Only this file knows which backends were compiled in.
 #include "centroidkv/kernels/engine_factory.h"
 
+#include "kernels/cpu/cpu_engine.h"
 #include "kernels/reference/reference_engine.h"
 
 namespace centroidkv {
@@ -22,8 +23,9 @@ std::string_view BackendKindName(BackendKind kind) {
 std::unique_ptr<EngineSet> EngineSet::CreateAvailable(const EngineLimits& limits) {
   std::unique_ptr<EngineSet> set(new EngineSet(limits));
   set->reference_ = std::make_unique<ReferenceEngine>(limits);
-  // Until the fast CPU backend lands, the reference engine is the CPU backend.
-  set->best_cpu_ = set->reference_.get();
+  // The fast CPU backend (its kernels for the best SIMD level this CPU has).
+  set->cpu_ = std::make_unique<cpu::CpuEngine>(limits);
+  set->best_cpu_ = set->cpu_.get();
   return set;
 }
 
@@ -49,7 +51,9 @@ absl::StatusOr<const ClusterEngine*> EngineSet::Select(BackendKind kind) const {
 std::vector<std::string> EngineSet::EngineNames() const {
   std::vector<std::string> names;
   names.emplace_back(reference_->name());
-  if (best_cpu_ != reference_.get()) names.emplace_back(best_cpu_->name());
+  if (best_cpu_ != nullptr && best_cpu_ != reference_.get()) {
+    names.emplace_back(best_cpu_->name());
+  }
   if (gpu_ != nullptr) names.emplace_back(gpu_->name());
   return names;
 }

@@ -29,7 +29,7 @@ class EngineSet {
   // The engine that serves `kind`, or FailedPrecondition when this server has none.
   absl::StatusOr<const ClusterEngine*> Select(BackendKind kind) const;
 
-  // Names of the engines held, e.g. {"reference"}.
+  // Names of the engines held, e.g. {"reference", "cpu"}.
   std::vector<std::string> EngineNames() const;
   const EngineLimits& limits() const { return limits_; }
 
@@ -38,7 +38,8 @@ class EngineSet {
 
   EngineLimits limits_;
   std::unique_ptr<ClusterEngine> reference_;
-  const ClusterEngine* best_cpu_ = nullptr;
+  std::unique_ptr<ClusterEngine> cpu_;     // the fast CPU backend ("cpu")
+  const ClusterEngine* best_cpu_ = nullptr;  // what kCpu and (without a GPU) kAuto select
   const ClusterEngine* gpu_ = nullptr;  // null until a CUDA backend exists on this machine
 };
 

@@ -1,0 +1,34 @@
+#include "kernels/cpu/cpu_engine.h"
+
+#include "kernels/cpu/layer_job.h"
+
+namespace centroidkv::cpu {
+namespace {
+
+SimdLevel ChooseLevel(const CpuEngineOptions& options) {
+  const SimdLevel best = DetectSimdLevel();
+  if (!options.simd_level.has_value()) return best;
+  return SimdLevelSupported(*options.simd_level) ? *options.simd_level : best;
+}
+
+}  // namespace
+
+struct CpuEngine::ScratchPool {
+  cpu::ScratchPool per_thread;
+};
+
+CpuEngine::CpuEngine(EngineLimits limits, CpuEngineOptions options)
+    : ClusterEngine(limits),
+      level_(ChooseLevel(options)),
+      kernels_(&KernelsFor(level_)),
+      scratch_(std::make_unique<ScratchPool>()) {}
+
+CpuEngine::~CpuEngine() = default;
+
+absl::Status CpuEngine::CompressImpl(const LayerPlan& plan, const LayerView& layer,
+                                     const CompressControl& control, CompressResult* out) const {
+  LayerJob job(*kernels_, &scratch_->per_thread, plan, layer, control, out);
+  return job.Run();
+}
+
+}  // namespace centroidkv::cpu

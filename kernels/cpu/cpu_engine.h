@@ -1,0 +1,55 @@
+// The fast CPU backend: SPEC.md section 2 with oneTBB over heads x chunks and SIMD kernels
+// chosen at run time (simd_dispatch.h), taking exactly the reference engine's decisions.
+//
+// How it stays exact while matching in float32: the O(n * C * d) similarity search runs in
+// float32 (soft_match.h) and every decision that float rounding could change is re-taken
+// with the reference's float64 cosine (edge_decisions.h); everything O(n * d) (merging,
+// rows carried between passes) is float64 in the reference's operation order
+// (kernel_table.h). So counts and assignment equal the reference's, and keys and values
+// are bit-identical to it.
+//
+// Parallelism: each pass runs its chunks as oneTBB tasks in the caller's task arena (the
+// server runs every job inside one shared arena, so there is no oversubscription). When the
+// merges of a pass are known in advance (no similarity floor, and every candidate edge is
+// kept) matching and merging a chunk are one task, so its keys are read once; otherwise a
+// pass is match, select (per head), merge. Scratch buffers are per thread, grow to the
+// largest chunk seen and are reused across chunks and jobs.
+//
+// Thread-safe: Compress() may run concurrently from many threads.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "centroidkv/kernels/engine.h"
+#include "kernels/cpu/simd_dispatch.h"
+
+namespace centroidkv::cpu {
+
+struct CpuEngineOptions {
+  // The kernels to use; unset: the best this CPU supports. A level the CPU lacks falls back
+  // to the best it has (tests force each level this way).
+  std::optional<SimdLevel> simd_level;
+};
+
+class CpuEngine final : public ClusterEngine {
+ public:
+  explicit CpuEngine(EngineLimits limits = {}, CpuEngineOptions options = {});
+  ~CpuEngine() override;
+
+  std::string_view name() const override { return "cpu"; }
+  SimdLevel simd_level() const { return level_; }
+
+ protected:
+  absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
+                            const CompressControl& control, CompressResult* out) const override;
+
+ private:
+  struct ScratchPool;  // per-thread buffers (oneTBB stays out of this header)
+
+  SimdLevel level_;
+  const KernelTable* kernels_;
+  std::unique_ptr<ScratchPool> scratch_;
+};
+
+}  // namespace centroidkv::cpu

@@ -1,0 +1,105 @@
+// The instruction-set specific kernels of the CPU backend as one table of plain function
+// pointers. There is one table per SIMD level (portable scalar, AVX2 + FMA + F16C, AVX-512);
+// simd_dispatch.h picks the best one the CPU supports at run time, so the same binary runs on
+// any x86-64. Thread-safe: the kernels are pure functions of their arguments.
+//
+// This header is included by the translation units compiled with -mavx2 / -mavx512f, so it
+// holds only plain aggregates and declarations: no inline functions, member functions or
+// library templates, whose out-of-line copies the linker could take from such a unit and run
+// on a CPU without those instructions.
+#pragma once
+
+#include <cstdint>
+
+namespace centroidkv::cpu {
+
+// Element type of a row source: the three wire dtypes, and float64 for the rows of a head
+// that earlier passes merged (kept in double between passes, like the reference engine).
+enum class ElemType : uint8_t { kF32, kF16, kBF16, kF64 };
+
+// A set of rows of equal length in host memory: element j of row r is element
+// r * stride + j of `data`, of type `type`. Borrowed.
+struct RowBlock {
+  const void* data;
+  ElemType type;
+  int64_t stride;  // elements from one row to the next (>= the row length)
+};
+
+// The result of matching one source row against the destination rows of its chunk: the
+// destination with the highest float32 cosine and the two highest float32 scores
+// (`second` is -infinity when there is one destination). Within MatchErrorBound(dim) of the
+// exact scores, see soft_match.h.
+struct RowMatch {
+  int32_t best;  // destination index in [0, b_count), lowest on float ties
+  float first;
+  float second;
+};
+
+// One term of a count-weighted merge: row `row` of a RowBlock weighted by `count`.
+struct MergeTerm {
+  int64_t row;
+  double count;
+};
+
+struct KernelTable {
+  const char* name;     // "scalar", "avx2", "avx512"
+  int32_t panel_width;  // W: destination rows per packed panel
+  int32_t row_block;    // A rows matched together (see match_rows)
+
+  // Rows first .. first + count - 1 of `rows` widened to float into out[i * dim + j], and
+  // each row's inverse norm 1 / max(|x|, 1e-6) (as cosine similarity scales it) into
+  // inverse_norms[i]. Returns false when a row's float sum of squares overflowed (|x| above
+  // ~1e19): such a row is written already normalised (in double) with inverse norm 1, so
+  // `out` then no longer holds the rows' exact values.
+  bool (*widen_rows)(const RowBlock* rows, int64_t first, int32_t count, int32_t dim, float* out,
+                     float* inverse_norms);
+
+  // Transposes `count` rows (float, dim each, row i at rows + i * row_stride), each scaled
+  // by inverse_norms[i * norm_stride], into ceil(count / W) panels:
+  // panels[(p * dim + j) * W + l] = row (p * W + l) element j, scaled; zero past `count`.
+  void (*pack_panels)(const float* rows, int64_t row_stride, const float* inverse_norms,
+                      int64_t norm_stride, int32_t count, int32_t dim, float* panels);
+
+  // For each of the a_count rows of `a` (row i at a + i * a_stride, readable for
+  // RoundUp(a_count, row_block) rows; rows past a_count are ignored): its dot products with
+  // the b_count packed destinations, scaled by a_inverse_norms[i * norm_stride], and their
+  // top two, fused (the a_count x b_count score matrix is never stored).
+  void (*match_rows)(const float* a, int64_t a_stride, const float* a_inverse_norms,
+                     int64_t norm_stride, int32_t a_count, const float* panels, int32_t b_count,
+                     int32_t dim, RowMatch* out);
+
+  // The b_count scores of one row `a` (scaled by a_inverse_norm) against the packed
+  // destinations, computed with the same arithmetic as match_rows.
+  void (*score_row)(const float* a, float a_inverse_norm, const float* panels, int32_t b_count,
+                    int32_t dim, float* scores);
+
+  // out[j] = (sum_k terms[k].count * row_k[j]) / total for j < dim, in float64 with the
+  // reference engine's operation order (a product, then a sum, term by term, then one
+  // correctly rounded division), rounded once to the output type.
+  void (*merge_row_f32)(const RowBlock* rows, const MergeTerm* terms, int32_t num_terms,
+                        double total, int32_t dim, float* out);
+  void (*merge_row_f64)(const RowBlock* rows, const MergeTerm* terms, int32_t num_terms,
+                        double total, int32_t dim, double* out);
+
+  // Row `row` of `rows` converted to float / double (widening is exact).
+  void (*convert_row_f32)(const RowBlock* rows, int64_t row, int32_t dim, float* out);
+  void (*convert_row_f64)(const RowBlock* rows, int64_t row, int32_t dim, double* out);
+
+  // Rows first .. first + count - 1 converted to float into out[i * dim + j].
+  void (*convert_rows_f32)(const RowBlock* rows, int64_t first, int32_t count, int32_t dim,
+                           float* out);
+
+  // Copies `count` floats to `out`, which will not be read again soon: non-temporal stores
+  // where `out` is aligned (no read-for-ownership of the destination), then a store fence.
+  void (*stream_floats)(const float* in, int64_t count, float* out);
+};
+
+namespace internal {
+// The tables, one per SIMD level, defined in kernels_scalar.cc, simd/kernels_avx2.cc and
+// simd/kernels_avx512.cc. Use KernelsFor() (simd_dispatch.h), which checks the CPU first.
+const KernelTable& ScalarKernels();
+const KernelTable& Avx2Kernels();
+const KernelTable& Avx512Kernels();
+}  // namespace internal
+
+}  // namespace centroidkv::cpu

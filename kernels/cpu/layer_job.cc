@@ -1,0 +1,360 @@
+// LayerJob, first half: the pass loop (SPEC.md section 2 steps 1-6 and 8), matching, and
+// the result arrays. Merging and writing rows is in layer_job_merge.cc.
+#include "kernels/cpu/layer_job.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <numeric>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "oneapi/tbb/blocked_range.h"
+#include "oneapi/tbb/parallel_for.h"
+
+namespace centroidkv::cpu {
+namespace {
+
+ElemType ElemTypeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return ElemType::kF16;
+    case DType::kBFloat16:
+      return ElemType::kBF16;
+    case DType::kFloat32:
+      break;
+  }
+  return ElemType::kF32;
+}
+
+// Sizes a fresh output vector. Writing a large vector first touches every page of it, and a
+// page fault per 4 KiB page costs more than computing the rows (several times over in a
+// VM), so the memory is marked for transparent huge pages first (a hint; Linux only).
+template <typename T>
+void ResizeOutput(std::vector<T>* vector, size_t size) {
+  vector->clear();
+  vector->reserve(size);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kPage = 4096;
+  const auto begin = (reinterpret_cast<uintptr_t>(vector->data()) + kPage - 1) & ~(kPage - 1);
+  const auto end = reinterpret_cast<uintptr_t>(vector->data() + size) & ~(kPage - 1);
+  if (size * sizeof(T) >= (size_t{4} << 20) && end > begin) {
+    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
+#endif
+  vector->resize(size);
+}
+
+template <typename T>
+void Grow(std::vector<T>* buffer, size_t size) {
+  if (buffer->size() < size) buffer->resize(size);
+}
+
+}  // namespace
+
+LayerJob::LayerJob(const KernelTable& kernels, ScratchPool* scratch, const LayerPlan& plan,
+                   const LayerView& layer, const CompressControl& control, CompressResult* out)
+    : kernels_(kernels),
+      scratch_(scratch),
+      plan_(plan),
+      layer_(layer),
+      control_(control),
+      out_(out),
+      input_type_(ElemTypeOf(layer.dtype)),
+      input_element_bytes_(DTypeSize(layer.dtype)),
+      key_stride_(layer.layout == TensorLayout::kHeadMajor
+                      ? int64_t{layer.key_dim}
+                      : int64_t{layer.key_dim} * layer.num_heads),
+      value_stride_(layer.layout == TensorLayout::kHeadMajor
+                        ? int64_t{layer.value_dim}
+                        : int64_t{layer.value_dim} * layer.num_heads),
+      key_dim_(layer.key_dim),
+      value_dim_(layer.value_dim),
+      chunk_size_(plan.options.chunk_size),
+      slots_((plan.options.chunk_size + 1) / 2),
+      target_(plan.target_length),
+      bound_(MatchErrorBound(layer.key_dim)),
+      with_assignment_(plan.options.compute_assignment) {}
+
+RowBlock LayerJob::Keys(const Head& head) const {
+  if (head.owned) return RowBlock{head.keys.data(), ElemType::kF64, key_dim_};
+  const char* base = static_cast<const char*>(layer_.keys) +
+                     layer_.KeyOffset(head.index, 0) * input_element_bytes_;
+  return RowBlock{base, input_type_, key_stride_};
+}
+
+RowBlock LayerJob::Values(const Head& head) const {
+  if (head.owned) return RowBlock{head.values.data(), ElemType::kF64, value_dim_};
+  const char* base = static_cast<const char*>(layer_.values) +
+                     layer_.ValueOffset(head.index, 0) * input_element_bytes_;
+  return RowBlock{base, input_type_, value_stride_};
+}
+
+ExactScorer LayerJob::Scorer(const Head& head) const { return ExactScorer{Keys(head), key_dim_}; }
+
+int32_t LayerJob::ChunkLength(const Head& head, int32_t chunk) const {
+  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
+  return static_cast<int32_t>(std::min<int64_t>(chunk_size_, head.end - first));
+}
+
+template <typename Body>
+void LayerJob::ParallelOverHeads(bool (*want)(const Head&), Body body) {
+  std::vector<int32_t> chosen;
+  for (const Head& head : heads_) {
+    if (want(head)) chosen.push_back(head.index);
+  }
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, chosen.size()),
+                    [&](const tbb::blocked_range<size_t>& range) {
+                      for (size_t i = range.begin(); i != range.end(); ++i) {
+                        body(heads_[chosen[i]]);
+                      }
+                    });
+}
+
+absl::Status LayerJob::Run() {
+  LoadHeads();
+  for (int32_t pass = 0; pass < plan_.options.max_passes; ++pass) {
+    if (control_.IsCancelled()) return absl::CancelledError("job cancelled");
+    if (!SetUpPass(pass)) break;
+    // Without a floor every edge is a candidate, so the merges follow from the lengths.
+    const bool predictable = std::isinf(floor_);
+    bool fused = false;
+    if (predictable) {
+      PredictMerges();
+      fused = AllCandidatesKept();
+    }
+    if (fused) {
+      if (!AnyMerges()) break;
+      PrepareSinks(pass, /*fused=*/true);
+      RunChunks(/*match=*/true, /*merge=*/true, /*fused=*/true);
+    } else {
+      RunChunks(/*match=*/true, /*merge=*/false, /*fused=*/false);
+      if (control_.IsCancelled()) return absl::CancelledError("job cancelled");
+      CountMerges();
+      if (!AnyMerges()) break;
+      SelectEdges();
+      PrepareSinks(pass, /*fused=*/false);
+      RunChunks(/*match=*/false, /*merge=*/true, /*fused=*/false);
+    }
+    if (control_.IsCancelled()) return absl::CancelledError("job cancelled");
+    ParallelOverHeads([](const Head& h) { return h.merges > 0; },
+                      [&](Head& head) { FinishHead(head); });
+    out_->passes_run = pass + 1;
+  }
+  Finalize();
+  return absl::OkStatus();
+}
+
+void LayerJob::LoadHeads() {
+  const int32_t n = layer_.num_tokens;
+  heads_.resize(static_cast<size_t>(layer_.num_heads));
+  for (int32_t h = 0; h < layer_.num_heads; ++h) {
+    Head& head = heads_[h];
+    head.index = h;
+    head.passthrough = plan_.passthrough[h];
+    head.length = n;
+    head.counts.resize(static_cast<size_t>(n));
+    for (int32_t t = 0; t < n; ++t) head.counts[t] = layer_.CountAt(h, t);
+  }
+}
+
+// Steps 1-2: which heads take part, their compressible range and chunks. Returns whether
+// any head is longer than the target.
+bool LayerJob::SetUpPass(int32_t pass) {
+  floor_ = plan_.FloorForPass(pass);
+  bool any_long = false;
+  for (Head& head : heads_) {
+    head.active = !head.passthrough && head.length > target_;
+    head.candidates = 0;
+    head.merges = 0;
+    head.num_chunks = 0;
+    if (!head.active) continue;
+    any_long = true;
+    head.begin = plan_.options.sink_tokens;
+    head.end = head.length - plan_.options.recent_tokens;
+    if (head.end - head.begin >= 2) {
+      head.num_chunks =
+          static_cast<int32_t>((head.end - head.begin + chunk_size_ - 1) / chunk_size_);
+    }
+    head.edges.resize(static_cast<size_t>(head.num_chunks) * slots_);
+  }
+  return any_long;
+}
+
+// Step 5 without a floor: every source of a chunk of two or more rows is a candidate.
+void LayerJob::PredictMerges() {
+  for (Head& head : heads_) {
+    if (!head.active) continue;
+    for (int32_t c = 0; c < head.num_chunks; ++c) {
+      const int32_t length = ChunkLength(head, c);
+      if (length >= 2) head.candidates += (length + 1) / 2;
+    }
+    head.merges = std::min(head.length - target_, head.candidates);
+  }
+  ApplyUniformHeads();
+}
+
+// Step 5 after matching: the candidates found.
+void LayerJob::CountMerges() {
+  for (Head& head : heads_) {
+    if (!head.active) continue;
+    head.candidates = std::count_if(head.edges.begin(), head.edges.end(),
+                                    [](const Edge& edge) { return edge.candidate; });
+    head.merges = std::min(head.length - target_, head.candidates);
+  }
+  ApplyUniformHeads();
+}
+
+void LayerJob::ApplyUniformHeads() {
+  if (!plan_.options.uniform_heads) return;
+  int64_t r = INT64_MAX;
+  for (const Head& head : heads_) {
+    if (!head.passthrough) r = std::min(r, head.merges);  // inactive heads count as 0
+  }
+  for (Head& head : heads_) head.merges = head.passthrough ? 0 : r;
+}
+
+bool LayerJob::AllCandidatesKept() const {
+  return std::all_of(heads_.begin(), heads_.end(), [](const Head& head) {
+    return head.merges == 0 || head.merges == head.candidates;
+  });
+}
+
+bool LayerJob::AnyMerges() const {
+  return std::any_of(heads_.begin(), heads_.end(), [](const Head& h) { return h.merges > 0; });
+}
+
+// Where this pass writes each merging head, and where each chunk's survivors start.
+void LayerJob::PrepareSinks(int32_t pass, bool fused) {
+  bool last = pass + 1 >= plan_.options.max_passes;
+  if (!last) {
+    last = std::none_of(heads_.begin(), heads_.end(), [&](const Head& head) {
+      return !head.passthrough && head.length - head.merges > target_;
+    });
+  }
+  if (last) AllocateOutput();
+  for (Head& head : heads_) {
+    if (head.merges <= 0) continue;
+    const int64_t new_length = head.length - head.merges;
+    head.sink = last ? Sink::kOutput : head.owned ? Sink::kInPlace : Sink::kFreshState;
+    if (head.sink == Sink::kFreshState) {
+      head.keys.resize(static_cast<size_t>(new_length) * key_dim_);
+      head.values.resize(static_cast<size_t>(new_length) * value_dim_);
+    }
+    if (head.sink != Sink::kOutput) head.next_counts.resize(static_cast<size_t>(new_length));
+    if (with_assignment_) head.remap.resize(static_cast<size_t>(head.length));
+    head.chunk_start.resize(static_cast<size_t>(head.num_chunks) + 1);
+    int64_t next = head.begin;
+    for (int32_t c = 0; c < head.num_chunks; ++c) {
+      head.chunk_start[c] = next;
+      const int32_t length = ChunkLength(head, c);
+      int64_t sources = 0;
+      if (fused) {
+        sources = length >= 2 ? (length + 1) / 2 : 0;
+      } else {
+        const Edge* edges = head.edges.data() + static_cast<size_t>(c) * slots_;
+        for (int32_t i = 0; i < (length + 1) / 2; ++i) sources += edges[i].kept ? 1 : 0;
+      }
+      next += length - sources;
+    }
+    head.chunk_start[head.num_chunks] = next;
+    assert(next == head.end - head.merges);
+  }
+}
+
+// The CompressResult's arrays for the final lengths (the lengths after this pass's merges).
+void LayerJob::AllocateOutput() {
+  if (output_allocated_) return;
+  output_allocated_ = true;
+  out_->num_heads = layer_.num_heads;
+  out_->num_tokens = layer_.num_tokens;
+  out_->key_dim = key_dim_;
+  out_->value_dim = value_dim_;
+  out_->offsets.assign(1, 0);
+  for (const Head& head : heads_)
+    out_->offsets.push_back(out_->offsets.back() + head.length - head.merges);
+  const auto total = static_cast<size_t>(out_->offsets.back());
+  ResizeOutput(&out_->keys, total * key_dim_);
+  ResizeOutput(&out_->values, total * value_dim_);
+  ResizeOutput(&out_->counts, total);
+  if (with_assignment_) {
+    ResizeOutput(&out_->assignment, static_cast<size_t>(layer_.num_heads) * layer_.num_tokens);
+  }
+}
+
+void LayerJob::RunChunks(bool match, bool merge, bool fused) {
+  std::vector<Task> tasks;
+  for (const Head& head : heads_) {
+    const bool wanted = merge ? head.merges > 0 : head.active;
+    for (int32_t c = 0; wanted && c < head.num_chunks; ++c) tasks.push_back({head.index, c});
+  }
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, tasks.size()),
+                    [&](const tbb::blocked_range<size_t>& range) {
+                      if (control_.IsCancelled()) return;
+                      ChunkScratch& scratch = scratch_->local();
+                      for (size_t i = range.begin(); i != range.end(); ++i) {
+                        Head& head = heads_[tasks[i].head];
+                        if (match) MatchChunk(head, tasks[i].chunk, fused, scratch);
+                        if (merge) MergeChunk(head, tasks[i].chunk, fused, scratch);
+                      }
+                    });
+}
+
+// Steps 3-4 for one chunk; with `fused`, every edge is kept (step 6 keeps all candidates).
+void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch) {
+  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
+  const int32_t length = ChunkLength(head, chunk);
+  Edge* edges = head.edges.data() + static_cast<size_t>(chunk) * slots_;
+  std::fill(edges, edges + slots_, Edge{});
+  if (length < 2) {  // a lone source has no destination
+    edges[0].source = static_cast<int32_t>(first);
+    return;
+  }
+  const int32_t sources = (length + 1) / 2;
+  Grow(&scratch.matches, static_cast<size_t>(sources));
+  scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_, scratch.matches.data());
+  ResolveChunkEdges(scratch.matches.data(), &scratch.matcher, first, floor_, bound_, Scorer(head),
+                    edges);
+  if (fused) {
+    for (int32_t i = 0; i < sources; ++i) edges[i].kept = edges[i].candidate;
+  }
+}
+
+// Step 6 for every merging head.
+void LayerJob::SelectEdges() {
+  ParallelOverHeads(
+      [](const Head& h) { return h.merges > 0; },
+      [&](Head& head) { KeepBest(head.edges, head.merges, bound_, Scorer(head), &head.order); });
+}
+
+// The rows of every head not written by a last pass, and the assignment.
+void LayerJob::Finalize() {
+  for (Head& head : heads_) head.merges = 0;
+  AllocateOutput();
+  ParallelOverHeads([](const Head&) { return true; }, [&](Head& head) { FinalizeHead(head); });
+}
+
+void LayerJob::FinalizeHead(Head& head) {
+  const int64_t first = out_->offsets[head.index];
+  if (!head.written) {
+    const RowBlock keys = Keys(head), values = Values(head);
+    for (int64_t row = 0; row < head.length; ++row) {
+      kernels_.convert_row_f32(&keys, row, key_dim_, out_->keys.data() + (first + row) * key_dim_);
+      kernels_.convert_row_f32(&values, row, value_dim_,
+                               out_->values.data() + (first + row) * value_dim_);
+      out_->counts[first + row] = static_cast<uint32_t>(head.counts[row]);
+    }
+  }
+  if (!with_assignment_) return;
+  int32_t* assignment =
+      out_->assignment.data() + static_cast<size_t>(head.index) * layer_.num_tokens;
+  if (head.owner.empty()) {
+    std::iota(assignment, assignment + layer_.num_tokens, 0);
+  } else {
+    std::copy(head.owner.begin(), head.owner.end(), assignment);
+  }
+}
+
+}  // namespace centroidkv::cpu

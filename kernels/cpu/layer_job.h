@@ -1,0 +1,151 @@
+// One Compress() call of the CPU engine: the passes of SPEC.md section 2 over one layer,
+// as oneTBB tasks over heads x chunks (see cpu_engine.h for the design).
+//
+// Rows between passes: a head starts on the caller's input rows (any dtype, either layout)
+// and is read from there until its first merge; a pass that is not the last writes the
+// compacted head in float64 (like the reference), later passes compact it in place. The last
+// pass writes float32 rows into the CompressResult: each chunk's rows are staged in cache,
+// then streamed to the result as one block (non-temporal stores: no read of the fresh,
+// zero-filled result memory).
+//
+// Thread-compatible: one LayerJob per call; its tasks share the per-thread ChunkScratch pool.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "centroidkv/kernels/engine.h"
+#include "kernels/cpu/edge_decisions.h"
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/soft_match.h"
+#include "oneapi/tbb/enumerable_thread_specific.h"
+
+namespace centroidkv::cpu {
+
+// Buffers of one worker thread, grown on demand and reused across chunks and jobs. A chunk
+// task runs to completion without waiting on other tasks, so no two tasks share them.
+struct ChunkScratch {
+  ChunkMatcher matcher;
+  std::vector<RowMatch> matches;
+  std::vector<int32_t> bucket_offsets;  // [destinations + 1]: kept sources per destination
+  std::vector<int32_t> bucket_cursor;
+  std::vector<int32_t> bucket_slots;
+  std::vector<MergeTerm> terms;
+  std::vector<float> value_tile;  // the chunk's values as float (fused passes on the input)
+  std::vector<double> staged;     // in-place passes: the chunk's surviving rows, keys then values
+  std::vector<float> staged_output;  // last passes: the same in float, streamed to the result
+};
+
+using ScratchPool = tbb::enumerable_thread_specific<ChunkScratch>;
+
+class LayerJob {
+ public:
+  LayerJob(const KernelTable& kernels, ScratchPool* scratch, const LayerPlan& plan,
+           const LayerView& layer, const CompressControl& control, CompressResult* out);
+
+  absl::Status Run();
+
+ private:
+  // Where a pass writes the rows of a head.
+  enum class Sink : uint8_t {
+    kOutput,      // float32 into the CompressResult (the last pass)
+    kFreshState,  // float64 into a new buffer (the head's first merge, not the last pass)
+    kInPlace,     // float64, compacted in place (later passes)
+  };
+
+  struct Head {
+    int32_t index = 0;
+    bool passthrough = false;
+    int64_t length = 0;
+    bool owned = false;            // rows are `keys`/`values`, else the input
+    std::vector<double> keys;      // [length, key_dim] when owned
+    std::vector<double> values;    // [length, value_dim] when owned
+    std::vector<uint64_t> counts;  // [length]
+    std::vector<uint64_t> next_counts;
+    std::vector<int32_t> owner;  // [n]: current row of each input entry; empty = identity
+    std::vector<int32_t> remap;  // [length]: this pass's new row of each row
+    bool written = false;        // final rows already in the CompressResult
+
+    // This pass.
+    bool active = false;         // compressed and longer than the target
+    int64_t begin = 0, end = 0;  // the compressible range
+    int32_t num_chunks = 0;
+    int64_t candidates = 0;
+    int64_t merges = 0;
+    Sink sink = Sink::kOutput;
+    std::vector<Edge> edges;           // [num_chunks * slots]: the edge of every source
+    std::vector<int64_t> chunk_start;  // [num_chunks + 1]: new row of each chunk's first survivor
+    std::vector<int32_t> order;        // KeepBest scratch
+  };
+
+  struct Task {
+    int32_t head;
+    int32_t chunk;
+  };
+
+  // The rows of one chunk as MergeChunk reads them (row 0 = the chunk's first row), and
+  // where it stages the surviving rows: float for the result (streamed there as one block),
+  // double for an in-place pass.
+  struct ChunkRows {
+    RowBlock keys;
+    RowBlock values;
+    double* staged_keys;
+    double* staged_values;
+    float* output_keys;
+    float* output_values;
+  };
+
+  // Row sources of a head's current rows.
+  RowBlock Keys(const Head& head) const;
+  RowBlock Values(const Head& head) const;
+  ExactScorer Scorer(const Head& head) const;
+  int32_t ChunkLength(const Head& head, int32_t chunk) const;
+
+  void LoadHeads();
+  bool SetUpPass(int32_t pass);
+  void PredictMerges();
+  void CountMerges();
+  void ApplyUniformHeads();
+  bool AllCandidatesKept() const;
+  bool AnyMerges() const;
+  void PrepareSinks(int32_t pass, bool fused);
+  void AllocateOutput();
+  void RunChunks(bool match, bool merge, bool fused);
+  void SelectEdges();
+  void MatchChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch);
+  void MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch);
+  void BucketSources(const Head& head, int32_t chunk, ChunkScratch& scratch) const;
+  void WriteRow(Head& head, const ChunkRows& rows, int64_t offset, int64_t new_row,
+                int64_t staged_row, const std::vector<MergeTerm>& terms, uint64_t count);
+  void FinishHead(Head& head);
+  void WriteProtectedRows(Head& head);
+  void ShiftInPlace(Head& head);
+  void WriteCount(Head& head, int64_t new_row, uint64_t count);
+  void Finalize();
+  void FinalizeHead(Head& head);
+  template <typename Body>
+  void ParallelOverHeads(bool (*want)(const Head&), Body body);
+
+  const KernelTable& kernels_;
+  ScratchPool* scratch_;
+  const LayerPlan& plan_;
+  const LayerView& layer_;
+  const CompressControl& control_;
+  CompressResult* out_;
+
+  std::vector<Head> heads_;
+  ElemType input_type_;
+  int64_t input_element_bytes_;
+  int64_t key_stride_, value_stride_;  // input elements between tokens of one head
+  int32_t key_dim_, value_dim_;
+  int32_t chunk_size_;
+  int32_t slots_;  // sources per full chunk
+  int64_t target_;
+  double bound_;        // MatchErrorBound(key_dim)
+  double floor_ = 0.0;  // this pass's similarity floor, -infinity when off
+  bool with_assignment_;
+  bool output_allocated_ = false;
+};
+
+}  // namespace centroidkv::cpu

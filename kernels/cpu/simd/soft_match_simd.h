@@ -1,0 +1,259 @@
+// The similarity kernels of soft_match.h as templates over a vector traits class V
+// (vec_avx512.h, vec_avx2.h): widening rows with their inverse norms, packing (and scaling)
+// destination rows into panels, the register-blocked match microkernel and the one-row
+// rescan. Internal linkage: included
+// once per SIMD translation unit (see vec_avx512.h).
+//
+// The microkernel (MatchTile) computes a tile of MR source rows x NR panels of W destinations
+// in MR * NR vector accumulators: for each j it loads NR panel vectors (W destinations' j-th
+// element) and broadcasts each source row's j-th element, one FMA per accumulator. Each
+// score is a sequential FMA chain over j = 0 .. dim-1 (the error bound in soft_match.h
+// relies on that). The tile is then folded into a per-lane running top two (and index of the
+// first) per source row, so no score is ever stored. Source rows are not normalised: their
+// two best scores are scaled by the row's inverse norm at the end.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/simd/elements.h"
+
+namespace centroidkv::cpu {
+namespace {  // NOLINT(build/namespaces): one copy per SIMD translation unit, by design
+
+constexpr float kNegInfinity = -__builtin_huge_valf();
+
+// Slow path of WidenRows: a row whose float sum of squares overflows, normalised in double.
+template <ElemType T>
+void NormalizeRowInDouble(const Storage<T>* row, int32_t dim, float* dst) {
+  double sum_squares = 0.0;
+  for (int32_t j = 0; j < dim; ++j) {
+    const double x = WidenToDouble<T>(row, j);
+    sum_squares += x * x;
+  }
+  const double norm = MaxDouble(__builtin_sqrt(sum_squares), 1e-6);
+  for (int32_t j = 0; j < dim; ++j) dst[j] = static_cast<float>(WidenToDouble<T>(row, j) / norm);
+}
+
+// One sweep per row (widen, store, accumulate squares in two vector accumulators), then the
+// inverse norms of all rows at once, so no row waits on its own square root.
+template <class V, ElemType T>
+bool WidenRowsTyped(const RowBlock& rows, int64_t first, int32_t count, int32_t dim, float* out,
+                    float* inverse_norms) {
+  using F = typename V::F;
+  constexpr int32_t W = V::kW;
+  const int32_t full = dim - dim % W;
+  for (int32_t i = 0; i < count; ++i) {
+    const Storage<T>* row = RowPointer<T>(rows, first + i);
+    float* dst = out + static_cast<int64_t>(i) * dim;
+    F acc0 = V::Zero(), acc1 = V::Zero();
+    int32_t j = 0;
+    for (; j + 2 * W <= full; j += 2 * W) {
+      const F x0 = LoadFloats<V, T>(row, j);
+      const F x1 = LoadFloats<V, T>(row, j + W);
+      V::Store(dst + j, x0);
+      V::Store(dst + j + W, x1);
+      acc0 = V::Fma(x0, x0, acc0);
+      acc1 = V::Fma(x1, x1, acc1);
+    }
+    for (; j < full; j += W) {
+      const F x = LoadFloats<V, T>(row, j);
+      V::Store(dst + j, x);
+      acc0 = V::Fma(x, x, acc0);
+    }
+    float tail = 0.0f;
+    for (; j < dim; ++j) {
+      const float x = WidenToFloat<T>(row, j);
+      dst[j] = x;
+      tail += x * x;
+    }
+    inverse_norms[i] = V::HSum(V::Add(acc0, acc1)) + tail;  // the sum of squares, for now
+  }
+  bool exact = true;
+  for (int32_t i = 0; i < count; ++i) {
+    if (inverse_norms[i] <= 3.0e38f) continue;
+    NormalizeRowInDouble<T>(RowPointer<T>(rows, first + i), dim,
+                            out + static_cast<int64_t>(i) * dim);
+    inverse_norms[i] = 1.0f;  // its inverse norm below is then exactly 1
+    exact = false;
+  }
+  V::InverseNorms(inverse_norms, count);
+  return exact;
+}
+
+template <class V>
+bool WidenRows(const RowBlock* rows, int64_t first, int32_t count, int32_t dim, float* out,
+               float* inverse_norms) {
+  switch (rows->type) {
+    case ElemType::kF32:
+      return WidenRowsTyped<V, ElemType::kF32>(*rows, first, count, dim, out, inverse_norms);
+    case ElemType::kF16:
+      return WidenRowsTyped<V, ElemType::kF16>(*rows, first, count, dim, out, inverse_norms);
+    case ElemType::kBF16:
+      return WidenRowsTyped<V, ElemType::kBF16>(*rows, first, count, dim, out, inverse_norms);
+    case ElemType::kF64:
+      return WidenRowsTyped<V, ElemType::kF64>(*rows, first, count, dim, out, inverse_norms);
+  }
+  return false;
+}
+
+// W x W blocks transposed in registers, each lane (a destination row) scaled by its inverse
+// norm after the transpose.
+template <class V>
+void PackPanels(const float* rows, int64_t row_stride, const float* inverse_norms,
+                int64_t norm_stride, int32_t count, int32_t dim, float* panels) {
+  using F = typename V::F;
+  constexpr int32_t W = V::kW;
+  const int32_t num_panels = (count + W - 1) / W;
+  const int32_t full = dim - dim % W;
+  for (int32_t p = 0; p < num_panels; ++p) {
+    float* panel = panels + static_cast<int64_t>(p) * dim * W;
+    const float* first_row = rows + static_cast<int64_t>(p) * W * row_stride;
+    const int32_t valid = count - p * W < W ? count - p * W : W;
+    float lane_scale[W];
+    for (int32_t l = 0; l < W; ++l) {
+      lane_scale[l] =
+          l < valid ? inverse_norms[(static_cast<int64_t>(p) * W + l) * norm_stride] : 0.0f;
+    }
+    const F scale = V::Load(lane_scale);
+    F r[W];
+    for (int32_t j0 = 0; j0 < full; j0 += W) {
+      if (valid == W) {
+#pragma GCC unroll 16
+        for (int32_t l = 0; l < W; ++l) r[l] = V::Load(first_row + l * row_stride + j0);
+      } else {
+#pragma GCC unroll 16
+        for (int32_t l = 0; l < W; ++l) {
+          r[l] = l < valid ? V::Load(first_row + l * row_stride + j0) : V::Zero();
+        }
+      }
+      V::Transpose(r);
+#pragma GCC unroll 16
+      for (int32_t c = 0; c < W; ++c) {
+        V::Store(panel + static_cast<int64_t>(j0 + c) * W, V::Mul(r[c], scale));
+      }
+    }
+    for (int32_t j = full; j < dim; ++j) {
+      for (int32_t l = 0; l < W; ++l) {
+        panel[j * W + l] = l < valid ? first_row[l * row_stride + j] * lane_scale[l] : 0.0f;
+      }
+    }
+  }
+}
+
+// MR source rows (row-major, stride dim) x NR panels starting at destination col0, folded
+// into the running per-lane top two (m1 >= m2) and the index of m1 of each source row.
+template <class V, int MR, int NR>
+__attribute__((always_inline)) inline void MatchTile(const float* a, int64_t a_stride, int32_t dim,
+                                                     const float* panel0, int32_t col0,
+                                                     int32_t b_count, typename V::F* m1,
+                                                     typename V::F* m2, typename V::I* idx) {
+  using F = typename V::F;
+  constexpr int32_t W = V::kW;
+  const int64_t panel_stride = static_cast<int64_t>(dim) * W;
+  F acc[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int p = 0; p < NR; ++p) acc[i][p] = V::Zero();
+  }
+  for (int32_t j = 0; j < dim; ++j) {
+    F b[NR];
+#pragma GCC unroll 8
+    for (int p = 0; p < NR; ++p) b[p] = V::Load(panel0 + p * panel_stride + j * W);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const F av = V::Bcast(a + i * a_stride + j);
+#pragma GCC unroll 8
+      for (int p = 0; p < NR; ++p) acc[i][p] = V::Fma(av, b[p], acc[i][p]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int p = 0; p < NR; ++p) {
+    const int32_t col = col0 + p * W;
+    const typename V::I ids = V::AddI(V::Iota(), col);
+    const bool partial = col + W > b_count;
+    const F neg_inf = V::Set1(kNegInfinity);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      F s = acc[i][p];
+      if (partial) s = V::Select(V::FirstLanes(b_count - col), neg_inf, s);
+      const typename V::M greater = V::Greater(s, m1[i]);
+      m2[i] = V::Max(m2[i], V::Min(m1[i], s));
+      m1[i] = V::Max(m1[i], s);
+      idx[i] = V::SelectI(greater, idx[i], ids);
+    }
+  }
+}
+
+// The remaining 1 .. K panels of a row block.
+template <class V, int MR, int K>
+__attribute__((always_inline)) inline void MatchRest(int32_t rest, const float* a, int64_t a_stride,
+                                                     int32_t dim, const float* panel0, int32_t col0,
+                                                     int32_t b_count, typename V::F* m1,
+                                                     typename V::F* m2, typename V::I* idx) {
+  if constexpr (K >= 1) {
+    if (rest == K) {
+      MatchTile<V, MR, K>(a, a_stride, dim, panel0, col0, b_count, m1, m2, idx);
+    } else {
+      MatchRest<V, MR, K - 1>(rest, a, a_stride, dim, panel0, col0, b_count, m1, m2, idx);
+    }
+  }
+}
+
+template <class V>
+void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, int64_t norm_stride,
+               int32_t a_count, const float* panels, int32_t b_count, int32_t dim, RowMatch* out) {
+  using F = typename V::F;
+  using I = typename V::I;
+  constexpr int32_t W = V::kW;
+  constexpr int MR = V::kRowBlock;
+  constexpr int NR = V::kPanelBlock;
+  const int32_t num_panels = (b_count + W - 1) / W;
+  const int64_t panel_stride = static_cast<int64_t>(dim) * W;
+  for (int32_t r0 = 0; r0 < a_count; r0 += MR) {
+    F m1[MR], m2[MR];
+    I idx[MR];
+    for (int i = 0; i < MR; ++i) {
+      m1[i] = V::Set1(kNegInfinity);
+      m2[i] = V::Set1(kNegInfinity);
+      idx[i] = V::Iota();
+    }
+    const float* rows = a + r0 * a_stride;
+    int32_t p = 0;
+    for (; p + NR <= num_panels; p += NR) {
+      MatchTile<V, MR, NR>(rows, a_stride, dim, panels + p * panel_stride, p * W, b_count, m1, m2,
+                           idx);
+    }
+    MatchRest<V, MR, NR - 1>(num_panels - p, rows, a_stride, dim, panels + p * panel_stride, p * W,
+                             b_count, m1, m2, idx);
+    for (int i = 0; i < MR && r0 + i < a_count; ++i) {
+      RowMatch match = V::ReduceTop2(m1[i], m2[i], idx[i]);
+      const float scale = a_inverse_norms[(r0 + i) * norm_stride];
+      match.first *= scale;
+      match.second *= scale;
+      out[r0 + i] = match;
+    }
+  }
+}
+
+template <class V>
+void ScoreRow(const float* a, float a_inverse_norm, const float* panels, int32_t b_count,
+              int32_t dim, float* scores) {
+  using F = typename V::F;
+  constexpr int32_t W = V::kW;
+  const int32_t num_panels = (b_count + W - 1) / W;
+  for (int32_t p = 0; p < num_panels; ++p) {
+    const float* panel = panels + static_cast<int64_t>(p) * dim * W;
+    F acc = V::Zero();
+    for (int32_t j = 0; j < dim; ++j) acc = V::Fma(V::Bcast(a + j), V::Load(panel + j * W), acc);
+    float lanes[W];
+    V::Store(lanes, acc);
+    for (int32_t l = 0; l < W && p * W + l < b_count; ++l) {
+      scores[p * W + l] = lanes[l] * a_inverse_norm;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace centroidkv::cpu

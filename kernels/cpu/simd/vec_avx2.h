@@ -1,0 +1,181 @@
+// AVX2 (+ FMA + F16C) vector traits for the shared kernel templates (soft_match_simd.h,
+// merge_simd.h). Include only from a translation unit compiled with -mavx2 -mfma -mf16c
+// (simd/kernels_avx2.cc). Everything here has internal linkage (see vec_avx512.h).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/kernel_table.h"
+
+namespace centroidkv::cpu {
+namespace {  // NOLINT(build/namespaces): one copy per SIMD translation unit, by design
+
+struct Avx2 {
+  static constexpr int32_t kW = 8;
+  static constexpr int32_t kWD = 4;
+  static constexpr int32_t kRowBlock = 6;
+  static constexpr int32_t kPanelBlock = 2;
+  static constexpr const char* kName = "avx2";
+  using F = __m256;
+  using I = __m256i;
+  using M = __m256;  // compare result, all ones per true lane
+  using D = __m256d;
+
+  static F Zero() { return _mm256_setzero_ps(); }
+  static F Set1(float x) { return _mm256_set1_ps(x); }
+  static F Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static F Bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F Add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F Max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F Min(F a, F b) { return _mm256_min_ps(a, b); }
+  static M Greater(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+  static M FirstLanes(int32_t n) {
+    return _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+  }
+  static F Select(M m, F if_false, F if_true) { return _mm256_blendv_ps(if_false, if_true, m); }
+  static I SelectI(M m, I if_false, I if_true) {
+    return _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(if_false), _mm256_castsi256_ps(if_true), m));
+  }
+  static I Iota() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+  static I AddI(I a, int32_t b) { return _mm256_add_epi32(a, _mm256_set1_epi32(b)); }
+  static void StoreI(int32_t* p, I x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x); }
+  static float HSum(F x) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  }
+
+  static float HMax(F x) {
+    F t = _mm256_max_ps(x, _mm256_permute2f128_ps(x, x, 1));
+    t = _mm256_max_ps(t, _mm256_shuffle_ps(t, t, 0x4e));
+    t = _mm256_max_ps(t, _mm256_shuffle_ps(t, t, 0xb1));
+    return _mm256_cvtss_f32(t);
+  }
+
+  // See Avx512::ReduceTop2.
+  static RowMatch ReduceTop2(F m1, F m2, I idx) {
+    const float first = HMax(m1);
+    const F at_max = _mm256_cmp_ps(m1, _mm256_set1_ps(first), _CMP_EQ_OQ);
+    const int bits = _mm256_movemask_ps(at_max);
+    int32_t index[kW];
+    StoreI(index, idx);
+    int32_t best = 0x7fffffff;
+    for (int l = 0; l < kW; ++l) {
+      if ((bits >> l) & 1) best = index[l] < best ? index[l] : best;
+    }
+    if (__builtin_popcount(static_cast<unsigned>(bits)) >= 2) return RowMatch{best, first, first};
+    const F others = _mm256_blendv_ps(m1, _mm256_set1_ps(-__builtin_huge_valf()), at_max);
+    return RowMatch{best, first, HMax(_mm256_max_ps(others, m2))};
+  }
+
+  // See Avx512::InverseNorms.
+  static void InverseNorms(float* x, int32_t n) {
+    int32_t i = 0;
+    for (; i + kWD <= n; i += kWD) {
+      const D norm =
+          _mm256_max_pd(_mm256_sqrt_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i))), _mm256_set1_pd(1e-6));
+      _mm_storeu_ps(x + i, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), norm)));
+    }
+    for (; i < n; ++i) {
+      const double norm = __builtin_sqrt(static_cast<double>(x[i]));
+      x[i] = static_cast<float>(1.0 / (norm > 1e-6 ? norm : 1e-6));
+    }
+  }
+
+  // See Avx512::HalfSumUnsafe.
+  static bool HalfSumUnsafe(F sum) {
+    const F a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), sum);
+    const F bad =
+        _mm256_or_ps(_mm256_cmp_ps(a, _mm256_set1_ps(3.4028234e38f), _CMP_GT_OQ),
+                     _mm256_and_ps(_mm256_cmp_ps(a, _mm256_set1_ps(0x1p-125f), _CMP_LT_OQ),
+                                   _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ)));
+    return _mm256_movemask_ps(bad) != 0;
+  }
+
+  // Copies with non-temporal stores on the 32-byte aligned middle of `out`.
+  static void StreamFloats(const float* in, int64_t count, float* out) {
+    int64_t i = 0;
+    while (i < count && (reinterpret_cast<uintptr_t>(out + i) & 31) != 0) {
+      out[i] = in[i];
+      ++i;
+    }
+    for (; i + 8 <= count; i += 8) _mm256_stream_ps(out + i, _mm256_loadu_ps(in + i));
+    for (; i < count; ++i) out[i] = in[i];
+    _mm_sfence();
+  }
+
+  static F LoadF32(const float* p) { return _mm256_loadu_ps(p); }
+  static F LoadF16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F LoadBF16(const uint16_t* p) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  static F LoadF64(const double* p) {
+    return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(p + 4)),
+                           _mm256_cvtpd_ps(_mm256_loadu_pd(p)));
+  }
+
+  // In-register transpose of 8 rows of 8 floats.
+  static void Transpose(F* r) {
+    F t[8], s[8];
+    for (int k = 0; k < 8; k += 2) {
+      t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+      t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+      s[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      s[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      s[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      s[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; ++c) {
+      r[c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x20);
+      r[4 + c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x31);
+    }
+  }
+
+  static D LoadDF32(const float* p) { return _mm256_cvtps_pd(_mm_loadu_ps(p)); }
+  static D LoadDF16(const uint16_t* p) {
+    return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static D LoadDBF16(const uint16_t* p) {
+    const __m128i wide = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(wide, 16)));
+  }
+  static D LoadDF64(const double* p) { return _mm256_loadu_pd(p); }
+  static D Set1D(double x) { return _mm256_set1_pd(x); }
+  static D MulD(D a, D b) { return _mm256_mul_pd(a, b); }
+  static D AddD(D a, D b) { return _mm256_add_pd(a, b); }
+  static void StoreD(double* p, D x) { _mm256_storeu_pd(p, x); }
+  static void StoreDAsFloat(float* p, D x) { _mm_storeu_ps(p, _mm256_cvtpd_ps(x)); }
+
+  // See Avx512::DivideExact.
+  static D DivideExact(D x, D t, D y, D half_t) {
+    const D sign = _mm256_set1_pd(-0.0);
+    const D q0 = _mm256_mul_pd(x, y);
+    const D r0 = _mm256_fnmadd_pd(q0, t, x);
+    const D q1 = _mm256_fmadd_pd(r0, y, q0);
+    const D r1 = _mm256_fnmadd_pd(q1, t, x);
+    const D abs_q = _mm256_andnot_pd(sign, q1);
+    const D below =
+        _mm256_castsi256_pd(_mm256_sub_epi64(_mm256_castpd_si256(abs_q), _mm256_set1_epi64x(1)));
+    const D limit = _mm256_mul_pd(_mm256_sub_pd(abs_q, below), half_t);
+    const D ok = _mm256_or_pd(_mm256_cmp_pd(_mm256_andnot_pd(sign, r1), limit, _CMP_LT_OQ),
+                              _mm256_cmp_pd(r1, _mm256_setzero_pd(), _CMP_EQ_OQ));
+    if (_mm256_movemask_pd(ok) != 0xf) return _mm256_div_pd(x, t);
+    return _mm256_or_pd(_mm256_andnot_pd(sign, q1), _mm256_and_pd(sign, x));
+  }
+};
+
+}  // namespace
+}  // namespace centroidkv::cpu

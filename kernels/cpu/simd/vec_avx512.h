@@ -1,0 +1,185 @@
+// AVX-512 vector traits for the shared kernel templates (soft_match_simd.h, merge_simd.h).
+// Include only from a translation unit compiled with -mavx512f -mavx512bw -mavx512dq
+// -mavx512vl -mfma -mf16c (simd/kernels_avx512.cc). Everything here has internal linkage, so
+// no AVX-512 code can leak into the rest of the program through the linker.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/kernel_table.h"
+
+namespace centroidkv::cpu {
+namespace {  // NOLINT(build/namespaces): one copy per SIMD translation unit, by design
+
+struct Avx512 {
+  static constexpr int32_t kW = 16;          // float lanes
+  static constexpr int32_t kWD = 8;          // double lanes
+  static constexpr int32_t kRowBlock = 8;    // A rows per microkernel tile
+  static constexpr int32_t kPanelBlock = 3;  // B panels per microkernel tile
+  static constexpr const char* kName = "avx512";
+  using F = __m512;
+  using I = __m512i;
+  using M = __mmask16;
+  using D = __m512d;
+
+  static F Zero() { return _mm512_setzero_ps(); }
+  static F Set1(float x) { return _mm512_set1_ps(x); }
+  static F Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static F Bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F Add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F Max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F Min(F a, F b) { return _mm512_min_ps(a, b); }
+  static M Greater(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+  static M FirstLanes(int32_t n) {  // lanes 0 .. n-1 (n in [0, 16])
+    return static_cast<M>((n >= 16 ? 0xffffu : (1u << n) - 1u));
+  }
+  static F Select(M m, F if_false, F if_true) { return _mm512_mask_blend_ps(m, if_false, if_true); }
+  static I SelectI(M m, I if_false, I if_true) {
+    return _mm512_mask_blend_epi32(m, if_false, if_true);
+  }
+  static I Iota() {
+    return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  }
+  static I AddI(I a, int32_t b) { return _mm512_add_epi32(a, _mm512_set1_epi32(b)); }
+  static void StoreI(int32_t* p, I x) { _mm512_storeu_si512(p, x); }
+  static float HSum(F x) { return _mm512_reduce_add_ps(x); }
+
+  // The top two over the lanes of per-lane running maxima m1 >= m2 (idx: the destination of
+  // each m1): the highest m1 (the lowest destination on ties) and the highest of every other
+  // lane's m1 and every lane's m2.
+  static RowMatch ReduceTop2(F m1, F m2, I idx) {
+    const float first = _mm512_reduce_max_ps(m1);
+    const M at_max = _mm512_cmp_ps_mask(m1, _mm512_set1_ps(first), _CMP_EQ_OQ);
+    const int32_t best = _mm512_mask_reduce_min_epi32(at_max, idx);
+    if (__builtin_popcount(at_max) >= 2) return RowMatch{best, first, first};
+    const F others = _mm512_mask_mov_ps(m1, at_max, _mm512_set1_ps(-__builtin_huge_valf()));
+    return RowMatch{best, first, _mm512_reduce_max_ps(_mm512_max_ps(others, m2))};
+  }
+
+  // x[i] <- 1 / max(sqrt(x[i]), 1e-6) in double, rounded to float, for i < n.
+  static void InverseNorms(float* x, int32_t n) {
+    int32_t i = 0;
+    for (; i + kWD <= n; i += kWD) {
+      const D norm = _mm512_max_pd(_mm512_sqrt_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i))),
+                                   _mm512_set1_pd(1e-6));
+      _mm256_storeu_ps(x + i, _mm512_cvtpd_ps(_mm512_div_pd(_mm512_set1_pd(1.0), norm)));
+    }
+    for (; i < n; ++i) {
+      const double norm = __builtin_sqrt(static_cast<double>(x[i]));
+      x[i] = static_cast<float>(1.0 / (norm > 1e-6 ? norm : 1e-6));
+    }
+  }
+
+  // Whether (x0 + x1) * 0.5 in float may differ from the float64 mean rounded to float:
+  // the float sum overflowed, or the result is (or may round to) a subnormal.
+  static bool HalfSumUnsafe(F sum) {
+    const F a = _mm512_abs_ps(sum);
+    const M bad = _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.4028234e38f), _CMP_GT_OQ) |
+                  (_mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p-125f), _CMP_LT_OQ) &
+                   _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ));
+    return bad != 0;
+  }
+
+  // kW consecutive elements of each type, widened to float.
+  // Copies with non-temporal stores on the 64-byte aligned middle of `out`.
+  static void StreamFloats(const float* in, int64_t count, float* out) {
+    int64_t i = 0;
+    while (i < count && (reinterpret_cast<uintptr_t>(out + i) & 63) != 0) {
+      out[i] = in[i];
+      ++i;
+    }
+    for (; i + 16 <= count; i += 16) _mm512_stream_ps(out + i, _mm512_loadu_ps(in + i));
+    for (; i < count; ++i) out[i] = in[i];
+    _mm_sfence();
+  }
+
+  static F LoadF32(const float* p) { return _mm512_loadu_ps(p); }
+  static F LoadF16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static F LoadBF16(const uint16_t* p) {
+    const __m512i wide =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  static F LoadF64(const double* p) {
+    const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(p));
+    const __m256 hi = _mm512_cvtpd_ps(_mm512_loadu_pd(p + 8));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+  }
+
+  // In-register transpose of 16 rows of 16 floats.
+  static void Transpose(F* r) {
+    F t[16], u[16];
+    for (int k = 0; k < 16; k += 2) {
+      t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
+      t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) {
+      u[k] = _mm512_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      u[k + 1] = _mm512_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      u[k + 2] = _mm512_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      u[k + 3] = _mm512_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int k = 0; k < 16; k += 8) {
+      for (int c = 0; c < 4; ++c) {
+        t[k + c] = _mm512_shuffle_f32x4(u[k + c], u[k + 4 + c], 0x88);
+        t[k + 4 + c] = _mm512_shuffle_f32x4(u[k + c], u[k + 4 + c], 0xdd);
+      }
+    }
+    for (int c = 0; c < 8; ++c) {
+      r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+      r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+    }
+  }
+
+  // Double lanes: kWD consecutive elements widened to double, and arithmetic.
+  static D LoadDF32(const float* p) { return _mm512_cvtps_pd(_mm256_loadu_ps(p)); }
+  static D LoadDF16(const uint16_t* p) {
+    return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static D LoadDBF16(const uint16_t* p) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+  }
+  static D LoadDF64(const double* p) { return _mm512_loadu_pd(p); }
+  static D Set1D(double x) { return _mm512_set1_pd(x); }
+  static D MulD(D a, D b) { return _mm512_mul_pd(a, b); }
+  static D AddD(D a, D b) { return _mm512_add_pd(a, b); }
+  static void StoreD(double* p, D x) { _mm512_storeu_pd(p, x); }
+  static void StoreDAsFloat(float* p, D x) { _mm256_storeu_ps(p, _mm512_cvtpd_ps(x)); }
+
+  // x / t correctly rounded (as the division instruction gives it), by one Newton step on
+  // the reciprocal y = RN(1/t) with FMA, checked exactly; the division instruction runs only
+  // for a vector where the check fails. `t` is a positive integer below 2^53 and x/t is
+  // normal or zero. Why the check is exact: r = x - t*q is computed exactly by the FMA
+  // whenever q is within two ulps of x/t (r is then a multiple of ulp(q) below 2^55 ulp(q)),
+  // and q is the correctly rounded quotient iff |r| < t * (the spacing of doubles toward
+  // zero from |q|) / 2 (no ties: x/t is never halfway between doubles for integer t).
+  // Zero x passes the check (r = 0) and gets its sign back at the end.
+  static D DivideExact(D x, D t, D y, D half_t) {
+    const D q0 = _mm512_mul_pd(x, y);
+    const D r0 = _mm512_fnmadd_pd(q0, t, x);
+    const D q1 = _mm512_fmadd_pd(r0, y, q0);
+    const D r1 = _mm512_fnmadd_pd(q1, t, x);
+    const D abs_q = _mm512_abs_pd(q1);
+    const D below =
+        _mm512_castsi512_pd(_mm512_sub_epi64(_mm512_castpd_si512(abs_q), _mm512_set1_epi64(1)));
+    const D limit = _mm512_mul_pd(_mm512_sub_pd(abs_q, below), half_t);
+    const __mmask8 ok = _mm512_cmp_pd_mask(_mm512_abs_pd(r1), limit, _CMP_LT_OQ) |
+                        _mm512_cmp_pd_mask(r1, _mm512_setzero_pd(), _CMP_EQ_OQ);
+    if (ok != 0xff) return _mm512_div_pd(x, t);
+    // The quotient has the sign of x: the step above turns -0 / t into +0.
+    const D sign = _mm512_set1_pd(-0.0);
+    return _mm512_or_pd(_mm512_andnot_pd(sign, q1), _mm512_and_pd(sign, x));
+  }
+};
+
+}  // namespace
+}  // namespace centroidkv::cpu

@@ -1,0 +1,333 @@
+// Tests of kernels/cpu/cpu_engine.cc (and layer_job.cc, edge_decisions.cc): the CPU engine
+// at every SIMD level this CPU supports returns exactly the reference engine's result, bit
+// for bit: on random jobs of many shapes, on layers full of exact and near ties (where the
+// float32 search cannot decide and the engine must rescore in float64), at the edges of the
+// float range, with many passes (rows kept in float64 and compacted in place), and under
+// concurrency and scratch reuse. The conformance suite (engine_conformance_test.cc) covers
+// the SPEC properties and the golden cases through EngineSet.
+#include "kernels/cpu/cpu_engine.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "centroidkv/kernels/engine_factory.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/layer_job.h"
+#include "kernels/reference/reference_engine.h"
+#include "oneapi/tbb/task_arena.h"
+#include "oneapi/tbb/task_group.h"
+#include "tests/testing/random_layer.h"
+
+namespace centroidkv::cpu {
+namespace {
+
+using test::RandomLayer;
+using test::RandomLayerSpec;
+
+RandomLayerSpec Spec(int32_t heads, int32_t tokens, int32_t key_dim, int32_t value_dim,
+                     uint64_t seed, DType dtype = DType::kFloat32,
+                     TensorLayout layout = TensorLayout::kHeadMajor) {
+  RandomLayerSpec spec;
+  spec.num_heads = heads;
+  spec.num_tokens = tokens;
+  spec.key_dim = key_dim;
+  spec.value_dim = value_dim;
+  spec.seed = seed;
+  spec.dtype = dtype;
+  spec.layout = layout;
+  return spec;
+}
+
+CompressOptions Options(int32_t chunk, int32_t sink, int32_t recent, double ratio,
+                        int32_t passes = CompressOptions::kDefaultMaxPasses) {
+  CompressOptions options;
+  options.chunk_size = chunk;
+  options.sink_tokens = sink;
+  options.recent_tokens = recent;
+  options.target_ratio = ratio;
+  options.max_passes = passes;
+  return options;
+}
+
+void ExpectBitIdentical(const CompressResult& expected, const CompressResult& actual) {
+  EXPECT_EQ(actual.offsets, expected.offsets);
+  EXPECT_EQ(actual.counts, expected.counts);
+  EXPECT_EQ(actual.assignment, expected.assignment);
+  EXPECT_EQ(actual.passes_run, expected.passes_run);
+  ASSERT_EQ(actual.keys.size(), expected.keys.size());
+  ASSERT_EQ(actual.values.size(), expected.values.size());
+  for (size_t i = 0; i < expected.keys.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&actual.keys[i], &expected.keys[i], sizeof(float)), 0)
+        << "key element " << i << ": " << actual.keys[i] << " vs " << expected.keys[i];
+  }
+  for (size_t i = 0; i < expected.values.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&actual.values[i], &expected.values[i], sizeof(float)), 0)
+        << "value element " << i << ": " << actual.values[i] << " vs " << expected.values[i];
+  }
+}
+
+CompressResult CompressOrFail(const ClusterEngine& engine, const LayerView& layer,
+                              const CompressOptions& options) {
+  absl::StatusOr<CompressResult> result = engine.Compress(layer, options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *std::move(result) : CompressResult{};
+}
+
+class CpuEngineTest : public ::testing::TestWithParam<SimdLevel> {
+ protected:
+  CpuEngineTest() : engine_({}, CpuEngineOptions{GetParam()}) {}
+
+  void ExpectSameAsReference(const LayerView& layer, const CompressOptions& options) {
+    const CompressResult expected = CompressOrFail(reference_, layer, options);
+    const CompressResult actual = CompressOrFail(engine_, layer, options);
+    ExpectBitIdentical(expected, actual);
+  }
+
+  ReferenceEngine reference_;
+  CpuEngine engine_;
+};
+
+TEST_P(CpuEngineTest, UsesTheRequestedLevel) {
+  EXPECT_EQ(engine_.simd_level(), GetParam());
+  EXPECT_EQ(engine_.name(), "cpu");
+}
+
+struct Job {
+  std::string name;
+  RandomLayerSpec spec;
+  CompressOptions options;
+};
+
+std::vector<Job> Jobs() {
+  constexpr DType kF16 = DType::kFloat16, kBF16 = DType::kBFloat16;
+  constexpr TensorLayout kTokenMajor = TensorLayout::kTokenMajor;
+  std::vector<Job> jobs = {
+      {"Fp16Dim128Chunk256", Spec(2, 1100, 128, 64, 1, kF16), Options(256, 16, 64, 0.5, 1)},
+      {"Bf16TokenMajorChunk64", Spec(3, 700, 64, 32, 2, kBF16, kTokenMajor),
+       Options(64, 4, 32, 0.25)},
+      {"OddDimsOddChunk", Spec(2, 501, 33, 9, 3), Options(7, 3, 5, 0.3)},
+      {"Dim127Chunk33", Spec(2, 400, 127, 17, 4, kF16), Options(33, 0, 0, 0.2)},
+      {"ChunkTwo", Spec(1, 301, 8, 8, 5), Options(2, 1, 2, 0.1)},
+      {"Chunk4096", Spec(1, 4300, 16, 4, 6, kBF16), Options(4096, 16, 64, 0.5, 2)},
+      {"Dim256", Spec(2, 300, 256, 8, 7), Options(100, 2, 2, 0.4)},
+      {"Dim1", Spec(2, 200, 1, 3, 8), Options(16, 0, 0, 0.25)},
+  };
+  jobs[1].spec.with_counts = true;
+  jobs[2].spec.with_counts = true;
+  jobs[3].spec.prototypes = 4;
+  jobs[3].spec.noise = 0.02;
+  // A floor (exact decisions at the floor, ragged heads), uniform heads with passthrough.
+  Job floor{"FloorRagged", Spec(4, 400, 16, 16, 9), Options(32, 4, 8, 0.2)};
+  floor.spec.prototypes = 6;
+  floor.spec.noise = 0.15;
+  floor.options.min_similarity = 0.95;
+  floor.options.tighten_per_pass = 0.005;
+  floor.options.uniform_heads = false;
+  jobs.push_back(floor);
+  Job passthrough{"FloorPassthroughUniform", Spec(4, 300, 8, 8, 10), Options(32, 4, 8, 0.25)};
+  passthrough.spec.prototypes = 4;
+  passthrough.spec.noise = 0.2;
+  passthrough.options.min_similarity = 0.9;
+  passthrough.options.passthrough_heads = {3};
+  jobs.push_back(passthrough);
+  // Top r below the candidates (the selection step), with many passes.
+  Job select{"TopRAcrossChunks", Spec(2, 900, 24, 12, 11), Options(64, 8, 16, 0.1)};
+  select.options.target_ratio.reset();
+  select.options.target_tokens = 500;
+  jobs.push_back(select);
+  return jobs;
+}
+
+TEST_P(CpuEngineTest, BitIdenticalToReferenceOnRandomJobs) {
+  for (const Job& job : Jobs()) {
+    SCOPED_TRACE(job.name + ": " + job.spec.ToString());
+    const RandomLayer layer = RandomLayer::Generate(job.spec);
+    ExpectSameAsReference(layer.view(), job.options);
+  }
+}
+
+// Many passes: the first merge writes float64 rows, later passes compact them in place.
+TEST_P(CpuEngineTest, BitIdenticalOverManyPasses) {
+  for (int32_t chunk : {3, 16, 64}) {
+    RandomLayerSpec spec = Spec(3, 800, 16, 24, 20 + chunk);
+    spec.with_counts = true;
+    spec.prototypes = 5;
+    spec.noise = 0.1;
+    SCOPED_TRACE("chunk " + std::to_string(chunk) + ": " + spec.ToString());
+    const RandomLayer layer = RandomLayer::Generate(spec);
+    CompressOptions options = Options(chunk, 4, 8, 0.05, 8);
+    options.uniform_heads = chunk != 16;
+    ExpectSameAsReference(layer.view(), options);
+  }
+}
+
+// Exact duplicates and rows one float ulp apart: every argmax, floor and top-r decision is a
+// tie or a near tie, which the float search cannot decide on its own.
+TEST_P(CpuEngineTest, BitIdenticalOnTiesAndNearTies) {
+  RandomLayer layer = RandomLayer::Generate(Spec(2, 600, 32, 8, 30));
+  for (int32_t h = 0; h < 2; ++h) {
+    for (int32_t t = 0; t < 600; ++t) {
+      const int32_t prototype = (t * 7) % 5;
+      for (int32_t j = 0; j < 32; ++j) {
+        float x = static_cast<float>(((prototype + 1) * (j + 3)) % 11) - 5.0f;
+        if (t % 3 == 1) x = std::nextafter(x, 100.0f);  // one ulp away
+        if (t % 7 == 2) x *= 2.0f;                      // parallel: exactly cosine 1
+        layer.SetKey(h, t, j, x);
+      }
+    }
+  }
+  for (double ratio : {0.5, 0.3, 0.1}) {
+    for (int32_t chunk : {8, 31, 256}) {
+      SCOPED_TRACE("ratio " + std::to_string(ratio) + ", chunk " + std::to_string(chunk));
+      CompressOptions options = Options(chunk, 2, 4, ratio);
+      ExpectSameAsReference(layer.view(), options);
+      options.min_similarity = 1.0;  // only exact duplicates (or parallels) qualify
+      ExpectSameAsReference(layer.view(), options);
+    }
+  }
+}
+
+// All-zero keys: every score is 0, so every source of a chunk of 4096 goes to its first
+// destination (2048 merge terms for one row).
+TEST_P(CpuEngineTest, BitIdenticalWhenEverySourceTies) {
+  RandomLayer layer = RandomLayer::Generate(Spec(1, 4200, 4, 3, 31));
+  for (int32_t t = 0; t < 4200; ++t) {
+    for (int32_t j = 0; j < 4; ++j) layer.SetKey(0, t, j, 0.0f);
+  }
+  ExpectSameAsReference(layer.view(), Options(4096, 0, 0, 0.5, 1));
+  ExpectSameAsReference(layer.view(), Options(4096, 0, 0, 0.3, 2));
+}
+
+// Keys whose float sum of squares overflows or whose norm clamps at 1e-6, and values whose
+// means are subnormal or whose float sums overflow.
+TEST_P(CpuEngineTest, BitIdenticalAtTheEdgesOfFloat) {
+  RandomLayer layer = RandomLayer::Generate(Spec(2, 300, 20, 20, 32));
+  for (int32_t t = 0; t < 300; ++t) {
+    const float key_scale = t % 5 == 0 ? 1e30f : t % 5 == 1 ? 1e-30f : 1.0f;
+    const float value_scale = t % 4 == 0 ? 3e38f : t % 4 == 1 ? 3e-38f : 1.0f;
+    for (int32_t h = 0; h < 2; ++h) {
+      for (int32_t j = 0; j < 20; ++j) {
+        const float base = static_cast<float>((t * 13 + j * 7 + h) % 17) / 17.0f;
+        layer.SetKey(h, t, j, key_scale * (base - 0.4f));
+        layer.SetValue(h, t, j, value_scale * (j % 2 == 0 ? base : 0.9f + base / 10));
+      }
+    }
+  }
+  ExpectSameAsReference(layer.view(), Options(16, 2, 2, 0.5, 1));
+  ExpectSameAsReference(layer.view(), Options(16, 2, 2, 0.2, 4));
+}
+
+// Two sources of one destination whose scores are equal in float but not in double: the
+// reference sums the higher-scored source first, and here the order changes the sum
+// (1 - 2^53 + 2^53 = 1, but 1 + 2^53 - 2^53 = 0 in double).
+TEST_P(CpuEngineTest, SumsSourcesInTheReferenceOrder) {
+  RandomLayer layer = RandomLayer::Generate(Spec(1, 3, 2, 1, 35));
+  const float key_x[3] = {1.0f, 1.0f, 1.0f}, key_y[3] = {1e-4f, 0.0f, 0.99e-4f};
+  const float values[3] = {0x1p53f, 1.0f, -0x1p53f};
+  for (int32_t t = 0; t < 3; ++t) {
+    layer.SetKey(0, t, 0, key_x[t]);
+    layer.SetKey(0, t, 1, key_y[t]);
+    layer.SetValue(0, t, 0, values[t]);
+  }
+  CompressOptions options = Options(3, 0, 0, 0.3, 1);
+  const CompressResult expected = CompressOrFail(reference_, layer.view(), options);
+  ASSERT_EQ(expected.values.size(), 1u);
+  EXPECT_EQ(expected.values[0], static_cast<float>(1.0 / 3.0));
+  ExpectSameAsReference(layer.view(), options);
+}
+
+TEST_P(CpuEngineTest, NothingToMergeReturnsTheInput) {
+  const RandomLayer layer =
+      RandomLayer::Generate(Spec(2, 64, 8, 8, 33, DType::kBFloat16, TensorLayout::kTokenMajor));
+  ExpectSameAsReference(layer.view(), Options(8, 32, 32, 0.5));
+  ExpectSameAsReference(layer.view(), Options(8, 0, 0, 1.0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, CpuEngineTest, ::testing::ValuesIn(SupportedSimdLevels()),
+                         [](const ::testing::TestParamInfo<SimdLevel>& info) {
+                           const std::string_view name = SimdLevelName(info.param);
+                           return std::string(1, static_cast<char>(name[0] - 'a' + 'A')) +
+                                  std::string(name.substr(1));
+                         });
+
+TEST(CpuEngineSetupTest, IsTheDefaultCpuBackend) {
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  for (BackendKind kind : {BackendKind::kCpu, BackendKind::kAuto}) {
+    absl::StatusOr<const ClusterEngine*> engine = engines->Select(kind);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    if (kind == BackendKind::kAuto && (*engine)->name().rfind("cuda", 0) == 0) continue;
+    EXPECT_EQ((*engine)->name(), "cpu") << BackendKindName(kind);
+  }
+  absl::StatusOr<const ClusterEngine*> reference = engines->Select(BackendKind::kReference);
+  ASSERT_TRUE(reference.ok());
+  EXPECT_EQ((*reference)->name(), "reference");
+}
+
+TEST(CpuEngineSetupTest, DefaultsToTheBestLevel) {
+  EXPECT_EQ(CpuEngine().simd_level(), DetectSimdLevel());
+}
+
+// One engine, jobs of very different shapes in a row (its per-thread buffers grow and are
+// reused): each result equals a fresh engine's.
+TEST(CpuEngineSetupTest, ScratchIsReusedAcrossShapes) {
+  const CpuEngine shared;
+  const std::vector<Job> jobs = Jobs();
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Job& job = jobs[(i * 5 + round) % jobs.size()];
+      SCOPED_TRACE(job.name);
+      const RandomLayer layer = RandomLayer::Generate(job.spec);
+      ExpectBitIdentical(CompressOrFail(CpuEngine(), layer.view(), job.options),
+                         CompressOrFail(shared, layer.view(), job.options));
+    }
+  }
+}
+
+// Jobs running concurrently as tasks of one arena (as the server runs them).
+TEST(CpuEngineSetupTest, ConcurrentJobsInOneArenaAgree) {
+  const CpuEngine engine;
+  const std::vector<Job> jobs = Jobs();
+  std::vector<RandomLayer> layers;
+  std::vector<CompressResult> serial;
+  for (const Job& job : jobs) {
+    layers.push_back(RandomLayer::Generate(job.spec));
+    serial.push_back(CompressOrFail(engine, layers.back().view(), job.options));
+  }
+  std::vector<absl::StatusOr<CompressResult>> concurrent(2 * jobs.size());
+  tbb::task_arena arena(2);
+  arena.execute([&] {
+    tbb::task_group group;
+    for (size_t i = 0; i < concurrent.size(); ++i) {
+      group.run([&, i] {
+        const size_t j = i % jobs.size();
+        concurrent[i] = engine.Compress(layers[j].view(), jobs[j].options);
+      });
+    }
+    group.wait();
+  });
+  for (size_t i = 0; i < concurrent.size(); ++i) {
+    SCOPED_TRACE(jobs[i % jobs.size()].name);
+    ASSERT_TRUE(concurrent[i].ok()) << concurrent[i].status();
+    ExpectBitIdentical(serial[i % jobs.size()], *concurrent[i]);
+  }
+}
+
+TEST(CpuEngineSetupTest, CancelledJobStops) {
+  const RandomLayer layer = RandomLayer::Generate(Spec(2, 500, 16, 16, 40));
+  const CompressOptions options = Options(32, 4, 8, 0.25);
+  absl::StatusOr<LayerPlan> plan = PlanLayer(layer.view(), options, EngineLimits{});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::atomic<bool> cancelled{true};
+  CompressControl control;
+  control.cancelled = &cancelled;
+  ScratchPool scratch;
+  CompressResult out;
+  LayerJob job(KernelsFor(DetectSimdLevel()), &scratch, *plan, layer.view(), control, &out);
+  EXPECT_EQ(job.Run().code(), absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace centroidkv::cpu

@@ -1,0 +1,444 @@
+// Tests of kernels/cpu/soft_match.cc and the kernel tables behind it (kernels_scalar.cc,
+// simd/kernels_avx2.cc, simd/kernels_avx512.cc): every kernel of every SIMD level this CPU
+// supports (the scalar fallback included) against plain scalar loops, on random shapes
+// (head dims 1 to 256 with odd ones, chunks of 2 to 4096 rows), all three wire dtypes and
+// float64 rows. Similarity scores must lie within MatchErrorBound of the exact (reference)
+// cosine and agree exactly with the kernel's own rescoring; widening, packing, conversion and
+// merging must be bit-exact.
+#include "kernels/cpu/soft_match.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "centroidkv/common/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/exact_cosine.h"
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/simd_dispatch.h"
+
+namespace centroidkv::cpu {
+namespace {
+
+constexpr uint64_t kSeed = 20250611;
+
+std::string ElemTypeName(ElemType type) {
+  switch (type) {
+    case ElemType::kF32:
+      return "f32";
+    case ElemType::kF16:
+      return "f16";
+    case ElemType::kBF16:
+      return "bf16";
+    case ElemType::kF64:
+      return "f64";
+  }
+  return "?";
+}
+
+// `rows` rows of `dim` elements stored as `type`, `stride` elements apart.
+class Rows {
+ public:
+  Rows(ElemType type, int32_t rows, int32_t dim, int32_t padding = 0)
+      : type_(type), rows_(rows), dim_(dim), stride_(dim + padding) {
+    bytes_.assign(static_cast<size_t>(rows) * stride_ * ElemBytes(), 0);
+    block_ = RowBlock{bytes_.data(), type_, stride_};
+  }
+
+  int64_t ElemBytes() const {
+    return type_ == ElemType::kF64 ? 8 : type_ == ElemType::kF32 ? 4 : 2;
+  }
+
+  // Stores `x` rounded to the element type.
+  void Set(int32_t r, int32_t j, double x) {
+    const int64_t index = static_cast<int64_t>(r) * stride_ + j;
+    switch (type_) {
+      case ElemType::kF32:
+        reinterpret_cast<float*>(bytes_.data())[index] = static_cast<float>(x);
+        return;
+      case ElemType::kF16:
+        reinterpret_cast<uint16_t*>(bytes_.data())[index] = FloatToHalf(static_cast<float>(x));
+        return;
+      case ElemType::kBF16:
+        reinterpret_cast<uint16_t*>(bytes_.data())[index] = FloatToBFloat16(static_cast<float>(x));
+        return;
+      case ElemType::kF64:
+        reinterpret_cast<double*>(bytes_.data())[index] = x;
+        return;
+    }
+  }
+
+  // The stored element, widened exactly.
+  double At(int32_t r, int32_t j) const {
+    const int64_t index = static_cast<int64_t>(r) * stride_ + j;
+    switch (type_) {
+      case ElemType::kF32:
+        return reinterpret_cast<const float*>(bytes_.data())[index];
+      case ElemType::kF16:
+        return HalfToFloat(reinterpret_cast<const uint16_t*>(bytes_.data())[index]);
+      case ElemType::kBF16:
+        return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(bytes_.data())[index]);
+      case ElemType::kF64:
+        return reinterpret_cast<const double*>(bytes_.data())[index];
+    }
+    return 0.0;
+  }
+
+  const RowBlock& Block() const { return block_; }
+  int32_t rows() const { return rows_; }
+  int32_t dim() const { return dim_; }
+  ElemType type() const { return type_; }
+
+ private:
+  ElemType type_;
+  int32_t rows_, dim_;
+  int64_t stride_;
+  std::vector<uint8_t> bytes_;
+  RowBlock block_;
+};
+
+// How rows are drawn: independent normals, a few prototypes plus small noise (near ties),
+// or exact duplicates of a few rows (exact ties), at a scale.
+enum class Shape { kIndependent, kNearDuplicates, kDuplicates };
+
+Rows RandomRows(ElemType type, int32_t count, int32_t dim, Shape shape, double scale,
+                std::mt19937_64& rng, int32_t padding = 0) {
+  std::normal_distribution<double> normal;
+  Rows rows(type, count, dim, padding);
+  std::vector<std::vector<double>> prototypes(3, std::vector<double>(dim));
+  for (auto& p : prototypes) {
+    for (double& x : p) x = normal(rng);
+  }
+  for (int32_t r = 0; r < count; ++r) {
+    const auto& p = prototypes[rng() % prototypes.size()];
+    for (int32_t j = 0; j < dim; ++j) {
+      double x = normal(rng);
+      if (shape == Shape::kNearDuplicates) x = p[j] + 1e-4 * x;
+      if (shape == Shape::kDuplicates) x = p[j];
+      rows.Set(r, j, scale * x);
+    }
+  }
+  return rows;
+}
+
+// The reference engine's cosine, written out again here.
+double ReferenceCosine(const Rows& rows, int32_t a, int32_t b) {
+  double dot = 0.0, norm_a = 0.0, norm_b = 0.0;
+  for (int32_t j = 0; j < rows.dim(); ++j) {
+    const double x = rows.At(a, j), y = rows.At(b, j);
+    dot += x * y;
+    norm_a += x * x;
+    norm_b += y * y;
+  }
+  return dot / (std::max(std::sqrt(norm_a), 1e-6) * std::max(std::sqrt(norm_b), 1e-6));
+}
+
+class SoftMatchTest : public ::testing::TestWithParam<SimdLevel> {
+ protected:
+  const KernelTable& kernels() const { return KernelsFor(GetParam()); }
+};
+
+struct MatchCase {
+  ElemType type;
+  int32_t dim;
+  int32_t chunk;
+  Shape shape;
+  double scale = 1.0;
+};
+
+// Matches one chunk and checks every source against the exact cosines. Raises *worst to the
+// largest |float score - exact score| seen, as a fraction of the bound.
+void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64& rng,
+                double* worst) {
+  const Rows rows = RandomRows(c.type, c.chunk, c.dim, c.shape, c.scale, rng, c.dim % 3);
+  ChunkMatcher matcher;
+  std::vector<RowMatch> matches(static_cast<size_t>(c.chunk + 1) / 2);
+  matcher.Match(kernels, rows.Block(), 0, c.chunk, c.dim, matches.data());
+  const double bound = MatchErrorBound(c.dim);
+  const int32_t destinations = c.chunk / 2;
+  EXPECT_EQ(matcher.sources(), (c.chunk + 1) / 2);
+  EXPECT_EQ(matcher.destinations(), destinations);
+  int reported = 0;
+  for (int32_t i = 0; i < matcher.sources(); ++i) {
+    std::vector<double> exact(static_cast<size_t>(destinations));
+    for (int32_t k = 0; k < destinations; ++k) {
+      exact[k] = ReferenceCosine(rows, 2 * i, 2 * k + 1);
+      ASSERT_EQ(exact[k], ExactCosine(rows.Block(), 2 * i, 2 * k + 1, c.dim))
+          << "ExactCosine must be the reference's cosine bit for bit";
+    }
+    const std::span<const float> scores = matcher.Rescore(i);
+    ASSERT_EQ(scores.size(), static_cast<size_t>(destinations));
+    for (int32_t k = 0; k < destinations; ++k) {
+      const double error = std::fabs(scores[k] - exact[k]);
+      *worst = std::max(*worst, error / bound);
+      if (error > bound && ++reported <= 5) {
+        ADD_FAILURE() << "source " << i << ", destination " << k << ": float " << scores[k]
+                      << ", exact " << exact[k] << ", error " << error << " > bound " << bound;
+      }
+    }
+    // The match and the rescore are the same arithmetic: the same top two, and the best is
+    // a destination with the top score (scaling by the inverse norm may round two unequal
+    // dot products to one score, so not necessarily the lowest such destination).
+    const RowMatch& match = matches[i];
+    const float top = *std::max_element(scores.begin(), scores.end());
+    ASSERT_GE(match.best, 0);
+    ASSERT_LT(match.best, destinations);
+    EXPECT_EQ(scores[match.best], top) << "source " << i;
+    EXPECT_EQ(match.first, top) << "source " << i;
+    float second = -std::numeric_limits<float>::infinity();
+    for (int32_t k = 0; k < destinations; ++k) {
+      if (k != match.best) second = std::max(second, scores[k]);
+    }
+    EXPECT_EQ(match.second, second) << "source " << i;
+    // And the float best is the exact best unless the two are within twice the bound.
+    const double exact_top = *std::max_element(exact.begin(), exact.end());
+    EXPECT_GE(exact[match.best], exact_top - 2 * bound) << "source " << i;
+  }
+}
+
+TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
+  std::mt19937_64 rng(kSeed);
+  const std::vector<MatchCase> cases = {
+      {ElemType::kF16, 128, 256, Shape::kIndependent},
+      {ElemType::kF16, 128, 64, Shape::kNearDuplicates},
+      {ElemType::kBF16, 64, 100, Shape::kIndependent},
+      {ElemType::kF32, 9, 33, Shape::kIndependent},
+      {ElemType::kF32, 33, 47, Shape::kNearDuplicates},
+      {ElemType::kF32, 127, 130, Shape::kDuplicates},
+      {ElemType::kF64, 16, 77, Shape::kNearDuplicates},
+      {ElemType::kF64, 256, 65, Shape::kIndependent},
+      {ElemType::kF16, 8, 4096, Shape::kIndependent},
+      {ElemType::kBF16, 1, 9, Shape::kIndependent},
+      {ElemType::kF32, 2, 2, Shape::kIndependent},
+      {ElemType::kF32, 3, 3, Shape::kDuplicates},
+      {ElemType::kF32, 17, 20, Shape::kIndependent, 1e-9},  // norms clamp at 1e-6
+      {ElemType::kF32, 40, 18, Shape::kIndependent, 1e20},  // float sums of squares overflow
+      {ElemType::kBF16, 24, 12, Shape::kNearDuplicates, 1e30},
+  };
+  double worst = 0.0;
+  for (const MatchCase& c : cases) {
+    SCOPED_TRACE(ElemTypeName(c.type) + " dim " + std::to_string(c.dim) + " chunk " +
+                 std::to_string(c.chunk) + " seed " + std::to_string(kSeed));
+    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels(), c, rng, &worst));
+  }
+  // Random shapes.
+  for (int n = 0; n < 12; ++n) {
+    MatchCase c{static_cast<ElemType>(rng() % 4), static_cast<int32_t>(1 + rng() % 256),
+                static_cast<int32_t>(2 + rng() % 300), static_cast<Shape>(rng() % 3)};
+    SCOPED_TRACE("drawn: " + ElemTypeName(c.type) + " dim " + std::to_string(c.dim) + " chunk " +
+                 std::to_string(c.chunk) + " seed " + std::to_string(kSeed));
+    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels(), c, rng, &worst));
+  }
+  RecordProperty("worst_error_over_bound", std::to_string(worst));
+  EXPECT_LE(worst, 1.0);
+}
+
+// Long rows at the largest head dim: the bound still holds where it is tightest relative to
+// the arithmetic (near-parallel rows, so scores near 1).
+TEST_P(SoftMatchTest, BoundHoldsForLongNearParallelRows) {
+  std::mt19937_64 rng(kSeed + 1);
+  for (int32_t dim : {1024, 4096}) {
+    SCOPED_TRACE("dim " + std::to_string(dim));
+    double worst = 0.0;
+    ASSERT_NO_FATAL_FAILURE(
+        CheckChunk(kernels(), {ElemType::kF32, dim, 6, Shape::kNearDuplicates}, rng, &worst));
+    EXPECT_LE(worst, 1.0);
+  }
+}
+
+TEST_P(SoftMatchTest, WidenRowsIsExactAndGivesInverseNorms) {
+  std::mt19937_64 rng(kSeed + 2);
+  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64}) {
+    for (int32_t dim : {1, 7, 16, 33, 128, 255}) {
+      SCOPED_TRACE(ElemTypeName(type) + " dim " + std::to_string(dim));
+      const Rows rows = RandomRows(type, 5, dim, Shape::kIndependent, 1.0, rng, 3);
+      std::vector<float> out(static_cast<size_t>(4) * dim), inverse(4);
+      EXPECT_TRUE(kernels().widen_rows(&rows.Block(), 1, 4, dim, out.data(), inverse.data()));
+      for (int32_t i = 0; i < 4; ++i) {
+        double sum = 0.0;
+        for (int32_t j = 0; j < dim; ++j) {
+          const double x = rows.At(1 + i, j);
+          ASSERT_EQ(out[i * dim + j], static_cast<float>(x)) << "row " << i << " dim " << j;
+          sum += x * x;
+        }
+        EXPECT_NEAR(inverse[i] * std::max(std::sqrt(sum), 1e-6), 1.0, 1e-5) << "row " << i;
+      }
+    }
+  }
+  // A row whose float sum of squares overflows comes back normalised, inverse norm 1.
+  Rows huge(ElemType::kF32, 2, 20);
+  for (int32_t j = 0; j < 20; ++j) {
+    huge.Set(0, j, 1e30 * (j + 1));
+    huge.Set(1, j, j);
+  }
+  std::vector<float> out(40), inverse(2);
+  EXPECT_FALSE(kernels().widen_rows(&huge.Block(), 0, 2, 20, out.data(), inverse.data()));
+  EXPECT_EQ(inverse[0], 1.0f);
+  double norm = 0.0;
+  for (int32_t j = 0; j < 20; ++j) norm += static_cast<double>(out[j]) * out[j];
+  EXPECT_NEAR(norm, 1.0, 1e-6);
+  EXPECT_EQ(out[20 + 5], 5.0f);  // the other row keeps its values
+}
+
+TEST_P(SoftMatchTest, PackPanelsTransposesAndScales) {
+  const int32_t width = kernels().panel_width;
+  std::mt19937_64 rng(kSeed + 3);
+  std::normal_distribution<float> normal;
+  for (int32_t count : {1, width - 1, width, 2 * width + 3}) {
+    for (int32_t dim : {1, 5, width, 2 * width + 1, 128}) {
+      SCOPED_TRACE("count " + std::to_string(count) + " dim " + std::to_string(dim));
+      const int64_t stride = 2 * dim + 1;
+      std::vector<float> rows(static_cast<size_t>(count) * stride), norms(2 * count);
+      for (float& x : rows) x = normal(rng);
+      for (float& x : norms) x = std::fabs(normal(rng)) + 0.1f;
+      const int32_t panels = (count + width - 1) / width;
+      std::vector<float> packed(static_cast<size_t>(panels) * dim * width, -1.0f);
+      kernels().pack_panels(rows.data(), stride, norms.data(), 2, count, dim, packed.data());
+      for (int32_t p = 0; p < panels; ++p) {
+        for (int32_t j = 0; j < dim; ++j) {
+          for (int32_t l = 0; l < width; ++l) {
+            const int32_t row = p * width + l;
+            const float expected = row < count ? rows[row * stride + j] * norms[2 * row] : 0.0f;
+            ASSERT_EQ(packed[(static_cast<int64_t>(p) * dim + j) * width + l], expected)
+                << "panel " << p << " j " << j << " lane " << l;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The reference engine's merge: sum = c_0 x_0, sum += c_k x_k, then sum / total, in double.
+template <typename Out>
+std::vector<Out> ReferenceMerge(const Rows& rows, const std::vector<MergeTerm>& terms,
+                                double total) {
+  std::vector<Out> out(static_cast<size_t>(rows.dim()));
+  for (int32_t j = 0; j < rows.dim(); ++j) {
+    double sum = terms[0].count * rows.At(static_cast<int32_t>(terms[0].row), j);
+    for (size_t k = 1; k < terms.size(); ++k) {
+      sum += terms[k].count * rows.At(static_cast<int32_t>(terms[k].row), j);
+    }
+    out[j] = static_cast<Out>(sum / total);
+  }
+  return out;
+}
+
+template <typename Out>
+void ExpectMergeExact(const KernelTable& kernels, const Rows& rows,
+                      const std::vector<MergeTerm>& terms) {
+  double total = 0.0;
+  for (const MergeTerm& term : terms) total += term.count;
+  const std::vector<Out> expected = ReferenceMerge<Out>(rows, terms, total);
+  std::vector<Out> actual(expected.size());
+  if constexpr (sizeof(Out) == sizeof(float)) {
+    kernels.merge_row_f32(&rows.Block(), terms.data(), static_cast<int32_t>(terms.size()), total,
+                          rows.dim(), actual.data());
+  } else {
+    kernels.merge_row_f64(&rows.Block(), terms.data(), static_cast<int32_t>(terms.size()), total,
+                          rows.dim(), actual.data());
+  }
+  for (int32_t j = 0; j < rows.dim(); ++j) {
+    ASSERT_EQ(std::memcmp(&actual[j], &expected[j], sizeof(Out)), 0)
+        << "element " << j << ": " << actual[j] << " vs " << expected[j] << " (" << terms.size()
+        << " terms, total " << total << ")";
+  }
+}
+
+TEST_P(SoftMatchTest, MergeRowIsBitExact) {
+  std::mt19937_64 rng(kSeed + 4);
+  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64}) {
+    for (int32_t dim : {1, 3, 8, 16, 31, 128, 130}) {
+      SCOPED_TRACE(ElemTypeName(type) + " dim " + std::to_string(dim));
+      const Rows rows = RandomRows(type, 80, dim, Shape::kIndependent, 3.0, rng, 1);
+      for (int32_t num_terms : {2, 2, 3, 4, 5, 7, 8, 17, 70}) {
+        for (bool unit_counts : {true, false}) {
+          std::vector<MergeTerm> terms;
+          for (int32_t k = 0; k < num_terms; ++k) {
+            terms.push_back({static_cast<int64_t>(rng() % 80),
+                             unit_counts ? 1.0 : static_cast<double>(1 + rng() % 9)});
+          }
+          ExpectMergeExact<float>(kernels(), rows, terms);
+          ExpectMergeExact<double>(kernels(), rows, terms);
+        }
+      }
+    }
+  }
+}
+
+// Values at the edges of float: pairs whose float sum overflows, means that are subnormal
+// (or round to zero), zeros, signed zeros.
+TEST_P(SoftMatchTest, MergeRowIsBitExactAtTheEdgesOfFloat) {
+  const std::vector<double> specials = {3.4e38,  3.3e38,         -3.4e38, 1e-38, 1.2e-38, 3e-39,
+                                        1.4e-45, -1.4e-45,       0.0,     -0.0,  1.0,     1.0000001,
+                                        2.8e-45, 1.17549435e-38, 6e-39,   1e-30};
+  for (ElemType type : {ElemType::kF32, ElemType::kBF16, ElemType::kF16}) {
+    const auto n = static_cast<int32_t>(specials.size());
+    Rows rows(type, n, 37);
+    for (int32_t r = 0; r < n; ++r) {
+      for (int32_t j = 0; j < 37; ++j) rows.Set(r, j, specials[(r + j) % n] * (j % 2 ? 1 : -1));
+    }
+    SCOPED_TRACE(ElemTypeName(type));
+    for (int32_t a = 0; a < n; ++a) {
+      for (int32_t b = 0; b < n; ++b) {
+        ExpectMergeExact<float>(kernels(), rows, {{a, 1.0}, {b, 1.0}});
+        ExpectMergeExact<float>(kernels(), rows, {{a, 1.0}, {b, 1.0}, {(a + b) % n, 1.0}});
+      }
+    }
+  }
+}
+
+TEST_P(SoftMatchTest, ConvertAndStreamCopyExactly) {
+  std::mt19937_64 rng(kSeed + 5);
+  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64}) {
+    for (int32_t dim : {1, 15, 16, 17, 128}) {
+      const Rows rows = RandomRows(type, 4, dim, Shape::kIndependent, 1.0, rng, 2);
+      std::vector<float> as_float(static_cast<size_t>(dim)), block(static_cast<size_t>(3) * dim);
+      std::vector<double> as_double(static_cast<size_t>(dim));
+      kernels().convert_row_f32(&rows.Block(), 2, dim, as_float.data());
+      kernels().convert_row_f64(&rows.Block(), 2, dim, as_double.data());
+      kernels().convert_rows_f32(&rows.Block(), 1, 3, dim, block.data());
+      for (int32_t j = 0; j < dim; ++j) {
+        EXPECT_EQ(as_float[j], static_cast<float>(rows.At(2, j)));
+        EXPECT_EQ(as_double[j], rows.At(2, j));
+        for (int32_t i = 0; i < 3; ++i)
+          EXPECT_EQ(block[i * dim + j], static_cast<float>(rows.At(1 + i, j)));
+      }
+    }
+  }
+  std::vector<float> in(1000), out(1100, 0.0f);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) * 0.5f;
+  for (int64_t shift : {0, 1, 3, 16, 17}) {
+    for (int64_t count : {0, 1, 15, 16, 33, 999}) {
+      std::fill(out.begin(), out.end(), -1.0f);
+      kernels().stream_floats(in.data(), count, out.data() + shift);
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[shift + i], in[i]) << shift << " " << i;
+      EXPECT_EQ(out[shift + count], -1.0f) << "wrote past the end";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, SoftMatchTest, ::testing::ValuesIn(SupportedSimdLevels()),
+                         [](const ::testing::TestParamInfo<SimdLevel>& info) {
+                           const std::string_view name = SimdLevelName(info.param);
+                           return std::string(1, static_cast<char>(name[0] - 'a' + 'A')) +
+                                  std::string(name.substr(1));
+                         });
+
+TEST(SimdDispatchTest, DetectsALevelThatRunsHere) {
+  const SimdLevel level = DetectSimdLevel();
+  EXPECT_TRUE(SimdLevelSupported(level));
+  EXPECT_TRUE(SimdLevelSupported(SimdLevel::kScalar));
+  EXPECT_EQ(KernelsFor(level).name, SimdLevelName(level));
+  const std::vector<SimdLevel> levels = SupportedSimdLevels();
+  EXPECT_EQ(levels.front(), SimdLevel::kScalar);
+  EXPECT_EQ(levels.back(), level);
+}
+
+}  // namespace
+}  // namespace centroidkv::cpu

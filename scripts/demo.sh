@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
-bash scripts/build.sh centroidkv_server centroidkv_cli
+bash scripts/build.sh centroidkv_server centroidkv_cli centroidkv_quality
 bin=${CKV_BUILD_DIR:-build}/bin
 
 work=$(mktemp -d /tmp/centroidkv-demo.XXXXXX)
@@ -41,6 +41,18 @@ if [ -f "$golden/keys.npy" ]; then
   fi
 else
   echo "(../shared/golden not found: skipping the real-KV example)"
+fi
+
+model=../shared/models/stories260K.bin
+if [ -f "$model" ]; then
+  echo
+  echo "== a real inference worker: stories260K prefills 384 tokens, compresses every layer's KV"
+  echo "   through the server, then teacher-forces 96 more tokens (SPEC section 4, 4 texts)"
+  "$bin/centroidkv-quality" --server "$socket" --model "$model" \
+    --tokenizer ../shared/models/tok512.bin --texts 4 --calibration-texts 0 \
+    --report-md "" --report-json "" 2>&1 | grep -E "budget|^\[" | grep -v '^\[{' || true
+else
+  echo "(../shared/models not found: skipping the real-model worker)"
 fi
 
 echo

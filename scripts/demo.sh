@@ -47,9 +47,11 @@ model=../shared/models/stories260K.bin
 if [ -f "$model" ]; then
   echo
   echo "== a real inference worker: stories260K prefills 384 tokens, compresses every layer's KV"
-  echo "   through the server, then teacher-forces 96 more tokens (SPEC section 4, 4 texts)"
+  echo "   through the server, then teacher-forces 96 more tokens (SPEC section 4, 4 texts;"
+  echo "   outlier heads 2:3;4:0,2 as calibrated on separate texts, see docs/quality.md)"
   "$bin/centroidkv-quality" --server "$socket" --model "$model" \
     --tokenizer ../shared/models/tok512.bin --texts 4 --calibration-texts 0 \
+    --passthrough-heads "2:3;4:0,2" \
     --report-md "" --report-json "" 2>&1 | grep -E "budget|^\[" | grep -v '^\[{' || true
 else
   echo "(../shared/models not found: skipping the real-model worker)"

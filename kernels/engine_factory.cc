@@ -2,6 +2,7 @@
 #include "centroidkv/kernels/engine_factory.h"
 
 #include "kernels/cpu/cpu_engine.h"
+#include "kernels/identity/identity_engine.h"
 #include "kernels/reference/reference_engine.h"
 
 namespace centroidkv {
@@ -16,6 +17,8 @@ std::string_view BackendKindName(BackendKind kind) {
       return "gpu";
     case BackendKind::kReference:
       return "reference";
+    case BackendKind::kIdentity:
+      return "identity";
   }
   return "unknown";
 }
@@ -23,6 +26,8 @@ std::string_view BackendKindName(BackendKind kind) {
 std::unique_ptr<EngineSet> EngineSet::CreateAvailable(const EngineLimits& limits) {
   std::unique_ptr<EngineSet> set(new EngineSet(limits));
   set->reference_ = std::make_unique<ReferenceEngine>(limits);
+  // Measurement only (the transport floor); never what auto or cpu select.
+  set->identity_ = std::make_unique<IdentityEngine>(limits);
   // The fast CPU backend (its kernels for the best SIMD level this CPU has).
   set->cpu_ = std::make_unique<cpu::CpuEngine>(limits);
   set->best_cpu_ = set->cpu_.get();
@@ -37,6 +42,8 @@ absl::StatusOr<const ClusterEngine*> EngineSet::Select(BackendKind kind) const {
       return best_cpu_;
     case BackendKind::kReference:
       return reference_.get();
+    case BackendKind::kIdentity:
+      return identity_.get();
     case BackendKind::kGpu:
       if (gpu_ == nullptr) {
         return absl::FailedPreconditionError(
@@ -55,6 +62,7 @@ std::vector<std::string> EngineSet::EngineNames() const {
     names.emplace_back(best_cpu_->name());
   }
   if (gpu_ != nullptr) names.emplace_back(gpu_->name());
+  names.emplace_back(identity_->name());
   return names;
 }
 

@@ -72,6 +72,8 @@ absl::StatusOr<BackendKind> BackendFromProto(v1::Backend backend) {
       return BackendKind::kGpu;
     case v1::BACKEND_REFERENCE:
       return BackendKind::kReference;
+    case v1::BACKEND_IDENTITY:
+      return BackendKind::kIdentity;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("start_job.backend is ", static_cast<int>(backend),
@@ -89,6 +91,8 @@ v1::Backend BackendToProto(BackendKind kind) {
       return v1::BACKEND_GPU;
     case BackendKind::kReference:
       return v1::BACKEND_REFERENCE;
+    case BackendKind::kIdentity:
+      return v1::BACKEND_IDENTITY;
   }
   return v1::BACKEND_UNSPECIFIED;
 }

@@ -17,6 +17,7 @@ enum class BackendKind : uint8_t {
   kCpu,        // the best CPU backend
   kGpu,        // a CUDA device; FAILED_PRECONDITION when there is none
   kReference,  // the scalar float64 oracle (slow; for checking)
+  kIdentity,   // returns its input unchanged; for measuring the transport floor only
 };
 
 std::string_view BackendKindName(BackendKind kind);
@@ -29,7 +30,7 @@ class EngineSet {
   // The engine that serves `kind`, or FailedPrecondition when this server has none.
   absl::StatusOr<const ClusterEngine*> Select(BackendKind kind) const;
 
-  // Names of the engines held, e.g. {"reference", "cpu"}.
+  // Names of the engines held, e.g. {"reference", "cpu", "identity"}.
   std::vector<std::string> EngineNames() const;
   const EngineLimits& limits() const { return limits_; }
 
@@ -38,6 +39,7 @@ class EngineSet {
 
   EngineLimits limits_;
   std::unique_ptr<ClusterEngine> reference_;
+  std::unique_ptr<ClusterEngine> identity_;  // measurement only, never auto/cpu
   std::unique_ptr<ClusterEngine> cpu_;     // the fast CPU backend ("cpu")
   const ClusterEngine* best_cpu_ = nullptr;  // what kCpu and (without a GPU) kAuto select
   const ClusterEngine* gpu_ = nullptr;  // null until a CUDA backend exists on this machine

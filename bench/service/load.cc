@@ -1,0 +1,680 @@
+#include "bench/service/load.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "bench/workload.h"
+#include "centroidkv/client/client.h"
+#include "centroidkv/common/dtype.h"
+
+namespace centroidkv::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string CodeName(const absl::Status& status) {
+  return absl::StatusCodeToString(status.code());
+}
+
+// Hands out job tickets: a fixed total or a duration, paced to a rate when one is set.
+class Tickets {
+ public:
+  Tickets(const LoadConfig& config, Clock::time_point start)
+      : config_(config), start_(start),
+        end_(start + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(config.duration_s))) {}
+
+  static constexpr int64_t kOver = -1;
+  static constexpr int64_t kNotYet = -2;
+
+  // The next ticket, or kOver when the run is over. Under --rate, a ticket whose turn has
+  // not come is kNotYet when `may_wait` is false (the caller has results to read first);
+  // otherwise this sleeps until its turn.
+  int64_t Take(bool may_wait = true) {
+    while (true) {
+      if (config_.jobs == 0 && Clock::now() >= end_) return kOver;
+      int64_t ticket = next_.load();
+      if (config_.jobs > 0 && ticket >= config_.jobs) return kOver;
+      Clock::time_point due = start_;
+      if (config_.rate > 0) {
+        due = start_ + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(ticket / config_.rate));
+        if (config_.jobs == 0 && due >= end_) return kOver;
+        if (!may_wait && due > Clock::now()) return kNotYet;
+      }
+      if (!next_.compare_exchange_weak(ticket, ticket + 1)) continue;
+      if (config_.rate > 0) std::this_thread::sleep_until(due);
+      return ticket;
+    }
+  }
+  int64_t total() const { return config_.jobs > 0 ? config_.jobs : -1; }
+
+ private:
+  const LoadConfig& config_;
+  Clock::time_point start_;
+  Clock::time_point end_;
+  std::atomic<int64_t> next_{0};
+};
+
+// Calls `progress` every 200 ms from a thread of its own until destroyed.
+class ProgressTicker {
+ public:
+  ProgressTicker(const ProgressFn& progress, const std::atomic<int64_t>* done, int64_t total,
+                 Clock::time_point start)
+      : progress_(progress), done_(done), total_(total), start_(start) {
+    if (progress_) thread_ = std::thread([this] { Loop(); });
+  }
+  ~ProgressTicker() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    if (progress_) progress_(done_->load(), -2, Seconds(Clock::now() - start_));  // final
+  }
+
+ private:
+  void Loop() {
+    while (!stop_.load()) {
+      progress_(done_->load(), total_, Seconds(Clock::now() - start_));
+      for (int i = 0; i < 20 && !stop_.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  }
+  ProgressFn progress_;
+  const std::atomic<int64_t>* done_;
+  int64_t total_;
+  Clock::time_point start_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+absl::StatusOr<DType> ParseDType(const std::string& name, const char* flag) {
+  if (name == "float16") return DType::kFloat16;
+  if (name == "float32") return DType::kFloat32;
+  if (name == "bfloat16") return DType::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, ": '", name, "' is not float16, float32 or bfloat16"));
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+const std::vector<ModelPreset>& ModelPresets() {
+  static const std::vector<ModelPreset> presets = {
+      {"llama3-8b", 32, 8, 128},
+      {"qwen2.5-7b", 28, 4, 128},
+      {"llama3-70b", 80, 8, 128},
+  };
+  return presets;
+}
+
+absl::StatusOr<ModelPreset> FindPreset(const std::string& name) {
+  std::vector<std::string> names;
+  for (const ModelPreset& preset : ModelPresets()) {
+    if (preset.name == name) return preset;
+    names.push_back(preset.name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--preset: unknown preset '", name,
+                                                 "'; known: ", absl::StrJoin(names, ", ")));
+}
+
+int64_t LoadConfig::BytesPerJob() const {
+  return 2 * TokensPerJob() * preset.head_dim * static_cast<int64_t>(DTypeSize(dtype));
+}
+
+void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
+  LoadConfig& c = flags->config;
+  app->add_option("--server", c.server, "Server address (HOST:PORT or unix:///path)")
+      ->capture_default_str();
+  app->add_option("--concurrency,-c", c.concurrency, "Streams (threads in-process)")
+      ->capture_default_str();
+  app->add_option("--pipeline", c.pipeline, "Jobs in flight per stream")->capture_default_str();
+  auto* jobs = app->add_option("--jobs,-n", c.jobs, "Total layer jobs (default: one sequence, "
+                                                    "i.e. the preset's layer count)");
+  app->add_option("--duration", c.duration_s, "Run for this many seconds instead of --jobs")
+      ->excludes(jobs);
+  app->add_option("--rate", c.rate, "Jobs per second over all streams; 0 = as fast as possible")
+      ->capture_default_str();
+  app->add_option("--preset", flags->preset, "llama3-8b | qwen2.5-7b | llama3-70b")
+      ->capture_default_str();
+  app->add_option("--context", c.context, "Tokens per head (context length)")
+      ->capture_default_str();
+  app->add_option("--dtype", flags->dtype, "float16 | float32 | bfloat16")->capture_default_str();
+  app->add_option("--seed", c.seed, "Seed of the synthetic clustered KV")->capture_default_str();
+  app->add_option("--distinct-layers", c.distinct_layers,
+                  "Distinct layers of data generated (reused round-robin)")
+      ->capture_default_str();
+  // SPEC parameters, named as in `centroidkv compress`.
+  flags->target_ratio_flag =
+      app->add_option("--target-ratio", flags->target_ratio, "rho in (0, 1]: keep ceil(rho * n)")
+          ->capture_default_str();
+  flags->target_tokens_flag =
+      app->add_option("--target-tokens", flags->target_tokens, "Absolute target length t");
+  app->add_option("--chunk-size", c.options.chunk_size, "Chunk size C >= 2")
+      ->capture_default_str();
+  app->add_option("--sink-tokens", c.options.sink_tokens, "Leading entries never merged")
+      ->capture_default_str();
+  app->add_option("--recent-tokens", c.options.recent_tokens, "Trailing entries never merged")
+      ->capture_default_str();
+  flags->min_similarity_flag = app->add_option(
+      "--min-similarity", flags->min_similarity, "Similarity floor tau in [-1, 1] (default off)");
+  app->add_option("--tighten-per-pass", c.options.tighten_per_pass, "Floor increase per pass")
+      ->capture_default_str();
+  app->add_option("--max-passes", c.options.max_passes, "Passes P >= 1")->capture_default_str();
+  app->add_option("--uniform-heads", flags->uniform_heads,
+                  "true: every compressed head ends with the same length")
+      ->capture_default_str();
+  app->add_option("--passthrough-heads", flags->passthrough_heads,
+                  "Heads returned unchanged, e.g. 1,3")
+      ->delimiter(',');
+  app->add_option("--output-dtype", flags->output_dtype, "input (default), float32 or float16")
+      ->capture_default_str();
+  app->add_option("--assignment", flags->assignment,
+                  "Ask for the assignment (true/false; off by default here)")
+      ->capture_default_str();
+  app->add_option("--backend", flags->backend, "auto | cpu | gpu | reference | identity")
+      ->capture_default_str();
+  app->add_option("--slab-kib", c.slab_kib, "Slab size sent to the server, KiB")
+      ->capture_default_str();
+  app->add_option("--connect-timeout", c.connect_timeout_s,
+                  "Seconds to wait for the server to become ready")
+      ->capture_default_str();
+  app->add_flag("--compare", c.compare,
+                "Run service (cpu), transport floor (identity) and in-process cpu side by side");
+  app->add_option("--format", c.format, "text | json | csv")->capture_default_str();
+  app->add_flag("--progress", c.progress, "Show the progress bar even when stderr is no tty");
+  app->add_flag("--quiet,-q", c.quiet, "No progress bar");
+}
+
+absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
+  LoadConfig config = flags.config;
+  absl::StatusOr<ModelPreset> preset = FindPreset(flags.preset);
+  if (!preset.ok()) return preset.status();
+  config.preset = *preset;
+  absl::StatusOr<DType> dtype = ParseDType(flags.dtype, "--dtype");
+  if (!dtype.ok()) return dtype.status();
+  config.dtype = *dtype;
+  if (flags.output_dtype == "input") {
+    config.output_dtype.reset();
+  } else if (flags.output_dtype == "float32") {
+    config.output_dtype = DType::kFloat32;
+  } else if (flags.output_dtype == "float16") {
+    config.output_dtype = DType::kFloat16;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--output-dtype: '", flags.output_dtype, "' is not input, float32 or float16"));
+  }
+  static const std::pair<const char*, BackendKind> kBackends[] = {
+      {"auto", BackendKind::kAuto},         {"cpu", BackendKind::kCpu},
+      {"gpu", BackendKind::kGpu},           {"reference", BackendKind::kReference},
+      {"identity", BackendKind::kIdentity}};
+  bool found = false;
+  for (const auto& [name, kind] : kBackends) {
+    if (flags.backend == name) {
+      config.backend = kind;
+      found = true;
+    }
+  }
+  if (!found) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend: '", flags.backend, "' is not auto, cpu, gpu, reference or identity"));
+  }
+  if (config.format != "text" && config.format != "json" && config.format != "csv") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format: '", config.format, "' is not text, json or csv"));
+  }
+  if (config.concurrency < 1 || config.concurrency > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--concurrency: ", config.concurrency, " is not in [1, 1024]"));
+  }
+  if (config.pipeline < 1 || config.pipeline > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pipeline: ", config.pipeline, " is not in [1, 64]"));
+  }
+  if (config.jobs < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--jobs: ", config.jobs, " is negative"));
+  }
+  if (!(config.duration_s >= 0) || !std::isfinite(config.duration_s)) {
+    return absl::InvalidArgumentError("--duration: must be a finite number of seconds >= 0");
+  }
+  if (config.jobs > 0 && config.duration_s > 0) {
+    return absl::InvalidArgumentError("--jobs and --duration exclude each other");
+  }
+  if (config.jobs == 0 && config.duration_s == 0) config.jobs = config.preset.layers;
+  if (!(config.rate >= 0) || !std::isfinite(config.rate)) {
+    return absl::InvalidArgumentError("--rate: must be >= 0 jobs per second (0: unlimited)");
+  }
+  if (config.context < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--context: ", config.context, " tokens; needs at least 1"));
+  }
+  if (!(config.connect_timeout_s > 0) || !std::isfinite(config.connect_timeout_s)) {
+    return absl::InvalidArgumentError("--connect-timeout: must be > 0 seconds");
+  }
+  if (config.distinct_layers < 1) {
+    return absl::InvalidArgumentError("--distinct-layers: needs at least 1");
+  }
+  if (config.slab_kib < 4 || config.slab_kib > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--slab-kib: ", config.slab_kib, " is not in [4, 4096]"));
+  }
+  auto* target_tokens_flag = static_cast<CLI::Option*>(flags.target_tokens_flag);
+  auto* target_ratio_flag = static_cast<CLI::Option*>(flags.target_ratio_flag);
+  auto* min_similarity_flag = static_cast<CLI::Option*>(flags.min_similarity_flag);
+  if (target_tokens_flag != nullptr && target_tokens_flag->count() > 0) {
+    if (target_ratio_flag != nullptr && target_ratio_flag->count() > 0) {
+      return absl::InvalidArgumentError("--target-ratio and --target-tokens exclude each other");
+    }
+    config.options.target_tokens = flags.target_tokens;
+  } else {
+    config.options.target_ratio = flags.target_ratio;
+  }
+  if (min_similarity_flag != nullptr && min_similarity_flag->count() > 0) {
+    config.options.min_similarity = flags.min_similarity;
+  }
+  config.options.uniform_heads = flags.uniform_heads;
+  config.options.passthrough_heads = flags.passthrough_heads;
+  config.options.compute_assignment = flags.assignment;
+  if (config.compare) config.backend = BackendKind::kCpu;
+  // The engine's own checks, on the shape alone: the same messages the server would send.
+  LayerView shape;
+  shape.dtype = config.dtype;
+  shape.num_heads = config.preset.kv_heads;
+  shape.num_tokens = config.context;
+  shape.key_dim = config.preset.head_dim;
+  shape.value_dim = config.preset.head_dim;
+  absl::Status valid = ValidateJobShape(shape, config.options, EngineLimits{});
+  if (!valid.ok()) return valid;
+  return config;
+}
+
+absl::StatusOr<LoadConfig> ParseLoadArgs(const std::vector<std::string>& args) {
+  CLI::App app("centroidkv-bench");
+  LoadFlags flags;
+  AddLoadFlags(&app, &flags);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 wants them reversed
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  return FinishConfig(flags);
+}
+
+double Percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  q = std::clamp(q, 0.0, 1.0);
+  const double rank = q * static_cast<double>(values.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(lo + 1, values.size() - 1);
+  const double frac = rank - static_cast<double>(lo);
+  return values[lo] + (values[hi] - values[lo]) * frac;
+}
+
+LayerView Dataset::View(const LoadConfig& config, size_t layer) const {
+  LayerView view;
+  view.dtype = config.dtype;
+  view.layout = TensorLayout::kHeadMajor;
+  view.num_heads = config.preset.kv_heads;
+  view.num_tokens = config.context;
+  view.key_dim = config.preset.head_dim;
+  view.value_dim = config.preset.head_dim;
+  view.keys = keys[layer % keys.size()].data();
+  view.values = values[layer % values.size()].data();
+  return view;
+}
+
+Dataset MakeDataset(const LoadConfig& config) {
+  Dataset data;
+  const int32_t layers = std::min(config.distinct_layers, config.preset.layers);
+  auto convert = [&](const std::vector<uint16_t>& half) {
+    std::vector<uint8_t> out(half.size() * DTypeSize(config.dtype));
+    for (size_t i = 0; i < half.size(); ++i) {
+      StoreFromFloat(out.data(), config.dtype, static_cast<int64_t>(i), HalfToFloat(half[i]));
+    }
+    return out;
+  };
+  for (int32_t l = 0; l < layers; ++l) {
+    WorkloadSpec spec;
+    spec.heads = config.preset.kv_heads;
+    spec.tokens = config.context;
+    spec.dim = config.preset.head_dim;
+    spec.seed = config.seed + static_cast<uint64_t>(l) * 1000003u;
+    Workload w = MakeWorkload(spec);
+    data.keys.push_back(convert(w.keys));
+    data.values.push_back(convert(w.values));
+  }
+  return data;
+}
+
+int64_t RunStats::jobs_ok() const {
+  return std::count_if(records.begin(), records.end(),
+                       [](const JobRecord& r) { return r.code == "OK"; });
+}
+int64_t RunStats::jobs_failed() const {
+  return static_cast<int64_t>(records.size()) - jobs_ok();
+}
+std::map<std::string, int64_t> RunStats::errors() const {
+  std::map<std::string, int64_t> errors;
+  for (const JobRecord& r : records) {
+    if (r.code != "OK") ++errors[r.code];
+  }
+  if (!fatal.empty()) ++errors["STREAM: " + fatal];
+  return errors;
+}
+double RunStats::tokens_per_s() const {
+  int64_t tokens = 0;
+  for (const JobRecord& r : records) tokens += r.code == "OK" ? r.entries_in : 0;
+  return wall_s > 0 ? static_cast<double>(tokens) / wall_s : 0.0;
+}
+double RunStats::gb_per_s() const {
+  int64_t bytes = 0;
+  for (const JobRecord& r : records) bytes += r.code == "OK" ? r.bytes_in : 0;
+  return wall_s > 0 ? static_cast<double>(bytes) / wall_s / 1e9 : 0.0;
+}
+double RunStats::compression() const {
+  int64_t in = 0, out = 0;
+  for (const JobRecord& r : records) {
+    if (r.code != "OK") continue;
+    in += r.entries_in;
+    out += r.entries_out;
+  }
+  return in > 0 ? static_cast<double>(out) / static_cast<double>(in) : 0.0;
+}
+double RunStats::latency_ms(double q) const {
+  std::vector<double> ms;
+  for (const JobRecord& r : records) {
+    if (r.code == "OK") ms.push_back(r.latency_s * 1e3);
+  }
+  return Percentile(std::move(ms), q);
+}
+
+RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind backend,
+                    const ProgressFn& progress) {
+  RunStats stats;
+  stats.label = absl::StrCat("service:", std::string(BackendKindName(backend)));
+  client::ClientOptions options;
+  options.target = config.server;
+  options.slab_bytes = config.slab_kib << 10;
+  options.connect_timeout = std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(config.connect_timeout_s * 1e3)));
+  absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Connect(options);
+  if (!client.ok()) {
+    stats.fatal = absl::StrCat(CodeName(client.status()), " ", client.status().message());
+    return stats;
+  }
+  std::mutex mu;
+  std::atomic<int64_t> done{0};
+  const Clock::time_point start = Clock::now();
+  Tickets tickets(config, start);
+  {
+    ProgressTicker ticker(progress, &done, tickets.total(), start);
+    std::vector<std::thread> workers;
+    for (int32_t w = 0; w < config.concurrency; ++w) {
+      workers.emplace_back([&] {
+        std::unique_ptr<client::CompressStream> stream = (*client)->OpenStream();
+        absl::flat_hash_map<uint64_t, std::pair<Clock::time_point, int64_t>> in_flight;
+        std::vector<JobRecord> local;
+        std::string fatal;
+        bool more = true;
+        while (true) {
+          while (more && static_cast<int32_t>(in_flight.size()) < config.pipeline) {
+            // With jobs in flight, do not sleep for the next ticket's turn: their results
+            // would wait unread and their latency would include the pacing.
+            const int64_t ticket = tickets.Take(/*may_wait=*/in_flight.empty());
+            if (ticket == Tickets::kNotYet) break;
+            if (ticket < 0) {
+              more = false;
+              break;
+            }
+            client::LayerJob job;
+            job.layer_index = static_cast<uint32_t>(ticket % config.preset.layers);
+            job.layer = data.View(config, static_cast<size_t>(ticket));
+            job.options = config.options;
+            job.output_dtype = config.output_dtype;
+            job.backend = backend;
+            const Clock::time_point sent = Clock::now();
+            absl::StatusOr<uint64_t> id = stream->Submit(job);
+            if (!id.ok()) {
+              fatal = absl::StrCat(CodeName(id.status()), " ", id.status().message());
+              more = false;
+              break;
+            }
+            in_flight[*id] = {sent, ticket};
+          }
+          if (in_flight.empty()) break;
+          absl::StatusOr<client::LayerResult> result = stream->Next();
+          if (!result.ok()) {
+            fatal = absl::StrCat(CodeName(result.status()), " ", result.status().message());
+            for (const auto& entry : in_flight) {
+              (void)entry;
+              local.push_back({0.0, CodeName(result.status()), config.TokensPerJob(), 0,
+                               config.BytesPerJob()});
+            }
+            in_flight.clear();
+            break;
+          }
+          auto it = in_flight.find(result->job_id);
+          const Clock::time_point sent = it != in_flight.end() ? it->second.first : start;
+          if (it != in_flight.end()) in_flight.erase(it);
+          JobRecord record;
+          record.latency_s = Seconds(Clock::now() - sent);
+          record.code = CodeName(result->status);
+          record.entries_in = config.TokensPerJob();
+          record.entries_out = result->total_entries();
+          record.bytes_in = config.BytesPerJob();
+          local.push_back(record);
+          done.fetch_add(1);
+        }
+        absl::Status closed = fatal.empty() ? stream->Close() : absl::OkStatus();
+        if (fatal.empty() && !closed.ok()) {
+          fatal = absl::StrCat(CodeName(closed), " ", closed.message());
+        }
+        if (!fatal.empty()) stream->Abort();
+        std::lock_guard<std::mutex> lock(mu);
+        stats.records.insert(stats.records.end(), local.begin(), local.end());
+        if (!fatal.empty() && stats.fatal.empty()) stats.fatal = fatal;
+      });
+    }
+    for (std::thread& t : workers) t.join();
+  }
+  stats.wall_s = Seconds(Clock::now() - start);
+  return stats;
+}
+
+RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind backend,
+                      const ProgressFn& progress) {
+  RunStats stats;
+  stats.label = absl::StrCat("in-process:", std::string(BackendKindName(backend)));
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  absl::StatusOr<const ClusterEngine*> engine = engines->Select(backend);
+  if (!engine.ok()) {
+    stats.fatal = absl::StrCat(CodeName(engine.status()), " ", engine.status().message());
+    return stats;
+  }
+  std::mutex mu;
+  std::atomic<int64_t> done{0};
+  const Clock::time_point start = Clock::now();
+  Tickets tickets(config, start);
+  {
+    ProgressTicker ticker(progress, &done, tickets.total(), start);
+    std::vector<std::thread> workers;
+    for (int32_t w = 0; w < config.concurrency; ++w) {
+      workers.emplace_back([&] {
+        std::vector<JobRecord> local;
+        for (int64_t ticket = tickets.Take(); ticket >= 0; ticket = tickets.Take()) {
+          const Clock::time_point began = Clock::now();
+          absl::StatusOr<CompressResult> result =
+              (*engine)->Compress(data.View(config, static_cast<size_t>(ticket)), config.options);
+          JobRecord record;
+          record.latency_s = Seconds(Clock::now() - began);
+          record.code = CodeName(result.status());
+          record.entries_in = config.TokensPerJob();
+          record.entries_out = result.ok() ? result->total_entries() : 0;
+          record.bytes_in = config.BytesPerJob();
+          local.push_back(record);
+          done.fetch_add(1);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        stats.records.insert(stats.records.end(), local.begin(), local.end());
+      });
+    }
+    for (std::thread& t : workers) t.join();
+  }
+  stats.wall_s = Seconds(Clock::now() - start);
+  return stats;
+}
+
+void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std::ostream& out) {
+  if (config.format == "json") {
+    for (const RunStats& s : runs) {
+      std::vector<std::string> errors;
+      for (const auto& [code, count] : s.errors()) {
+        errors.push_back(absl::StrCat(JsonString(code), ":", count));
+      }
+      out << absl::StrFormat(
+                 "{\"run\":%s,\"preset\":%s,\"context\":%d,\"dtype\":%s,\"concurrency\":%d,"
+                 "\"jobs\":%d,\"jobs_failed\":%d,\"wall_s\":%.4f,\"tokens_per_s\":%.1f,"
+                 "\"gb_per_s\":%.4f,\"compression\":%.5f,\"latency_ms\":{\"p50\":%.3f,"
+                 "\"p90\":%.3f,\"p99\":%.3f},\"errors\":{%s}}",
+                 JsonString(s.label), JsonString(config.preset.name), config.context,
+                 JsonString(std::string(DTypeName(config.dtype))), config.concurrency,
+                 s.jobs_ok(), s.jobs_failed(), s.wall_s, s.tokens_per_s(), s.gb_per_s(),
+                 s.compression(), s.latency_ms(0.5), s.latency_ms(0.9), s.latency_ms(0.99),
+                 absl::StrJoin(errors, ","))
+          << "\n";
+    }
+    return;
+  }
+  if (config.format == "csv") {
+    out << "run,preset,context,dtype,concurrency,jobs,jobs_failed,wall_s,tokens_per_s,gb_per_s,"
+           "compression,p50_ms,p90_ms,p99_ms,errors\n";
+    for (const RunStats& s : runs) {
+      std::vector<std::string> errors;
+      for (const auto& [code, count] : s.errors()) errors.push_back(absl::StrCat(code, "=", count));
+      out << absl::StrFormat("%s,%s,%d,%s,%d,%d,%d,%.4f,%.1f,%.4f,%.5f,%.3f,%.3f,%.3f,\"%s\"\n",
+                             s.label, config.preset.name, config.context,
+                             std::string(DTypeName(config.dtype)), config.concurrency, s.jobs_ok(),
+                             s.jobs_failed(), s.wall_s, s.tokens_per_s(), s.gb_per_s(),
+                             s.compression(), s.latency_ms(0.5), s.latency_ms(0.9),
+                             s.latency_ms(0.99), absl::StrJoin(errors, ";"));
+    }
+    return;
+  }
+  for (const RunStats& s : runs) {
+    out << absl::StrFormat(
+        "%s  (%s: %d x %d heads x %d, context %d, %s, concurrency %d)\n"
+        "  jobs:          %d ok, %d failed in %.3f s\n"
+        "  throughput:    %.4g layer-head tokens/s, %.3f GB/s of KV in\n"
+        "  compression:   %.4f entries out / in\n"
+        "  latency/job:   p50 %.2f ms  p90 %.2f ms  p99 %.2f ms\n",
+        s.label, config.preset.name, config.preset.layers, config.preset.kv_heads,
+        config.preset.head_dim, config.context, std::string(DTypeName(config.dtype)),
+        config.concurrency, s.jobs_ok(), s.jobs_failed(), s.wall_s, s.tokens_per_s(),
+        s.gb_per_s(), s.compression(), s.latency_ms(0.5), s.latency_ms(0.9), s.latency_ms(0.99));
+    const auto errors = s.errors();
+    if (errors.empty()) {
+      out << "  errors:        none\n";
+    } else {
+      for (const auto& [code, count] : errors) {
+        out << absl::StrFormat("  errors:        %d x %s\n", count, code);
+      }
+    }
+  }
+}
+
+std::string CompareJson(const RunStats& service, const RunStats& floor,
+                        const RunStats& in_process) {
+  const double s = service.tokens_per_s();
+  const double f = floor.tokens_per_s();
+  const double p = in_process.tokens_per_s();
+  const double bound = (f > 0 && p > 0) ? 1.0 / (1.0 / f + 1.0 / p) : 0.0;
+  const double ratio = bound > 0 ? s / bound : 0.0;
+  return absl::StrFormat(
+      "{\"service_tokens_per_s\":%.1f,\"floor_tokens_per_s\":%.1f,"
+      "\"in_process_tokens_per_s\":%.1f,\"serial_bound_tokens_per_s\":%.1f,"
+      "\"ratio_to_serial_bound\":%.4f}",
+      s, f, p, bound, ratio);
+}
+
+int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  CLI::App app("centroidkv-bench: load generator for the CentroidKV service", "centroidkv-bench");
+  LoadFlags flags;
+  AddLoadFlags(&app, &flags);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e, out, err);
+  }
+  absl::StatusOr<LoadConfig> config = FinishConfig(flags);
+  if (!config.ok()) {
+    err << "centroidkv-bench: " << config.status().message() << "\n";
+    return 2;
+  }
+  const bool show = !config->quiet && (config->progress || isatty(STDERR_FILENO) == 1);
+  // A progress bar on stderr for the run named `label`, or none.
+  auto progress = [&err, show](std::string label) -> ProgressFn {
+    if (!show) return nullptr;
+    return [&err, label](int64_t done, int64_t total, double elapsed) {
+      if (total == -2) {
+        err << "\r\033[K" << std::flush;
+        return;
+      }
+      constexpr int kWidth = 30;
+      std::string line;
+      if (total > 0) {
+        const int filled = static_cast<int>(kWidth * std::min<double>(1.0, 1.0 * done / total));
+        line = absl::StrFormat("\r%s [%s%s] %d/%d jobs  %.1f s", label, std::string(filled, '#'),
+                               std::string(kWidth - filled, ' '), done, total, elapsed);
+      } else {
+        line = absl::StrFormat("\r%s %d jobs  %.1f s", label, done, elapsed);
+      }
+      err << line << std::flush;
+    };
+  };
+  if (show) err << "generating " << config->distinct_layers << " layers of synthetic KV...\n";
+  const Dataset data = MakeDataset(*config);
+  std::vector<RunStats> runs;
+  if (config->compare) {
+    runs.push_back(RunService(*config, data, BackendKind::kCpu, progress("service:cpu")));
+    runs.push_back(
+        RunService(*config, data, BackendKind::kIdentity, progress("service:identity")));
+    runs.push_back(RunInProcess(*config, data, BackendKind::kCpu, progress("in-process:cpu")));
+  } else {
+    runs.push_back(RunService(*config, data, config->backend,
+                              progress(absl::StrCat("service:",
+                                                    std::string(BackendKindName(config->backend))))));
+  }
+  PrintStats(*config, runs, out);
+  if (config->compare) out << CompareJson(runs[0], runs[1], runs[2]) << "\n";
+  for (const RunStats& run : runs) {
+    if (run.jobs_failed() > 0 || !run.fatal.empty() || run.records.empty()) return 1;
+  }
+  return 0;
+}
+
+}  // namespace centroidkv::bench

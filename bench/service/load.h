@@ -1,0 +1,143 @@
+// centroidkv-bench: a load generator for the CentroidKV service in the spirit of ghz.
+// Concurrency (streams), a total of jobs or a duration, a request rate, workload presets
+// named after real models' KV shapes, every SPEC parameter, and a summary (throughput,
+// compression, latency percentiles, errors by status code). --compare runs the service
+// with the cpu backend, the transport floor (identity backend, same server) and the
+// in-process CPU engine side by side on the same data.
+//
+// The pieces are functions so that tests can drive them without main().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "centroidkv/kernels/engine.h"
+#include "centroidkv/kernels/engine_factory.h"
+
+namespace CLI {
+class App;
+}
+
+namespace centroidkv::bench {
+
+struct ModelPreset {
+  std::string name;
+  int32_t layers = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+// llama3-8b (32 x 8 x 128), qwen2.5-7b (28 x 4 x 128), llama3-70b (80 x 8 x 128).
+const std::vector<ModelPreset>& ModelPresets();
+absl::StatusOr<ModelPreset> FindPreset(const std::string& name);
+
+struct LoadConfig {
+  std::string server = "127.0.0.1:50051";
+  int32_t concurrency = 4;      // streams (threads for the in-process engine)
+  int32_t pipeline = 2;         // jobs in flight per stream
+  int64_t jobs = 0;             // total layer jobs; 0 with duration_s > 0: run for a time
+  double duration_s = 0.0;
+  double rate = 0.0;            // jobs per second over all streams; 0 = as fast as possible
+  ModelPreset preset;           // resolved from --preset
+  int32_t context = 4096;       // tokens per head
+  DType dtype = DType::kFloat16;
+  uint64_t seed = 1;
+  int32_t distinct_layers = 4;  // distinct layers of data generated (reused round-robin)
+  CompressOptions options;      // the SPEC parameters
+  std::optional<DType> output_dtype;  // default: the input dtype
+  BackendKind backend = BackendKind::kAuto;
+  int32_t slab_kib = 256;
+  double connect_timeout_s = 10.0;
+  bool compare = false;
+  std::string format = "text";  // text | json | csv
+  bool progress = false;        // force the progress bar even when stderr is no tty
+  bool quiet = false;           // no progress bar at all
+
+  int64_t TokensPerJob() const { return int64_t{preset.kv_heads} * context; }
+  int64_t BytesPerJob() const;  // keys + values in
+};
+
+// Registers every flag on `app`, writing into `flags`; call FinishConfig() after parsing.
+struct LoadFlags {
+  LoadConfig config;
+  std::string preset = "llama3-8b";
+  std::string dtype = "float16";
+  std::string output_dtype = "input";
+  std::string backend = "auto";
+  double target_ratio = CompressOptions::kDefaultTargetRatio;
+  int64_t target_tokens = 0;
+  double min_similarity = 0.0;
+  bool assignment = false;
+  bool uniform_heads = true;
+  std::vector<int32_t> passthrough_heads;
+  void* target_tokens_flag = nullptr;   // CLI::Option*
+  void* min_similarity_flag = nullptr;  // CLI::Option*
+  void* target_ratio_flag = nullptr;    // CLI::Option*
+};
+void AddLoadFlags(CLI::App* app, LoadFlags* flags);
+// Resolves names and checks combinations; errors say which flag is wrong and why.
+absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags);
+// Parses a whole command line (args without the program name) into a config.
+absl::StatusOr<LoadConfig> ParseLoadArgs(const std::vector<std::string>& args);
+
+// The q-quantile (q in [0, 1]) of `values` by linear interpolation between closest ranks
+// (numpy's default); 0 for an empty input. `values` need not be sorted.
+double Percentile(std::vector<double> values, double q);
+
+// The data the jobs send: `distinct_layers` layers of synthetic clustered KV in the dtype.
+struct Dataset {
+  std::vector<std::vector<uint8_t>> keys;    // per layer, [H, n, d] of dtype
+  std::vector<std::vector<uint8_t>> values;  // per layer
+  LayerView View(const LoadConfig& config, size_t layer) const;
+};
+Dataset MakeDataset(const LoadConfig& config);
+
+struct JobRecord {
+  double latency_s = 0.0;
+  std::string code;              // "OK" or the status code's name
+  int64_t entries_in = 0;
+  int64_t entries_out = 0;
+  int64_t bytes_in = 0;
+};
+
+struct RunStats {
+  std::string label;             // "service:cpu", "service:identity", "in-process:cpu"
+  double wall_s = 0.0;
+  std::vector<JobRecord> records;
+  std::string fatal;             // a stream-level failure, if any
+
+  int64_t jobs_ok() const;
+  int64_t jobs_failed() const;
+  std::map<std::string, int64_t> errors() const;  // code name -> count
+  double tokens_per_s() const;    // layer-head tokens (H x n per job) of OK jobs per second
+  double gb_per_s() const;        // KV bytes in of OK jobs, 1e9 per second
+  double compression() const;     // entries out / entries in over OK jobs
+  double latency_ms(double q) const;
+};
+
+// Called now and then with (jobs done, jobs total or -1, seconds elapsed).
+using ProgressFn = std::function<void(int64_t, int64_t, double)>;
+
+// Runs the configured load against config.server with `backend`.
+RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind backend,
+                    const ProgressFn& progress = nullptr);
+// The same jobs through an in-process engine, config.concurrency threads.
+RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind backend,
+                      const ProgressFn& progress = nullptr);
+
+void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std::ostream& out);
+// The --compare line: service, floor, in-process tokens/s and the ratio to the serial bound.
+std::string CompareJson(const RunStats& service, const RunStats& floor,
+                        const RunStats& in_process);
+
+// The whole command: parses, runs, prints; returns the exit code.
+int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace centroidkv::bench

@@ -1,0 +1,252 @@
+// Tests of bench/service/load.cc (centroidkv-bench): argument handling, percentiles, and
+// short real runs against a server on loopback.
+#include "bench/service/load.h"
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "service/server.h"
+
+namespace centroidkv::bench {
+namespace {
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(LoadArgsTest, PresetsHaveTheModelsShapes) {
+  struct Case {
+    const char* name;
+    int32_t layers, heads, dim;
+  };
+  for (const Case& c : {Case{"llama3-8b", 32, 8, 128}, Case{"qwen2.5-7b", 28, 4, 128},
+                        Case{"llama3-70b", 80, 8, 128}}) {
+    absl::StatusOr<LoadConfig> config = ParseLoadArgs({"--preset", c.name});
+    ASSERT_TRUE(config.ok()) << c.name << ": " << config.status();
+    EXPECT_EQ(config->preset.layers, c.layers) << c.name;
+    EXPECT_EQ(config->preset.kv_heads, c.heads) << c.name;
+    EXPECT_EQ(config->preset.head_dim, c.dim) << c.name;
+    EXPECT_EQ(config->jobs, c.layers) << "default: one sequence, one job per layer";
+  }
+}
+
+TEST(LoadArgsTest, DefaultsAndFlags) {
+  absl::StatusOr<LoadConfig> config = ParseLoadArgs(
+      {"--server", "127.0.0.1:1234", "--concurrency", "3", "--jobs", "17", "--rate", "5",
+       "--context", "1024", "--dtype", "bfloat16", "--backend", "identity", "--format", "csv",
+       "--target-tokens", "100", "--chunk-size", "128", "--sink-tokens", "4",
+       "--recent-tokens", "8", "--min-similarity", "0.5", "--max-passes", "3",
+       "--passthrough-heads", "0,2", "--output-dtype", "float32"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->server, "127.0.0.1:1234");
+  EXPECT_EQ(config->concurrency, 3);
+  EXPECT_EQ(config->jobs, 17);
+  EXPECT_EQ(config->rate, 5.0);
+  EXPECT_EQ(config->context, 1024);
+  EXPECT_EQ(config->dtype, DType::kBFloat16);
+  EXPECT_EQ(config->backend, BackendKind::kIdentity);
+  EXPECT_EQ(config->format, "csv");
+  EXPECT_EQ(config->options.target_tokens, 100);
+  EXPECT_FALSE(config->options.target_ratio.has_value());
+  EXPECT_EQ(config->options.chunk_size, 128);
+  EXPECT_EQ(config->options.sink_tokens, 4);
+  EXPECT_EQ(config->options.recent_tokens, 8);
+  EXPECT_EQ(config->options.min_similarity, 0.5);
+  EXPECT_EQ(config->options.max_passes, 3);
+  EXPECT_EQ(config->options.passthrough_heads, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(config->output_dtype, DType::kFloat32);
+  EXPECT_EQ(config->TokensPerJob(), 8 * 1024);
+  EXPECT_EQ(config->BytesPerJob(), 2 * 8 * 1024 * 128 * 2);
+
+  absl::StatusOr<LoadConfig> plain = ParseLoadArgs({});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->options.target_ratio, CompressOptions::kDefaultTargetRatio);
+  EXPECT_FALSE(plain->options.min_similarity.has_value());
+  EXPECT_EQ(plain->backend, BackendKind::kAuto);
+  EXPECT_EQ(plain->dtype, DType::kFloat16);
+}
+
+TEST(LoadArgsTest, DurationInsteadOfJobs) {
+  absl::StatusOr<LoadConfig> config = ParseLoadArgs({"--duration", "2.5"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->jobs, 0);
+  EXPECT_EQ(config->duration_s, 2.5);
+  absl::StatusOr<LoadConfig> both = ParseLoadArgs({"--jobs", "4", "--duration", "2"});
+  ASSERT_FALSE(both.ok());
+  EXPECT_TRUE(Contains(std::string(both.status().message()), "--duration"));
+}
+
+TEST(LoadArgsTest, BadValuesAreRejectedNamingTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {{"--preset", "gpt-5"}, "--preset"},
+      {{"--dtype", "int8"}, "--dtype"},
+      {{"--backend", "tpu"}, "--backend"},
+      {{"--format", "xml"}, "--format"},
+      {{"--concurrency", "0"}, "--concurrency"},
+      {{"--pipeline", "0"}, "--pipeline"},
+      {{"--jobs", "-3"}, "--jobs"},
+      {{"--rate", "-1"}, "--rate"},
+      {{"--context", "0"}, "--context"},
+      {{"--output-dtype", "int4"}, "--output-dtype"},
+      {{"--slab-kib", "1"}, "--slab-kib"},
+      {{"--target-ratio", "0.5", "--target-tokens", "10"}, "--target-tokens"},
+      {{"--chunk-size", "1"}, "chunk_size"},
+      {{"--target-ratio", "1.5"}, "target_ratio"},
+      {{"--concurrency", "many"}, "concurrency"},
+      {{"--no-such-flag"}, "no-such-flag"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<LoadConfig> config = ParseLoadArgs(c.args);
+    ASSERT_FALSE(config.ok()) << c.args[0] << " accepted";
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Contains(std::string(config.status().message()), c.expected)) << c.args[0];
+  }
+}
+
+TEST(PercentileTest, InterpolatesBetweenClosestRanks) {
+  EXPECT_EQ(Percentile({}, 0.5), 0.0);
+  EXPECT_EQ(Percentile({7.0}, 0.99), 7.0);
+  const std::vector<double> v = {5, 1, 4, 2, 3};  // unsorted on purpose
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.0), 1.0);
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.5), 3.0);
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.9), 4.6);
+  EXPECT_DOUBLE_EQ(Percentile(v, 1.0), 5.0);
+  std::vector<double> hundred;
+  for (int i = 1; i <= 100; ++i) hundred.push_back(i);
+  EXPECT_DOUBLE_EQ(Percentile(hundred, 0.99), 99.01);
+}
+
+TEST(RunStatsTest, SummarizesRecords) {
+  RunStats stats;
+  stats.wall_s = 2.0;
+  stats.records = {{0.010, "OK", 100, 25, 1000},
+                   {0.020, "OK", 100, 25, 1000},
+                   {0.5, "RESOURCE_EXHAUSTED", 100, 0, 1000}};
+  EXPECT_EQ(stats.jobs_ok(), 2);
+  EXPECT_EQ(stats.jobs_failed(), 1);
+  EXPECT_DOUBLE_EQ(stats.tokens_per_s(), 100.0);
+  EXPECT_DOUBLE_EQ(stats.gb_per_s(), 1000e-9);
+  EXPECT_DOUBLE_EQ(stats.compression(), 0.25);
+  EXPECT_DOUBLE_EQ(stats.latency_ms(0.5), 15.0);
+  EXPECT_EQ(stats.errors(), (std::map<std::string, int64_t>{{"RESOURCE_EXHAUSTED", 1}}));
+}
+
+class LoadRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    service::ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.worker_threads = 2;
+    absl::StatusOr<std::unique_ptr<service::Server>> server = service::Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+  LoadConfig Config(std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--server", server_->target(), "--preset", "qwen2.5-7b",
+                                     "--context", "256", "--distinct-layers", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    absl::StatusOr<LoadConfig> config = ParseLoadArgs(args);
+    EXPECT_TRUE(config.ok()) << config.status();
+    return config.ok() ? *config : LoadConfig{};
+  }
+  std::unique_ptr<service::Server> server_;
+};
+
+TEST_F(LoadRunTest, CompletesEveryJobWithTheTargetCompression) {
+  // No sink or recent window, so that the target is reachable within the passes.
+  const LoadConfig config = Config({"--jobs", "8", "--concurrency", "2", "--backend", "cpu",
+                                    "--sink-tokens", "0", "--recent-tokens", "0"});
+  const Dataset data = MakeDataset(config);
+  int64_t last_done = -1;
+  const RunStats stats = RunService(config, data, config.backend,
+                                    [&](int64_t done, int64_t, double) { last_done = done; });
+  EXPECT_EQ(stats.fatal, "");
+  EXPECT_EQ(stats.jobs_ok(), 8);
+  EXPECT_EQ(stats.jobs_failed(), 0);
+  EXPECT_TRUE(stats.errors().empty());
+  EXPECT_EQ(last_done, 8);
+  // target_ratio 0.25 with uniform heads: every head keeps ceil(0.25 * 256) = 64 entries.
+  EXPECT_NEAR(stats.compression(), 0.25, 0.01);
+  EXPECT_GT(stats.tokens_per_s(), 0);
+  EXPECT_GT(stats.latency_ms(0.99), 0);
+  EXPECT_GE(stats.latency_ms(0.99), stats.latency_ms(0.5));
+}
+
+TEST_F(LoadRunTest, IdentityIsTheTransportFloor) {
+  const LoadConfig config = Config({"--jobs", "6", "--backend", "identity", "--dtype", "float32"});
+  const RunStats stats = RunService(config, MakeDataset(config), config.backend);
+  EXPECT_EQ(stats.fatal, "");
+  EXPECT_EQ(stats.jobs_ok(), 6);
+  EXPECT_DOUBLE_EQ(stats.compression(), 1.0);
+}
+
+TEST_F(LoadRunTest, DurationAndRate) {
+  const LoadConfig config = Config({"--duration", "0.6", "--rate", "10", "--backend", "cpu"});
+  const RunStats stats = RunService(config, MakeDataset(config), config.backend);
+  EXPECT_EQ(stats.fatal, "");
+  EXPECT_EQ(stats.jobs_failed(), 0);
+  // 10 jobs/s for 0.6 s: tickets at 0, 0.1, ..., 0.5 s.
+  EXPECT_GE(stats.jobs_ok(), 4);
+  EXPECT_LE(stats.jobs_ok(), 7);
+  EXPECT_GE(stats.wall_s, 0.45);
+}
+
+TEST_F(LoadRunTest, UnreachableServerIsAnError) {
+  LoadConfig config = Config({"--jobs", "2", "--connect-timeout", "0.5"});
+  config.server = "127.0.0.1:1";
+  const RunStats stats = RunService(config, MakeDataset(config), BackendKind::kCpu);
+  EXPECT_NE(stats.fatal, "");
+  EXPECT_EQ(stats.jobs_ok(), 0);
+}
+
+TEST_F(LoadRunTest, JsonSummary) {
+  std::ostringstream out, err;
+  const int rc = BenchMain({"--server", server_->target(), "--preset", "qwen2.5-7b",
+                            "--context", "256", "--jobs", "4", "--format", "json", "--quiet"},
+                           out, err);
+  ASSERT_EQ(rc, 0) << err.str() << out.str();
+  const nlohmann::json summary = nlohmann::json::parse(out.str());
+  EXPECT_EQ(summary["jobs"], 4);
+  EXPECT_EQ(summary["jobs_failed"], 0);
+  EXPECT_TRUE(summary["errors"].empty());
+  EXPECT_TRUE(summary["latency_ms"].contains("p99"));
+}
+
+TEST_F(LoadRunTest, CompareEndsWithOneJsonLine) {
+  std::ostringstream out, err;
+  const int rc = BenchMain({"--server", server_->target(), "--preset", "qwen2.5-7b",
+                            "--context", "256", "--jobs", "8", "--concurrency", "2",
+                            "--compare", "--quiet"},
+                           out, err);
+  ASSERT_EQ(rc, 0) << err.str() << out.str();
+  const std::string text = out.str();
+  EXPECT_TRUE(Contains(text, "service:cpu"));
+  EXPECT_TRUE(Contains(text, "service:identity"));
+  EXPECT_TRUE(Contains(text, "in-process:cpu"));
+  const size_t start = text.rfind('\n', text.size() - 2);
+  const nlohmann::json line = nlohmann::json::parse(text.substr(start + 1));
+  for (const char* key : {"service_tokens_per_s", "floor_tokens_per_s",
+                          "in_process_tokens_per_s", "ratio_to_serial_bound"}) {
+    ASSERT_TRUE(line.contains(key)) << key;
+    EXPECT_GT(line[key].get<double>(), 0.0) << key;
+  }
+}
+
+TEST(BenchMainTest, BadFlagExitsWithTwo) {
+  std::ostringstream out, err;
+  EXPECT_EQ(BenchMain({"--preset", "nope"}, out, err), 2);
+  EXPECT_TRUE(Contains(err.str(), "--preset"));
+}
+
+}  // namespace
+}  // namespace centroidkv::bench

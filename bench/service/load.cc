@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -412,6 +413,47 @@ double RunStats::latency_ms(double q) const {
   return Percentile(std::move(ms), q);
 }
 
+namespace {
+
+JobRecord MakeRecord(const LoadConfig& config, double latency_s, std::string code,
+                     int64_t entries_out) {
+  return JobRecord{latency_s, std::move(code), config.TokensPerJob(), entries_out,
+                   config.BytesPerJob()};
+}
+
+// One job loop per worker thread (config.concurrency of them), sharing the tickets and the
+// progress ticker. `loop` fills its records and may set a fatal message; the pool merges
+// both into `stats` and sets the wall time.
+using WorkerLoop = std::function<void(Tickets& tickets, Clock::time_point start,
+                                      std::atomic<int64_t>& done,
+                                      std::vector<JobRecord>* records, std::string* fatal)>;
+
+void RunWorkerPool(const LoadConfig& config, const ProgressFn& progress, const WorkerLoop& loop,
+                   RunStats* stats) {
+  std::mutex mu;
+  std::atomic<int64_t> done{0};
+  const Clock::time_point start = Clock::now();
+  Tickets tickets(config, start);
+  {
+    ProgressTicker ticker(progress, &done, tickets.total(), start);
+    std::vector<std::thread> workers;
+    for (int32_t w = 0; w < config.concurrency; ++w) {
+      workers.emplace_back([&] {
+        std::vector<JobRecord> local;
+        std::string fatal;
+        loop(tickets, start, done, &local, &fatal);
+        std::lock_guard<std::mutex> lock(mu);
+        stats->records.insert(stats->records.end(), local.begin(), local.end());
+        if (!fatal.empty() && stats->fatal.empty()) stats->fatal = fatal;
+      });
+    }
+    for (std::thread& t : workers) t.join();
+  }
+  stats->wall_s = Seconds(Clock::now() - start);
+}
+
+}  // namespace
+
 RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind backend,
                     const ProgressFn& progress) {
   RunStats stats;
@@ -426,82 +468,60 @@ RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind b
     stats.fatal = absl::StrCat(CodeName(client.status()), " ", client.status().message());
     return stats;
   }
-  std::mutex mu;
-  std::atomic<int64_t> done{0};
-  const Clock::time_point start = Clock::now();
-  Tickets tickets(config, start);
-  {
-    ProgressTicker ticker(progress, &done, tickets.total(), start);
-    std::vector<std::thread> workers;
-    for (int32_t w = 0; w < config.concurrency; ++w) {
-      workers.emplace_back([&] {
-        std::unique_ptr<client::CompressStream> stream = (*client)->OpenStream();
-        absl::flat_hash_map<uint64_t, std::pair<Clock::time_point, int64_t>> in_flight;
-        std::vector<JobRecord> local;
-        std::string fatal;
-        bool more = true;
-        while (true) {
-          while (more && static_cast<int32_t>(in_flight.size()) < config.pipeline) {
-            // With jobs in flight, do not sleep for the next ticket's turn: their results
-            // would wait unread and their latency would include the pacing.
-            const int64_t ticket = tickets.Take(/*may_wait=*/in_flight.empty());
-            if (ticket == Tickets::kNotYet) break;
-            if (ticket < 0) {
-              more = false;
-              break;
-            }
-            client::LayerJob job;
-            job.layer_index = static_cast<uint32_t>(ticket % config.preset.layers);
-            job.layer = data.View(config, static_cast<size_t>(ticket));
-            job.options = config.options;
-            job.output_dtype = config.output_dtype;
-            job.backend = backend;
-            const Clock::time_point sent = Clock::now();
-            absl::StatusOr<uint64_t> id = stream->Submit(job);
-            if (!id.ok()) {
-              fatal = absl::StrCat(CodeName(id.status()), " ", id.status().message());
-              more = false;
-              break;
-            }
-            in_flight[*id] = {sent, ticket};
-          }
-          if (in_flight.empty()) break;
-          absl::StatusOr<client::LayerResult> result = stream->Next();
-          if (!result.ok()) {
-            fatal = absl::StrCat(CodeName(result.status()), " ", result.status().message());
-            for (const auto& entry : in_flight) {
-              (void)entry;
-              local.push_back({0.0, CodeName(result.status()), config.TokensPerJob(), 0,
-                               config.BytesPerJob()});
-            }
-            in_flight.clear();
-            break;
-          }
-          auto it = in_flight.find(result->job_id);
-          const Clock::time_point sent = it != in_flight.end() ? it->second.first : start;
-          if (it != in_flight.end()) in_flight.erase(it);
-          JobRecord record;
-          record.latency_s = Seconds(Clock::now() - sent);
-          record.code = CodeName(result->status);
-          record.entries_in = config.TokensPerJob();
-          record.entries_out = result->total_entries();
-          record.bytes_in = config.BytesPerJob();
-          local.push_back(record);
-          done.fetch_add(1);
+  auto loop = [&](Tickets& tickets, Clock::time_point start, std::atomic<int64_t>& done,
+                  std::vector<JobRecord>* local, std::string* fatal) {
+    std::unique_ptr<client::CompressStream> stream = (*client)->OpenStream();
+    absl::flat_hash_map<uint64_t, std::pair<Clock::time_point, int64_t>> in_flight;
+    bool more = true;
+    while (true) {
+      while (more && static_cast<int32_t>(in_flight.size()) < config.pipeline) {
+        // With jobs in flight, do not sleep for the next ticket's turn: their results
+        // would wait unread and their latency would include the pacing.
+        const int64_t ticket = tickets.Take(/*may_wait=*/in_flight.empty());
+        if (ticket == Tickets::kNotYet) break;
+        if (ticket < 0) {
+          more = false;
+          break;
         }
-        absl::Status closed = fatal.empty() ? stream->Close() : absl::OkStatus();
-        if (fatal.empty() && !closed.ok()) {
-          fatal = absl::StrCat(CodeName(closed), " ", closed.message());
+        client::LayerJob job;
+        job.layer_index = static_cast<uint32_t>(ticket % config.preset.layers);
+        job.layer = data.View(config, static_cast<size_t>(ticket));
+        job.options = config.options;
+        job.output_dtype = config.output_dtype;
+        job.backend = backend;
+        const Clock::time_point sent = Clock::now();
+        absl::StatusOr<uint64_t> id = stream->Submit(job);
+        if (!id.ok()) {
+          *fatal = absl::StrCat(CodeName(id.status()), " ", id.status().message());
+          more = false;
+          break;
         }
-        if (!fatal.empty()) stream->Abort();
-        std::lock_guard<std::mutex> lock(mu);
-        stats.records.insert(stats.records.end(), local.begin(), local.end());
-        if (!fatal.empty() && stats.fatal.empty()) stats.fatal = fatal;
-      });
+        in_flight[*id] = {sent, ticket};
+      }
+      if (in_flight.empty()) break;
+      absl::StatusOr<client::LayerResult> result = stream->Next();
+      if (!result.ok()) {
+        *fatal = absl::StrCat(CodeName(result.status()), " ", result.status().message());
+        for (size_t i = 0; i < in_flight.size(); ++i) {
+          local->push_back(MakeRecord(config, 0.0, CodeName(result.status()), 0));
+        }
+        in_flight.clear();
+        break;
+      }
+      auto it = in_flight.find(result->job_id);
+      const Clock::time_point sent = it != in_flight.end() ? it->second.first : start;
+      if (it != in_flight.end()) in_flight.erase(it);
+      local->push_back(MakeRecord(config, Seconds(Clock::now() - sent),
+                                  CodeName(result->status), result->total_entries()));
+      done.fetch_add(1);
     }
-    for (std::thread& t : workers) t.join();
-  }
-  stats.wall_s = Seconds(Clock::now() - start);
+    absl::Status closed = fatal->empty() ? stream->Close() : absl::OkStatus();
+    if (fatal->empty() && !closed.ok()) {
+      *fatal = absl::StrCat(CodeName(closed), " ", closed.message());
+    }
+    if (!fatal->empty()) stream->Abort();
+  };
+  RunWorkerPool(config, progress, loop, &stats);
   return stats;
 }
 
@@ -515,36 +535,19 @@ RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind
     stats.fatal = absl::StrCat(CodeName(engine.status()), " ", engine.status().message());
     return stats;
   }
-  std::mutex mu;
-  std::atomic<int64_t> done{0};
-  const Clock::time_point start = Clock::now();
-  Tickets tickets(config, start);
-  {
-    ProgressTicker ticker(progress, &done, tickets.total(), start);
-    std::vector<std::thread> workers;
-    for (int32_t w = 0; w < config.concurrency; ++w) {
-      workers.emplace_back([&] {
-        std::vector<JobRecord> local;
-        for (int64_t ticket = tickets.Take(); ticket >= 0; ticket = tickets.Take()) {
-          const Clock::time_point began = Clock::now();
-          absl::StatusOr<CompressResult> result =
-              (*engine)->Compress(data.View(config, static_cast<size_t>(ticket)), config.options);
-          JobRecord record;
-          record.latency_s = Seconds(Clock::now() - began);
-          record.code = CodeName(result.status());
-          record.entries_in = config.TokensPerJob();
-          record.entries_out = result.ok() ? result->total_entries() : 0;
-          record.bytes_in = config.BytesPerJob();
-          local.push_back(record);
-          done.fetch_add(1);
-        }
-        std::lock_guard<std::mutex> lock(mu);
-        stats.records.insert(stats.records.end(), local.begin(), local.end());
-      });
+  auto loop = [&](Tickets& tickets, Clock::time_point /*start*/, std::atomic<int64_t>& done,
+                  std::vector<JobRecord>* local, std::string* /*fatal*/) {
+    for (int64_t ticket = tickets.Take(); ticket >= 0; ticket = tickets.Take()) {
+      const Clock::time_point began = Clock::now();
+      absl::StatusOr<CompressResult> result =
+          (*engine)->Compress(data.View(config, static_cast<size_t>(ticket)), config.options);
+      local->push_back(MakeRecord(config, Seconds(Clock::now() - began),
+                                  CodeName(result.status()),
+                                  result.ok() ? result->total_entries() : 0));
+      done.fetch_add(1);
     }
-    for (std::thread& t : workers) t.join();
-  }
-  stats.wall_s = Seconds(Clock::now() - start);
+  };
+  RunWorkerPool(config, progress, loop, &stats);
   return stats;
 }
 

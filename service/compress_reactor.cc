@@ -21,6 +21,7 @@ double NowSeconds() {
 CompressReactor::CompressReactor(ServiceContext* context) : context_(context) {
   context_->streams.Add(this);
   context_->stats.streams_opened.fetch_add(1);
+  context_->metrics.StreamOpened();
   Actions actions;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -50,6 +51,7 @@ void CompressReactor::OnReadDone(bool ok) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     read_in_flight_ = false;
+    if (ok) context_->metrics.BytesIn(request_.ByteSizeLong());
     if (finish_requested_) {
       // The stream is ending; drop whatever arrived.
     } else if (!ok) {
@@ -277,6 +279,9 @@ void CompressReactor::SubmitJob(ReceivingJob job) {
   computing_footprint_.emplace(job_id, job.job->footprint_bytes());
   Ref();  // held by the task
   context_->stats.jobs_received.fetch_add(1);
+  const LayerView& view = job.job->view();
+  context_->metrics.JobReceived(job.engine->name(),
+                                static_cast<int64_t>(view.num_heads) * view.num_tokens);
   std::shared_ptr<IncomingJob> input(std::move(job.job));
   const ClusterEngine* engine = job.engine;
   const double enqueue_time = NowSeconds();
@@ -300,6 +305,7 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
         absl::StrCat("job ", job_id, ": out of memory while clustering"));
   }
   timings.compute_seconds = NowSeconds() - start;
+  context_->metrics.JobComputed(engine->name(), timings.queue_seconds, timings.compute_seconds);
   const ResultMeta meta{job->layer_index(), job->output_dtype(), std::string(engine->name()),
                         timings};
   job.reset();  // free the input before the result is queued
@@ -335,6 +341,7 @@ void CompressReactor::OnJobComputed(uint64_t job_id, absl::StatusOr<CompressResu
     } else {
       // The job's input is gone; the result needs at most the reserved footprint.
       stats.jobs_completed.fetch_add(1);
+      context_->metrics.EntriesOut(meta.backend, result->total_entries());
       outgoing_.push_back(Output{});
       outgoing_.back().footprint = footprint;
       outgoing_.back().encoder = std::make_unique<ResultEncoder>(
@@ -356,6 +363,7 @@ void CompressReactor::QueueJobError(uint64_t job_id, const absl::Status& status,
   error->set_job_id(job_id);
   error->set_code(static_cast<int32_t>(status.code()));
   error->set_message(std::string(status.message()));
+  context_->metrics.Error(static_cast<int>(status.code()), "job");
   outgoing_.push_back(std::move(output));
   PrepareWrite(actions);
 }
@@ -390,6 +398,7 @@ void CompressReactor::PrepareWrite(Actions* actions) {
       ReleaseFootprint(footprint, actions);
     }
     if (have_message) {
+      context_->metrics.BytesOut(response_.ByteSizeLong());
       write_in_flight_ = true;
       ++calls_in_progress_;
       actions->start_write = true;
@@ -430,6 +439,7 @@ void CompressReactor::FailStream(const absl::Status& status, Actions* actions) {
 void CompressReactor::RequestFinish(const grpc::Status& status, Actions* actions) {
   finish_requested_ = true;
   final_status_ = status;
+  if (!status.ok()) context_->metrics.Error(static_cast<int>(status.error_code()), "stream");
   if (calls_in_progress_ == 0 && !finish_called_) {
     finish_called_ = true;
     actions->finish = true;

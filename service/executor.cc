@@ -15,7 +15,9 @@ WorkExecutor::~WorkExecutor() { WaitIdle(std::chrono::hours(1)); }
 
 void WorkExecutor::Submit(std::function<void()> task) {
   pending_.fetch_add(1);
+  queued_.fetch_add(1);
   arena_->enqueue([this, task = std::move(task)] {
+    queued_.fetch_sub(1);
     task();
     if (pending_.fetch_sub(1) == 1) {
       std::lock_guard<std::mutex> lock(mu_);

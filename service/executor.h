@@ -27,6 +27,8 @@ class WorkExecutor {
   void Submit(std::function<void()> task);
   // Tasks submitted and not yet finished.
   int64_t pending() const { return pending_.load(); }
+  // Tasks submitted and not yet started (the queue depth).
+  int64_t queued() const { return queued_.load(); }
   // Waits until no task is pending or `timeout` passes; returns true when idle.
   bool WaitIdle(std::chrono::milliseconds timeout);
 
@@ -34,6 +36,7 @@ class WorkExecutor {
   int32_t threads_;
   std::unique_ptr<tbb::task_arena> arena_;
   std::atomic<int64_t> pending_{0};
+  std::atomic<int64_t> queued_{0};
   std::mutex mu_;
   std::condition_variable idle_;
 };

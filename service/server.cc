@@ -1,4 +1,5 @@
-// Server assembly (builder, health, reflection, message limits) and graceful shutdown.
+// Server assembly (builder, health, reflection, message limits, /metrics) and graceful
+// shutdown.
 #include "service/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -41,6 +42,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("listen: cannot listen on '", options.listen_address,
                      "' (address in use, bad address, or no permission)"));
   }
+  if (!options.metrics_listen.empty()) {
+    ServiceContext* context = server->context_.get();
+    auto metrics = MetricsHttpServer::Start(options.metrics_listen,
+                                            [context] { return context->metrics.Render(); });
+    if (!metrics.ok()) {
+      server->Shutdown();
+      return metrics.status();
+    }
+    server->metrics_http_ = std::move(*metrics);
+  }
   grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
@@ -76,6 +87,7 @@ void Server::Shutdown() {
     grpc_server_->Shutdown(std::chrono::system_clock::now() +
                            std::max(left, std::chrono::milliseconds(0)));
     context_->executor->WaitIdle(grace);
+    if (metrics_http_ != nullptr) metrics_http_->Stop();
   });
 }
 

@@ -1,5 +1,5 @@
 // A running CentroidKV server: the gRPC server with the CentroidKV service, the standard
-// health service and server reflection, and graceful shutdown. Construct with Start().
+// health service and server reflection, the /metrics endpoint, and graceful shutdown. Construct with Start().
 // Thread-safe: Shutdown() may be called from any thread (e.g. a signal watcher), once.
 #pragma once
 
@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "service/centroidkv_service.h"
+#include "service/metrics_http.h"
 #include "service/server_options.h"
 #include "service/service_context.h"
 
@@ -22,13 +23,15 @@ class Server {
 
   // The port actually bound (useful with "127.0.0.1:0"); 0 for unix sockets.
   int port() const { return port_; }
+  // The /metrics HTTP port actually bound; 0 when metrics are off.
+  int metrics_port() const { return metrics_http_ ? metrics_http_->port() : 0; }
   // A target a client can dial: "127.0.0.1:PORT" or "unix:///path".
   std::string target() const;
   const ServiceContext& context() const { return *context_; }
 
   // Graceful shutdown: health goes NOT_SERVING, new jobs are refused with UNAVAILABLE,
   // jobs in flight get until the grace period to finish, then remaining streams are
-  // cancelled and the pool is drained. Idempotent.
+  // cancelled and the pool is drained. /metrics answers until the end. Idempotent.
   void Shutdown();
   // Blocks until the gRPC server has shut down.
   void Wait();
@@ -39,6 +42,7 @@ class Server {
   std::unique_ptr<ServiceContext> context_;
   std::unique_ptr<CentroidKVService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;  // null when metrics are off
   std::string listen_address_;
   int port_ = 0;
   std::once_flag shutdown_once_;

@@ -20,6 +20,10 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
                  "Address to serve on: HOST:PORT (port 0 picks a free one) or "
                  "unix:///path/to.sock")
       ->capture_default_str();
+  app.add_option("--metrics-listen", options.metrics_listen,
+                 "Prometheus /metrics over HTTP on HOST:PORT (port 0 picks a free one); "
+                 "'off' or '' turns it off")
+      ->capture_default_str();
   app.add_option("--threads", options.worker_threads,
                  "Clustering threads (oneTBB); 0 = one per hardware thread")
       ->capture_default_str()
@@ -43,8 +47,9 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
                  "Payload bytes per result slab sent back")
       ->capture_default_str()
       ->check(CLI::Range(1 << 10, 1 << 26));
-  app.add_option("--grace-period", grace_seconds,
-                 "Seconds in-flight jobs get to finish after SIGTERM")
+  app.add_option("--grace-period,--drain-timeout", grace_seconds,
+                 "Seconds in-flight jobs get to finish after SIGTERM (health is NOT_SERVING "
+                 "meanwhile); Kubernetes' terminationGracePeriodSeconds must exceed it")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-tokens", options.engine_limits.max_tokens,
@@ -63,11 +68,13 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
 
 int main(int argc, char** argv) {
   ServerOptions options;
+  options.metrics_listen = centroidkv::service::kDefaultMetricsListen;
   double grace_seconds =
       std::chrono::duration<double>(options.grace_period).count();
   CLI::App app{"CentroidKV server: compresses LLM KV caches by clustering similar tokens"};
   AddFlags(app, options, grace_seconds);
   CLI11_PARSE(app, argc, argv);
+  if (options.metrics_listen == "off") options.metrics_listen.clear();
   options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000));
 
   // Block the shutdown signals in every thread; one thread waits for them.
@@ -86,6 +93,10 @@ int main(int argc, char** argv) {
                options.listen_address, (*server)->target(),
                fmt::join((*server)->context().engines->EngineNames(), ","),
                (*server)->context().executor->threads());
+  if ((*server)->metrics_port() != 0) {
+    spdlog::info("metrics: http://{}/metrics (port {})", options.metrics_listen,
+                 (*server)->metrics_port());
+  }
 
   std::thread signal_watcher([&signals, &server] {
     int signal_number = 0;

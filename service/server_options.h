@@ -10,9 +10,15 @@
 
 namespace centroidkv::service {
 
+inline constexpr char kDefaultMetricsListen[] = "0.0.0.0:9464";
+
 struct ServerOptions {
   // "host:port" (TCP; port 0 picks a free one) or "unix:///path/to.sock".
   std::string listen_address = "0.0.0.0:50051";
+  // Prometheus /metrics over HTTP: "host:port" (port 0 picks a free one); empty = off.
+  // Off here so that servers embedded in tests and tools open no second port; the
+  // centroidkv-server binary defaults to kDefaultMetricsListen.
+  std::string metrics_listen;
   // oneTBB worker threads for clustering; 0 = one per hardware thread.
   int32_t worker_threads = 0;
 
@@ -28,6 +34,7 @@ struct ServerOptions {
   int32_t result_slab_bytes = 1 << 20;
 
   // On SIGTERM: time to finish in-flight jobs before the remaining streams are cancelled.
+  // Kubernetes' terminationGracePeriodSeconds must exceed it (deploy/ checks this).
   std::chrono::milliseconds grace_period{std::chrono::seconds(20)};
 
   EngineLimits engine_limits;

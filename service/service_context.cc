@@ -11,7 +11,8 @@ ServiceContext::ServiceContext(const ServerOptions& server_options)
     : options(server_options),
       engines(EngineSet::CreateAvailable(server_options.engine_limits)),
       executor(std::make_unique<WorkExecutor>(server_options.worker_threads)),
-      budget(server_options.max_total_bytes) {}
+      budget(server_options.max_total_bytes),
+      metrics(streams, *executor, budget, draining, engines->EngineNames()) {}
 
 void StreamRegistry::Add(CompressReactor* reactor) {
   std::lock_guard<std::mutex> lock(mu_);

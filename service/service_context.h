@@ -1,5 +1,5 @@
 // What every stream of one server shares: options, engines, the clustering pool, the
-// memory budget and the registry of live streams (for draining on shutdown).
+// memory budget, the registry of live streams (for draining on shutdown) and the metrics.
 // Thread-safe: fields are set once at start-up; the registry has its own lock.
 #pragma once
 
@@ -15,6 +15,7 @@
 #include "service/executor.h"
 #include "service/memory_budget.h"
 #include "service/server_options.h"
+#include "service/service_metrics.h"
 
 namespace centroidkv::service {
 
@@ -38,7 +39,7 @@ class StreamRegistry {
   std::set<CompressReactor*> reactors_;
 };
 
-// Counters of the server's life so far (read by tests, GetInfo and, later, /metrics).
+// Counters of the server's life so far (read by tests; /metrics has its own, by label).
 struct ServiceStats {
   std::atomic<int64_t> streams_opened{0};
   std::atomic<int64_t> jobs_received{0};   // complete jobs handed to the pool
@@ -57,6 +58,7 @@ struct ServiceContext {
   StreamRegistry streams;
   ServiceStats stats;
   std::atomic<bool> draining{false};
+  ServiceMetrics metrics;  // last: its gauges read the members above
 };
 
 }  // namespace centroidkv::service

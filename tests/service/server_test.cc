@@ -13,6 +13,7 @@
 
 #include "centroidkv/client/client.h"
 #include "centroidkv/kernels/engine_factory.h"
+#include "tests/service/prometheus_text.h"
 #include "tests/service/service_test_util.h"
 #include "tests/testing/random_layer.h"
 
@@ -21,7 +22,10 @@ namespace {
 
 using ::centroidkv::service::testing::DecodeResults;
 using ::centroidkv::service::testing::MakeStub;
+using ::centroidkv::service::testing::ParsePrometheusText;
 using ::centroidkv::service::testing::RawStream;
+using ::centroidkv::service::testing::SampleValue;
+using ::centroidkv::service::testing::ScrapeMetrics;
 using ::centroidkv::service::testing::StartLoopbackServer;
 
 // A unary call through the generic stub (no generated code): returns the reply bytes.
@@ -301,13 +305,16 @@ TEST(ServerTest, JobLargerThanStreamBudgetIsResourceExhausted) {
       << status.error_message();
 }
 
-// Shutdown: the job in flight finishes and is delivered, a job announced during the
-// drain is refused with UNAVAILABLE (so the client can resend it elsewhere). The client
-// half-closes, so nothing it sent is left unread when the server closes the connection.
+// Shutdown: health turns NOT_SERVING (so probes and balancers stop sending here) while
+// /metrics still answers, the job in flight finishes and is delivered, a job announced
+// during the drain is refused with UNAVAILABLE (so the client can resend it elsewhere).
+// The client half-closes, so nothing it sent is left unread when the server closes the
+// connection.
 TEST(ServerTest, GracefulShutdownFinishesJobsInFlightAndRefusesNewOnes) {
   ServerOptions options;
   options.worker_threads = 1;
   options.grace_period = std::chrono::seconds(30);
+  options.metrics_listen = "127.0.0.1:0";
   auto server = StartLoopbackServer(options);
   ASSERT_NE(server, nullptr);
   auto stub = MakeStub(server->target());
@@ -329,6 +336,19 @@ TEST(ServerTest, GracefulShutdownFinishesJobsInFlightAndRefusesNewOnes) {
   while (!server->context().draining.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  // The job is still computing, so the server is draining, not yet shut down.
+  std::string reply;
+  const std::string name = "centroidkv.v1.CentroidKV";
+  ASSERT_TRUE(GenericUnary(server->target(), "/grpc.health.v1.Health/Check", "", &reply).ok());
+  EXPECT_EQ(reply, std::string("\x08\x02", 2)) << "overall health must be NOT_SERVING";
+  const std::string request = std::string("\x0a", 1) + static_cast<char>(name.size()) + name;
+  ASSERT_TRUE(GenericUnary(server->target(), "/grpc.health.v1.Health/Check", request, &reply).ok());
+  EXPECT_EQ(reply, std::string("\x08\x02", 2)) << "the service's health must be NOT_SERVING";
+  auto scraped = ScrapeMetrics(server->metrics_port());
+  ASSERT_TRUE(scraped.ok()) << scraped.status();
+  auto during = ParsePrometheusText(*scraped);
+  ASSERT_TRUE(during.ok()) << during.status();
+  EXPECT_EQ(*SampleValue(*during, "centroidkv_draining", "centroidkv_draining"), 1);
   test::RandomLayerSpec small_spec;
   test::RandomLayer small = test::RandomLayer::Generate(small_spec);
   ASSERT_TRUE(stream.SendJob(2, small.view(), CompressOptions{}));
@@ -348,6 +368,12 @@ TEST(ServerTest, GracefulShutdownFinishesJobsInFlightAndRefusesNewOnes) {
   EXPECT_EQ(errors[2].code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(server->context().executor->pending(), 0);
+  auto after = ParsePrometheusText(server->context().metrics.Render());
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*SampleValue(*after, "centroidkv_errors_total", "centroidkv_errors_total",
+                         {{"code", "UNAVAILABLE"}, {"scope", "job"}}),
+            1)
+      << "the refused job is counted once, as a job error";
 }
 
 // A stream with nothing in flight ends at once with UNAVAILABLE when the server drains.

@@ -1,0 +1,66 @@
+// MetricsHttpServer: cpp-httplib serving /metrics on its own port.
+#include "service/metrics_http.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace centroidkv::service {
+namespace {
+
+constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+constexpr int kHttpThreads = 2;  // scrapes are rare and cheap
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const std::string& address, std::function<std::string()> render) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(address).substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_listen: '", address, "' is not HOST:PORT"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+
+  std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
+  server->http_ = std::make_unique<httplib::Server>();
+  server->http_->new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
+  server->http_->Get("/metrics", [render = std::move(render)](const httplib::Request&,
+                                                             httplib::Response& response) {
+    response.set_content(render(), kContentType);
+  });
+  const bool bound = port == 0
+                         ? (port = server->http_->bind_to_any_port(host)) > 0
+                         : server->http_->bind_to_port(host, port);
+  if (!bound) {
+    return absl::UnavailableError(absl::StrCat(
+        "metrics_listen: cannot listen on '", address, "' (address in use or bad address)"));
+  }
+  server->port_ = port;
+  httplib::Server* http = server->http_.get();
+  server->thread_ = std::thread([http] { http->listen_after_bind(); });
+  // httplib's stop() does nothing before the listening loop runs: wait for it.
+  for (int i = 0; i < 5000 && !http->is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return server;
+}
+
+MetricsHttpServer::~MetricsHttpServer() { Stop(); }
+
+void MetricsHttpServer::Stop() {
+  if (http_ != nullptr) http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace centroidkv::service

@@ -1,0 +1,106 @@
+// ServiceMetrics: the metric families of the server and their hooks.
+#include "service/service_metrics.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_join.h"
+#include "service/executor.h"
+#include "service/memory_budget.h"
+#include "service/service_context.h"
+
+#ifndef CKV_VERSION
+#define CKV_VERSION "unknown"
+#endif
+#ifndef CKV_GIT_COMMIT
+#define CKV_GIT_COMMIT "unknown"
+#endif
+
+namespace centroidkv::service {
+namespace {
+
+// Clustering one layer takes ~1 ms (small jobs) to seconds (reference backend, long
+// contexts); waiting for a thread ranges from microseconds to seconds under load.
+const std::vector<double> kClusteringBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                               0.25,  0.5,    1,     2.5,  5,     10,   30};
+const std::vector<double> kQueueWaitBounds = {0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                              0.05,   0.1,    0.25,  0.5,    1,     2.5,  10};
+
+}  // namespace
+
+ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor& executor,
+                               const MemoryBudget& budget, const std::atomic<bool>& draining,
+                               const std::vector<std::string>& backends) {
+  registry_
+      .AddGauge("centroidkv_build_info",
+                "Build of this server (always 1): version, git commit and backends built in",
+                {"version", "git_commit", "backends"})
+      ->Add({CKV_VERSION, CKV_GIT_COMMIT, absl::StrJoin(backends, ",")}, [] { return 1.0; });
+  registry_.AddGauge("centroidkv_draining", "1 once the server is draining (after SIGTERM)")
+      ->Add({}, [&draining] { return draining.load() ? 1.0 : 0.0; });
+  registry_.AddGauge("centroidkv_streams_open", "Compress streams open now")
+      ->Add({}, [&streams] { return static_cast<double>(streams.size()); });
+  streams_total_ = registry_
+                       .AddCounter("centroidkv_streams_total", "Compress streams opened")
+                       ->WithLabels({});
+  jobs_ = registry_.AddCounter("centroidkv_jobs_total",
+                               "Layer jobs received whole and handed to the clustering pool",
+                               {"backend"});
+  tokens_ = registry_.AddCounter("centroidkv_tokens_total",
+                                 "Input token rows of received jobs (heads x tokens)", {"backend"});
+  entries_ = registry_.AddCounter("centroidkv_entries_total",
+                                  "Output rows (centroids) of results sent, over all heads",
+                                  {"backend"});
+  bytes_in_ = registry_
+                  .AddCounter("centroidkv_received_bytes_total",
+                              "Serialized bytes of Compress messages received")
+                  ->WithLabels({});
+  bytes_out_ = registry_
+                   .AddCounter("centroidkv_sent_bytes_total",
+                               "Serialized bytes of Compress messages sent")
+                   ->WithLabels({});
+  clustering_seconds_ = registry_.AddHistogram(
+      "centroidkv_clustering_seconds", "Time the engine took per job", {"backend"},
+      kClusteringBounds);
+  registry_
+      .AddGauge(kQueueDepthMetric, "Jobs waiting for a clustering thread (not yet started)")
+      ->Add({}, [&executor] { return static_cast<double>(executor.queued()); });
+  registry_.AddGauge("centroidkv_jobs_in_flight", "Jobs in the clustering pool, waiting or running")
+      ->Add({}, [&executor] { return static_cast<double>(executor.pending()); });
+  queue_wait_seconds_ =
+      registry_
+          .AddHistogram("centroidkv_queue_wait_seconds",
+                        "Time a job waited for a clustering thread", {}, kQueueWaitBounds)
+          ->WithLabels({});
+  registry_
+      .AddGauge("centroidkv_buffered_bytes",
+                "Bytes reserved by jobs in flight (inputs and results) in the memory budget")
+      ->Add({}, [&budget] { return static_cast<double>(budget.used()); });
+  errors_ = registry_.AddCounter(
+      "centroidkv_errors_total",
+      "Errors by gRPC status code; scope=stream: a stream ended with it, scope=job: one job failed",
+      {"code", "scope"});
+}
+
+void ServiceMetrics::JobReceived(std::string_view backend, int64_t tokens) {
+  const std::vector<std::string> labels = {std::string(backend)};
+  jobs_->WithLabels(labels)->Increment();
+  tokens_->WithLabels(labels)->Increment(static_cast<uint64_t>(tokens));
+}
+
+void ServiceMetrics::JobComputed(std::string_view backend, double queue_seconds,
+                                 double compute_seconds) {
+  clustering_seconds_->WithLabels({std::string(backend)})->Observe(compute_seconds);
+  queue_wait_seconds_->Observe(queue_seconds);
+}
+
+void ServiceMetrics::EntriesOut(std::string_view backend, int64_t entries) {
+  entries_->WithLabels({std::string(backend)})->Increment(static_cast<uint64_t>(entries));
+}
+
+void ServiceMetrics::Error(int code, std::string_view scope) {
+  // gRPC and absl share the google.rpc.Code numbering; this only names the code.
+  const std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+  errors_->WithLabels({name.empty() ? std::to_string(code) : name, std::string(scope)})
+      ->Increment();
+}
+
+}  // namespace centroidkv::service

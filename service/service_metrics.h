@@ -1,0 +1,60 @@
+// The server's Prometheus metrics: which exist, their names, help and buckets, and the
+// hooks the reactors call. Live state (streams open, queue depth, buffered bytes,
+// draining) is read when scraped. docs/architecture.md lists every metric.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "service/metrics.h"
+
+namespace centroidkv::service {
+
+class MemoryBudget;
+class StreamRegistry;
+class WorkExecutor;
+
+// The name the HorizontalPodAutoscaler of deploy/ scales on (tests check it is exported).
+inline constexpr char kQueueDepthMetric[] = "centroidkv_queue_depth";
+
+class ServiceMetrics {
+ public:
+  // Reads the live gauges from the arguments, which must outlive this object.
+  ServiceMetrics(const StreamRegistry& streams, const WorkExecutor& executor,
+                 const MemoryBudget& budget, const std::atomic<bool>& draining,
+                 const std::vector<std::string>& backends);
+
+  void StreamOpened() { streams_total_->Increment(); }
+  // A complete job handed to the pool: `tokens` = heads x tokens per head.
+  void JobReceived(std::string_view backend, int64_t tokens);
+  // A job the engine ran (whatever its outcome).
+  void JobComputed(std::string_view backend, double queue_seconds, double compute_seconds);
+  // A result queued for sending: `entries` = output rows over all heads.
+  void EntriesOut(std::string_view backend, int64_t entries);
+  // Serialized sizes of the Compress messages read and written.
+  void BytesIn(uint64_t bytes) { bytes_in_->Increment(bytes); }
+  void BytesOut(uint64_t bytes) { bytes_out_->Increment(bytes); }
+  // `code`: a gRPC status code number; `scope`: "stream" (the stream ended with it) or
+  // "job" (a JobError for one job, the stream went on).
+  void Error(int code, std::string_view scope);
+
+  std::string Render() const { return registry_.Render(); }
+
+ private:
+  MetricsRegistry registry_;
+  Counter* streams_total_;
+  CounterFamily* jobs_;
+  CounterFamily* tokens_;
+  CounterFamily* entries_;
+  Counter* bytes_in_;
+  Counter* bytes_out_;
+  HistogramFamily* clustering_seconds_;
+  Histogram* queue_wait_seconds_;
+  CounterFamily* errors_;
+};
+
+}  // namespace centroidkv::service

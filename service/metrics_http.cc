@@ -2,6 +2,7 @@
 #include "service/metrics_http.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <utility>
@@ -35,6 +36,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->http_ = std::make_unique<httplib::Server>();
   server->http_->new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
+  // server share a busy port silently and split the scrapes between the two.
+  server->http_->set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   server->http_->Get("/metrics", [render = std::move(render)](const httplib::Request&,
                                                              httplib::Response& response) {
     response.set_content(render(), kContentType);

@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""Checks that deploy/ fits together: Dockerfiles, kustomize overlays, the Helm chart and
+the server binary they run.
+
+Renders every overlay with `kubectl kustomize` (offline), parses the YAML and asserts what
+docs in deploy/README.md promise: the sidecar is a native sidecar with a startup probe on
+the unix socket the worker dials, through a shared emptyDir; the pool's probes use the
+ports the server listens on; images, ports and flags match the Dockerfiles and the
+server's --help; resources are set; the HPA scales the pool's Deployment on the queue
+depth metric the server really exports (read from a live /metrics scrape); grace periods
+exceed the drain timeout; the headless Service selects the Deployment's pods. The Helm
+chart's values referenced by its templates must exist, and its defaults must agree with
+the kustomize manifests; it is rendered and checked like them only when `helm` exists.
+
+Run by ctest (tests/CMakeLists.txt). Exit 77 (ctest: skipped) when kubectl is missing.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import yaml
+
+SKIP = 77
+failures = []
+passes = 0
+
+
+def check(condition, what):
+    global passes
+    if condition:
+        passes += 1
+    else:
+        failures.append(what)
+        print(f"FAIL: {what}")
+    return condition
+
+
+# ---------------------------------------------------------------------------------------
+# Dockerfiles.
+
+def parse_dockerfile(path):
+    """The runtime (last) stage's image label, EXPOSEd ports, ENTRYPOINT and CMD, and the
+    build stage's RUN lines, COPY destinations of binaries."""
+    text = open(path).read()
+    # Join continuation lines.
+    text = re.sub(r"\\\n", " ", text)
+    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
+    stages = []
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        word = word.upper()
+        if word == "FROM":
+            stages.append({"from": rest.split()[0], "run": [], "expose": [], "labels": {},
+                           "copy": []})
+        elif not stages:
+            continue
+        elif word == "RUN":
+            stages[-1]["run"].append(rest)
+        elif word == "EXPOSE":
+            stages[-1]["expose"] += [int(p.split("/")[0]) for p in rest.split()]
+        elif word == "LABEL":
+            for key, value in re.findall(r'([\w.\-]+)="([^"]*)"', rest):
+                stages[-1]["labels"][key] = value
+        elif word in ("ENTRYPOINT", "CMD"):
+            stages[-1][word.lower()] = json.loads(rest)
+        elif word == "COPY":
+            stages[-1]["copy"].append(rest.split())
+    return stages
+
+
+def check_dockerfile(path, repo):
+    stages = parse_dockerfile(path)
+    name = os.path.basename(path)
+    check(len(stages) >= 2, f"{name}: multi-stage (build + runtime)")
+    build, runtime = stages[0], stages[-1]
+    # CI runs scripts/test.sh = setup.sh + build.sh; the build stage must run the same two.
+    ci = open(os.path.join(repo, "scripts/test.sh")).read()
+    for script in ("scripts/setup.sh", "scripts/build.sh"):
+        check(script in ci, f"scripts/test.sh (CI) runs {script}")
+        check(any(r.startswith(f"bash {script}") for r in build["run"]),
+              f"{name}: build stage runs `bash {script}` as CI does")
+    targets = [r.split()[2:] for r in build["run"] if r.startswith("bash scripts/build.sh")]
+    targets = targets[0] if targets else []
+    cmake_text = ""
+    for root, _, files in os.walk(repo):
+        if "/build" in root or "/.git" in root:
+            continue
+        for f in files:
+            if f == "CMakeLists.txt":
+                cmake_text += open(os.path.join(root, f)).read()
+    for target in targets:
+        check(re.search(rf"add_executable\(\s*{re.escape(target)}\b", cmake_text) is not None,
+              f"{name}: build target {target} is a CMake executable")
+    image = runtime["labels"].get("io.centroidkv.image")
+    check(image is not None, f"{name}: runtime stage has LABEL io.centroidkv.image")
+    binaries = {}
+    for args in runtime["copy"]:
+        if any(a.startswith("--from=") for a in args):
+            for src in args[1:-1]:
+                binaries[os.path.basename(src)] = os.path.join(args[-1], os.path.basename(src))
+    check("centroidkv-server" in binaries and "centroidkv" in binaries,
+          f"{name}: runtime stage has centroidkv-server and the centroidkv CLI (exec probe)")
+    entry = runtime.get("entrypoint", [])
+    check(entry[:1] == [binaries.get("centroidkv-server")],
+          f"{name}: ENTRYPOINT is the server binary ({entry})")
+    return {"image": image, "expose": runtime["expose"], "cmd": runtime.get("cmd", []),
+            "binaries": binaries, "user": any("useradd" in r for r in runtime["run"]),
+            "from": runtime["from"]}
+
+
+# ---------------------------------------------------------------------------------------
+# The server binary: flags from --help, metric names from a live scrape.
+
+def server_flags(server_bin):
+    out = subprocess.run([server_bin, "--help"], capture_output=True, text=True, check=True).stdout
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+
+
+def live_metric_types(server_bin):
+    """Starts the server on loopback with metrics on a free port, scrapes /metrics, sends
+    SIGTERM and checks it drains and exits 0. Returns {metric name: type}."""
+    proc = subprocess.Popen([server_bin, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
+                             "--threads=1", "--grace-period=5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    port = None
+    deadline = time.time() + 30
+    lines = []
+    while time.time() < deadline and port is None:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        match = re.search(r"metrics: http://\S+ \(port (\d+)\)", line)
+        if match:
+            port = int(match.group(1))
+    types = {}
+    try:
+        if check(port is not None, "server logs its metrics port: " + "".join(lines)[-300:]):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            for m in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.M):
+                types[m.group(1)] = m.group(2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = None
+    check(rc == 0, f"server drains and exits 0 on SIGTERM (rc {rc})")
+    return types
+
+
+# ---------------------------------------------------------------------------------------
+# Manifests.
+
+def quantity(text):
+    """Kubernetes quantities (6Gi, 1536Mi, 500m) and CLI11 sizes (4GiB) -> number."""
+    text = str(text)
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "KiB": 2**10, "MiB": 2**20,
+             "GiB": 2**30, "k": 1e3, "M": 1e6, "G": 1e9, "m": 1e-3, "": 1}
+    match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", text)
+    if not match or match.group(2) not in units:
+        raise ValueError(f"bad quantity {text}")
+    return float(match.group(1)) * units[match.group(2)]
+
+
+def arg_value(args, flag):
+    for a in args:
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def port_of(address):
+    return int(address.rsplit(":", 1)[1])
+
+
+def check_container_common(where, container, docker, flags, pod_spec, metric_types):
+    """Checks shared by the pool and the sidecar: image, flags, ports, grace, resources."""
+    args = container.get("args", [])
+    check("command" not in container, f"{where}: keeps the image's ENTRYPOINT (no command)")
+    check(container.get("image") == docker["image"],
+          f"{where}: image {container.get('image')} == Dockerfile's {docker['image']}")
+    for a in args:
+        check(a.split("=", 1)[0] in flags, f"{where}: flag {a} is one of the server's flags")
+    check(all(a.split("=", 1)[0] in flags for a in docker["cmd"]),
+          f"{where}: the Dockerfile's CMD flags are the server's flags")
+    grace = float(arg_value(args, "--grace-period") or 20)
+    tgp = pod_spec.get("terminationGracePeriodSeconds", 30)
+    check(tgp > grace, f"{where}: terminationGracePeriodSeconds {tgp} > --grace-period {grace}")
+    metrics = arg_value(args, "--metrics-listen")
+    ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+    if check(metrics is not None, f"{where}: metrics are on"):
+        check(ports.get("metrics") == port_of(metrics),
+              f"{where}: metrics containerPort == --metrics-listen port {port_of(metrics)}")
+        check(port_of(metrics) in docker["expose"],
+              f"{where}: metrics port {port_of(metrics)} is EXPOSEd by the Dockerfile")
+    resources = container.get("resources", {})
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    check("cpu" in requests and "memory" in requests and "memory" in limits,
+          f"{where}: cpu and memory requests, memory limit")
+    total = arg_value(args, "--max-total-bytes")
+    if total and "memory" in limits:
+        check(quantity(limits["memory"]) > quantity(total),
+              f"{where}: memory limit {limits['memory']} > --max-total-bytes {total}")
+    threads = arg_value(args, "--threads")
+    if threads and "cpu" in requests:
+        check(quantity(requests["cpu"]) >= int(threads),
+              f"{where}: cpu request {requests['cpu']} covers --threads {threads}")
+    return args, ports, grace
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d and d.get("kind") == kind]
+
+
+def selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_sidecar(where, docs, docker, flags, metric_types):
+    deployments = by_kind(docs, "Deployment")
+    if not check(len(deployments) == 1, f"{where}: one Deployment (the worker)"):
+        return
+    spec = deployments[0]["spec"]["template"]["spec"]
+    sidecars = [c for c in spec.get("initContainers", []) if c.get("image") == docker["image"]]
+    if not check(len(sidecars) == 1, f"{where}: the server is an initContainer"):
+        return
+    sidecar = sidecars[0]
+    check(sidecar.get("restartPolicy") == "Always",
+          f"{where}: restartPolicy Always (a native sidecar)")
+    args, ports, _ = check_container_common(where + "/sidecar", sidecar, docker, flags, spec,
+                                            metric_types)
+    listen = arg_value(args, "--listen") or ""
+    check(listen.startswith("unix:///"), f"{where}: listens on a unix socket ({listen})")
+    socket_dir = os.path.dirname(listen[len("unix://"):])
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+
+    def mount_of(container):
+        for m in container.get("volumeMounts", []):
+            if m["mountPath"] == socket_dir:
+                return m["name"]
+        return None
+
+    volume = mount_of(sidecar)
+    check(volume is not None and "emptyDir" in volumes.get(volume, {}),
+          f"{where}: the socket's folder {socket_dir} is an emptyDir mounted by the sidecar")
+    probe = sidecar.get("startupProbe", {})
+    command = probe.get("exec", {}).get("command", [])
+    check(bool(command), f"{where}: the sidecar has an exec startupProbe")
+    check(command[:1] == [docker["binaries"].get("centroidkv")] and listen in command,
+          f"{where}: the startup probe runs the image's CLI on {listen} ({command})")
+    check(sidecar.get("livenessProbe", {}).get("exec", {}).get("command") == command,
+          f"{where}: the liveness probe is the same check")
+    workers = spec.get("containers", [])
+    check(len(workers) >= 1, f"{where}: a worker container")
+    for worker in workers:
+        env = {e["name"]: e.get("value") for e in worker.get("env", [])}
+        check(listen in env.values() or listen in worker.get("args", []),
+              f"{where}/{worker['name']}: dials the sidecar's socket {listen}")
+        check(mount_of(worker) == volume,
+              f"{where}/{worker['name']}: mounts the same emptyDir at {socket_dir}")
+        check("requests" in worker.get("resources", {}), f"{where}/{worker['name']}: resources")
+    check("nvidia.com/gpu" not in str(sidecar.get("resources")),
+          f"{where}: the sidecar is the CPU variant (a GPU would be its own, not the worker's)")
+
+
+def check_pool(where, docs, docker, flags, metric_types, gpu, queue_metric):
+    deployments = by_kind(docs, "Deployment")
+    services = by_kind(docs, "Service")
+    pdbs = by_kind(docs, "PodDisruptionBudget")
+    hpas = by_kind(docs, "HorizontalPodAutoscaler")
+    if not check(len(deployments) == 1 and len(services) == 1 and len(pdbs) == 1 and
+                 len(hpas) == 1, f"{where}: one Deployment, Service, PDB and HPA"):
+        return
+    deployment, service, pdb, hpa = deployments[0], services[0], pdbs[0], hpas[0]
+    template = deployment["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    spec = template["spec"]
+    containers = [c for c in spec["containers"] if c.get("image") == docker["image"]]
+    if not check(len(containers) == 1, f"{where}: the server container runs {docker['image']}"):
+        return
+    container = containers[0]
+    args, ports, grace = check_container_common(where, container, docker, flags, spec,
+                                                metric_types)
+    listen = arg_value(args, "--listen") or ""
+    grpc_port = port_of(listen) if re.search(r":\d+$", listen) else None
+    check(grpc_port is not None and ports.get("grpc") == grpc_port,
+          f"{where}: grpc containerPort == --listen port ({listen})")
+    check(grpc_port in docker["expose"], f"{where}: gRPC port {grpc_port} is EXPOSEd")
+    for name in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container.get(name, {})
+        check(probe.get("grpc", {}).get("port") == grpc_port,
+              f"{where}: {name} is a gRPC health probe on port {grpc_port}")
+    live = container.get("livenessProbe", {})
+    check(live.get("periodSeconds", 10) * live.get("failureThreshold", 3) > grace,
+          f"{where}: liveness tolerates NOT_SERVING for longer than the drain ({grace} s)")
+    annotations = template["metadata"].get("annotations", {})
+    check(annotations.get("prometheus.io/port") == str(ports.get("metrics")),
+          f"{where}: prometheus.io/port annotation == metrics port")
+    gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+    check((gpus is not None and int(gpus) >= 1) if gpu else gpus is None,
+          f"{where}: nvidia.com/gpu limit {'set' if gpu else 'absent'} ({gpus})")
+    # Selection: Deployment -> its pods; headless Service and PDB -> the same pods.
+    check(selects(deployment["spec"]["selector"]["matchLabels"], labels),
+          f"{where}: the Deployment's selector matches its pod labels")
+    check(service["spec"].get("clusterIP") == "None", f"{where}: the Service is headless")
+    check(selects(service["spec"].get("selector"), labels),
+          f"{where}: the Service selects the Deployment's pods")
+    service_ports = {p["name"]: p for p in service["spec"]["ports"]}
+    grpc_sp = service_ports.get("grpc", {})
+    check(grpc_sp.get("port") == grpc_port and grpc_sp.get("targetPort") in ("grpc", grpc_port),
+          f"{where}: the Service's grpc port reaches the container's gRPC port")
+    check(selects(pdb["spec"]["selector"]["matchLabels"], labels),
+          f"{where}: the PodDisruptionBudget selects the Deployment's pods")
+    check(hpa["apiVersion"] == "autoscaling/v2", f"{where}: HPA is autoscaling/v2")
+    target = hpa["spec"]["scaleTargetRef"]
+    check(target.get("kind") == "Deployment" and target.get("name") ==
+          deployment["metadata"]["name"], f"{where}: the HPA scales the pool's Deployment")
+    metrics = hpa["spec"].get("metrics", [])
+    names = [m.get("pods", {}).get("metric", {}).get("name") for m in metrics
+             if m.get("type") == "Pods"]
+    check(names == [queue_metric], f"{where}: the HPA's Pods metric is {queue_metric} ({names})")
+    check(metric_types.get(queue_metric) == "gauge",
+          f"{where}: the server exports {queue_metric} as a gauge (live scrape)")
+
+
+def render(kubectl, path):
+    out = subprocess.run([kubectl, "kustomize", path], capture_output=True, text=True)
+    if not check(out.returncode == 0, f"kubectl kustomize {path}: {out.stderr.strip()}"):
+        return []
+    return list(yaml.safe_load_all(out.stdout))
+
+
+# ---------------------------------------------------------------------------------------
+# Helm chart.
+
+def check_helm(chart, kustomize_pool, dockers, flags, metric_types, queue_metric):
+    meta = yaml.safe_load(open(os.path.join(chart, "Chart.yaml")))
+    check(meta.get("apiVersion") == "v2", "Chart.yaml: apiVersion v2")
+    for field in ("name", "version", "appVersion", "description"):
+        check(bool(meta.get(field)), f"Chart.yaml: {field}")
+    check(re.fullmatch(r"\d+\.\d+\.\d+", str(meta.get("version"))) is not None,
+          "Chart.yaml: version is SemVer")
+    values = yaml.safe_load(open(os.path.join(chart, "values.yaml")))
+    templates = os.path.join(chart, "templates")
+    used = set()
+    for name in os.listdir(templates):
+        used |= set(re.findall(r"\.Values\.([A-Za-z0-9_.]+)", open(os.path.join(templates, name)).read()))
+    for key in sorted(used):
+        node = values
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        check(node is not None, f"helm: .Values.{key} used by a template exists in values.yaml")
+    server = values["server"]
+    check(f"{values['image']['repository']}:{values['image']['tag']}" == dockers["cpu"]["image"],
+          "helm: default image == Dockerfile.cpu's")
+    check(f"{values['image']['repository']}:{values['gpu']['imageTag']}" == dockers["cuda"]["image"],
+          "helm: gpu image == Dockerfile.cuda's")
+    check(server["grpcPort"] in dockers["cpu"]["expose"] and
+          server["metricsPort"] in dockers["cpu"]["expose"], "helm: ports are EXPOSEd")
+    check(values["terminationGracePeriodSeconds"] > server["gracePeriodSeconds"],
+          "helm: terminationGracePeriodSeconds > server.gracePeriodSeconds")
+    hpa_text = open(os.path.join(templates, "hpa.yaml")).read()
+    check(f"name: {queue_metric}" in hpa_text, f"helm: the HPA names {queue_metric}")
+    helm = shutil.which("helm")
+    if helm is None:
+        print("NOTE: helm is not installed: the chart's values and structure were checked, "
+              "its rendered output was not")
+        return
+    check(subprocess.run([helm, "lint", chart]).returncode == 0, "helm lint")
+    for mode, gpu in (("pool", False), ("pool", True), ("sidecar", False)):
+        out = subprocess.run([helm, "template", "ckv", chart, "--set", f"mode={mode}",
+                              "--set", f"gpu.enabled={str(gpu).lower()}"],
+                             capture_output=True, text=True)
+        if not check(out.returncode == 0, f"helm template mode={mode} gpu={gpu}: {out.stderr}"):
+            continue
+        docs = list(yaml.safe_load_all(out.stdout))
+        docker = dockers["cuda" if gpu else "cpu"]
+        if mode == "pool":
+            check_pool(f"helm/{mode}{'-gpu' if gpu else ''}", docs, docker, flags, metric_types,
+                       gpu, queue_metric)
+        else:
+            check_sidecar("helm/sidecar", docs, docker, flags, metric_types)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", required=True)
+    parser.add_argument("--server-bin", required=True)
+    parser.add_argument("--kubectl", default="kubectl")
+    options = parser.parse_args()
+    kubectl = shutil.which(options.kubectl)
+    if kubectl is None:
+        print("SKIPPED: kubectl not found; the manifests in deploy/k8s were not rendered or "
+              "checked (kubectl is not a Debian 12 package; install it to run this check)")
+        return SKIP
+    repo = options.repo
+    deploy = os.path.join(repo, "deploy")
+    dockers = {v: check_dockerfile(os.path.join(deploy, "docker", f"Dockerfile.{v}"), repo)
+               for v in ("cpu", "cuda")}
+    check(dockers["cpu"]["from"].startswith("debian:12"), "Dockerfile.cpu runs on Debian 12")
+    check(dockers["cuda"]["from"].startswith("nvidia/cuda:13."), "Dockerfile.cuda on nvidia/cuda 13")
+    for variant, docker in dockers.items():
+        check(docker["user"], f"Dockerfile.{variant}: creates a non-root user")
+    flags = server_flags(options.server_bin)
+    metric_types = live_metric_types(options.server_bin)
+    header = open(os.path.join(repo, "service/service_metrics.h")).read()
+    match = re.search(r'kQueueDepthMetric\[\] = "([^"]+)"', header)
+    queue_metric = match.group(1) if match else None
+    check(queue_metric is not None, "service_metrics.h names the queue depth metric")
+    rules = yaml.safe_load(open(os.path.join(deploy, "k8s/prometheus-adapter-rules.yaml")))
+    check([r["name"]["as"] for r in rules["rules"]["custom"]] == [queue_metric],
+          "Prometheus Adapter rule exposes the queue depth metric under its name")
+
+    overlays = os.path.join(deploy, "k8s/overlays")
+    check(sorted(os.listdir(overlays)) == ["pool", "pool-gpu", "sidecar"],
+          "overlays: sidecar, pool, pool-gpu")
+    check_sidecar("sidecar", render(kubectl, os.path.join(overlays, "sidecar")), dockers["cpu"],
+                  flags, metric_types)
+    pool_docs = render(kubectl, os.path.join(overlays, "pool"))
+    check_pool("pool", pool_docs, dockers["cpu"], flags, metric_types, False, queue_metric)
+    check_pool("pool-gpu", render(kubectl, os.path.join(overlays, "pool-gpu")), dockers["cuda"],
+               flags, metric_types, True, queue_metric)
+    check_helm(os.path.join(deploy, "helm/centroidkv"), pool_docs, dockers, flags, metric_types,
+               queue_metric)
+
+    print(f"{passes} checks passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

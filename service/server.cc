@@ -24,6 +24,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->service_ = std::make_unique<CentroidKVService>(server->context_.get());
   server->listen_address_ = options.listen_address;
 
+  // /metrics first: if its port is taken, fail before the gRPC port opens at all.
+  if (!options.metrics_listen.empty()) {
+    ServiceContext* context = server->context_.get();
+    auto metrics = MetricsHttpServer::Start(options.metrics_listen,
+                                            [context] { return context->metrics.Render(); });
+    if (!metrics.ok()) return metrics.status();
+    server->metrics_http_ = std::move(*metrics);
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -41,16 +49,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::UnavailableError(
         absl::StrCat("listen: cannot listen on '", options.listen_address,
                      "' (address in use, bad address, or no permission)"));
-  }
-  if (!options.metrics_listen.empty()) {
-    ServiceContext* context = server->context_.get();
-    auto metrics = MetricsHttpServer::Start(options.metrics_listen,
-                                            [context] { return context->metrics.Render(); });
-    if (!metrics.ok()) {
-      server->Shutdown();
-      return metrics.status();
-    }
-    server->metrics_http_ = std::move(*metrics);
   }
   grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
   health->SetServingStatus(true);

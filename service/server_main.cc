@@ -1,6 +1,8 @@
 // centroidkv-server: flags, logging and signal handling around service::Server.
 // SIGTERM / SIGINT start a graceful shutdown (see Server::Shutdown); a second signal
 // exits at once.
+#include <sys/stat.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -84,6 +86,10 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // A unix socket is created group-writable (srwxrwx---): connecting needs write access,
+  // so a client running as another user in the socket's group can dial it (Kubernetes:
+  // the pod's fsGroup owns the shared emptyDir and joins every container to that group).
+  if (options.listen_address.rfind("unix:", 0) == 0) umask(S_IRWXO);
   auto server = centroidkv::service::Server::Start(options);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());

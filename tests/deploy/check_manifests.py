@@ -158,6 +158,28 @@ def live_metric_types(server_bin):
     return types
 
 
+def check_socket_mode(server_bin):
+    """The sidecar's worker may run as another user: the socket must be group-writable."""
+    import stat
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "ckv.sock")
+        proc = subprocess.Popen([server_bin, f"--listen=unix://{path}", "--metrics-listen=off",
+                                 "--threads=1"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(300):
+                if os.path.exists(path):
+                    break
+                time.sleep(0.05)
+            mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+    check(mode is not None and mode & 0o060 == 0o060 and mode & 0o007 == 0,
+          f"the server's unix socket is group read/write, closed to others ({oct(mode or 0)})")
+
+
 # ---------------------------------------------------------------------------------------
 # Manifests.
 
@@ -253,6 +275,11 @@ def check_sidecar(where, docs, docker, flags, metric_types):
     volume = mount_of(sidecar)
     check(volume is not None and "emptyDir" in volumes.get(volume, {}),
           f"{where}: the socket's folder {socket_dir} is an emptyDir mounted by the sidecar")
+    # The server creates its socket srwxrwx--- (server_main.cc); the pod's fsGroup owns the
+    # emptyDir (so the socket) and is a supplementary group of every container.
+    group = sidecar.get("securityContext", {}).get("runAsGroup")
+    check(group is not None and spec.get("securityContext", {}).get("fsGroup") == group,
+          f"{where}: pod fsGroup == the sidecar's runAsGroup {group} (workers may dial the socket)")
     probe = sidecar.get("startupProbe", {})
     command = probe.get("exec", {}).get("command", [])
     check(bool(command), f"{where}: the sidecar has an exec startupProbe")
@@ -413,6 +440,7 @@ def main():
         check(docker["user"], f"Dockerfile.{variant}: creates a non-root user")
     flags = server_flags(options.server_bin)
     metric_types = live_metric_types(options.server_bin)
+    check_socket_mode(options.server_bin)
     header = open(os.path.join(repo, "service/service_metrics.h")).read()
     match = re.search(r'kQueueDepthMetric\[\] = "([^"]+)"', header)
     queue_metric = match.group(1) if match else None

@@ -23,9 +23,8 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
                  "unix:///path/to.sock")
       ->capture_default_str();
   app.add_option("--metrics-listen", options.metrics_listen,
-                 "Prometheus /metrics over HTTP on HOST:PORT (port 0 picks a free one); "
-                 "'off' or '' turns it off")
-      ->capture_default_str();
+                 "Prometheus /metrics over HTTP on HOST:PORT (port 0 picks a free one), e.g. "
+                 "0.0.0.0:9464 as in the images; off by default ('off' or '')");
   app.add_option("--threads", options.worker_threads,
                  "Clustering threads (oneTBB); 0 = one per hardware thread")
       ->capture_default_str()
@@ -70,7 +69,6 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
 
 int main(int argc, char** argv) {
   ServerOptions options;
-  options.metrics_listen = centroidkv::service::kDefaultMetricsListen;
   double grace_seconds =
       std::chrono::duration<double>(options.grace_period).count();
   CLI::App app{"CentroidKV server: compresses LLM KV caches by clustering similar tokens"};

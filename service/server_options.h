@@ -10,14 +10,12 @@
 
 namespace centroidkv::service {
 
-inline constexpr char kDefaultMetricsListen[] = "0.0.0.0:9464";
-
 struct ServerOptions {
   // "host:port" (TCP; port 0 picks a free one) or "unix:///path/to.sock".
   std::string listen_address = "0.0.0.0:50051";
   // Prometheus /metrics over HTTP: "host:port" (port 0 picks a free one); empty = off.
-  // Off here so that servers embedded in tests and tools open no second port; the
-  // centroidkv-server binary defaults to kDefaultMetricsListen.
+  // Off by default so that several servers on one host (tests, demos, replicas) never
+  // compete for a port; the images and manifests in deploy/ use "0.0.0.0:9464".
   std::string metrics_listen;
   // oneTBB worker threads for clustering; 0 = one per hardware thread.
   int32_t worker_threads = 0;

@@ -115,6 +115,44 @@ def check_dockerfile(path, repo):
             "from": runtime["from"]}
 
 
+# Packages debian:12-slim already has (Priority: required), which the runtime stage's
+# apt-get line need not name.
+SLIM_BASE = {"libc6", "libstdc++6", "libgcc-s1", "zlib1g"}
+
+
+def check_runtime_packages(dockerfile, binaries):
+    """Every shared library the binaries load here (Debian 12, as in the build stage) comes
+    from a package the CPU runtime stage installs, one of their dependencies, or the base."""
+    if shutil.which("dpkg") is None or shutil.which("ldd") is None:
+        print("NOTE: no dpkg/ldd: the runtime packages of Dockerfile.cpu were not checked")
+        return
+    text = re.sub(r"\\\n", " ", open(dockerfile).read())
+    installs = re.findall(r"apt-get install -y --no-install-recommends ([^&]+)", text)
+    listed = set(installs[-1].split()) if installs else set()
+    allowed = listed | SLIM_BASE
+    for package in listed:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Depends}", package],
+                             capture_output=True, text=True).stdout
+        allowed |= {d.strip().split()[0].split(":")[0] for d in re.split(r"[,|]", out) if d.strip()}
+    libraries = set()
+    for binary in binaries:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+        libraries |= set(re.findall(r"=> (/\S+)", out))
+    for library in sorted(libraries):
+        real = os.path.realpath(library)
+        candidates = {library, real}
+        for path in list(candidates):
+            candidates.add(path[4:] if path.startswith("/usr/") else "/usr" + path)
+        owner = None
+        for path in candidates:
+            out = subprocess.run(["dpkg", "-S", path], capture_output=True, text=True)
+            if out.returncode == 0:
+                owner = out.stdout.split(":")[0]
+                break
+        check(owner is not None and owner in allowed,
+              f"Dockerfile.cpu runtime provides {os.path.basename(library)} (package {owner})")
+
+
 # ---------------------------------------------------------------------------------------
 # The server binary: flags from --help, metric names from a live scrape.
 
@@ -439,6 +477,9 @@ def main():
     for variant, docker in dockers.items():
         check(docker["user"], f"Dockerfile.{variant}: creates a non-root user")
     flags = server_flags(options.server_bin)
+    cli_bin = os.path.join(os.path.dirname(options.server_bin), "centroidkv")
+    check_runtime_packages(os.path.join(deploy, "docker", "Dockerfile.cpu"),
+                           [options.server_bin] + ([cli_bin] if os.path.exists(cli_bin) else []))
     metric_types = live_metric_types(options.server_bin)
     check_socket_mode(options.server_bin)
     header = open(os.path.join(repo, "service/service_metrics.h")).read()

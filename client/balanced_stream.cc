@@ -201,17 +201,22 @@ void BalancedStream::DispatchLocked() {
       }
       if (lane == nullptr) return;  // every lane is full
     }
-    ready_.pop_front();
     absl::StatusOr<uint64_t> lane_job_id = lane->stream->Submit(job.job);
     if (!lane_job_id.ok()) {
-      // The lane ended before the job went out (e.g. no replica reachable).
+      // The lane ended before the job went out. A lane that carried jobs before has
+      // simply died meanwhile (its reader will tell): the job was never sent, try the next
+      // lane. A fresh one that cannot take a first job (no replica reachable) counts as a
+      // failed send, so that the backoff paces the next try.
       lane->retiring = true;
       changed_.notify_all();
+      if (lane->assigned > 0) continue;
+      ready_.pop_front();
       RetryLocked(id, absl::UnavailableError(absl::StrCat(
                           "the stream ended before the job was sent: ",
                           lane_job_id.status().ToString())));
       continue;
     }
+    ready_.pop_front();
     job.state = JobState::kInFlight;
     job.lane = lane;
     job.lane_job_id = *lane_job_id;

@@ -42,12 +42,14 @@ BalancedStream::BalancedStream(std::shared_ptr<ReplicaPool::Core> core)
 
 BalancedStream::~BalancedStream() {
   {
+    // Like GrpcCompressStream: a stream destroyed without Close() is cancelled (a
+    // graceful close could wait on a replica that no longer answers).
     std::lock_guard<std::mutex> lock(mu_);
-    if (!jobs_.empty()) aborted_ = true;  // the lanes carrying them are cancelled below
+    if (!jobs_.empty()) aborted_ = true;
     stopping_ = true;
     for (auto& lane : lanes_) {
       lane->retiring = true;
-      if (!lane->in_flight.empty()) lane->stream->Abort();
+      lane->stream->Abort();
     }
     changed_.notify_all();
   }

@@ -55,9 +55,9 @@ absl::StatusOr<ServerInfo> FetchServerInfo(v1::CentroidKV::Stub& stub) {
   return info;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ClientOptions& options,
-                                                           const std::string& grpc_target,
-                                                           const std::string& service_config_json) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
+    const ClientOptions& options, const std::string& grpc_target,
+    const std::string& service_config_json, std::chrono::milliseconds keepalive_time) {
   if (options.slab_bytes < 1024 || options.slab_bytes > options.max_message_bytes - 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slab_bytes must be in [1024, max_message_bytes - 1024] (got ", options.slab_bytes, ")"));
@@ -66,6 +66,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ClientOptions& 
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   if (!service_config_json.empty()) args.SetServiceConfigJSON(service_config_json);
+  if (keepalive_time.count() > 0) {
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(keepalive_time.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10 * 1000);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // also on idle streams
+  }
   auto channel = grpc::CreateCustomChannel(grpc_target, grpc::InsecureChannelCredentials(), args);
   if (options.connect_timeout.count() > 0 &&
       !channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {

@@ -164,11 +164,13 @@ absl::StatusOr<std::unique_ptr<ReplicaPool>> ReplicaPool::Connect(const PoolOpti
   if (options.streams < 0 || options.jobs_per_stream < 1 || options.stream_job_limit < 0 ||
       retry.max_attempts < 1 || retry.initial_backoff.count() < 0 ||
       retry.max_backoff < retry.initial_backoff || retry.multiplier < 1.0 ||
-      retry.jitter < 0.0 || retry.jitter > 1.0 || options.job_deadline.count() < 0) {
+      retry.jitter < 0.0 || retry.jitter > 1.0 || options.job_deadline.count() < 0 ||
+      (options.keepalive_time.count() != 0 &&
+       options.keepalive_time < std::chrono::seconds(10))) {
     return absl::InvalidArgumentError(
         "pool options: need streams >= 0, jobs_per_stream >= 1, stream_job_limit >= 0, "
         "max_attempts >= 1, 0 <= initial_backoff <= max_backoff, multiplier >= 1, "
-        "jitter in [0, 1], job_deadline >= 0");
+        "jitter in [0, 1], job_deadline >= 0, keepalive_time 0 or >= 10 s");
   }
   CKV_ASSIGN_OR_RETURN(const ReplicaTarget target, ParseReplicaTarget(options.client.target));
   auto core = std::make_shared<Core>();
@@ -177,7 +179,8 @@ absl::StatusOr<std::unique_ptr<ReplicaPool>> ReplicaPool::Connect(const PoolOpti
     core->options.streams = target.addresses > 0 ? 2 * target.addresses : 8;
   }
   CKV_ASSIGN_OR_RETURN(core->channel,
-                       OpenChannel(options.client, target.grpc_target, kServiceConfig));
+                       OpenChannel(options.client, target.grpc_target, kServiceConfig,
+                                   options.keepalive_time));
   core->stub = v1::CentroidKV::NewStub(core->channel);
   return std::unique_ptr<ReplicaPool>(new ReplicaPool(std::move(core)));
 }

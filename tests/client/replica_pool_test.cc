@@ -7,6 +7,8 @@
 // server processes killed mid-run is replica_failover_test.cc.
 #include "centroidkv/client/replica_pool.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -72,6 +74,26 @@ TEST(ParseReplicaTargetTest, NamesReplicaSet) {
   EXPECT_TRUE(NamesReplicaSet("dns:///svc:1"));
   EXPECT_FALSE(NamesReplicaSet("127.0.0.1:1"));
   EXPECT_FALSE(NamesReplicaSet("unix:///run/ckv.sock"));
+}
+
+TEST(ReplicaPoolOptionsTest, RejectsBadOptionsNamingThem) {
+  PoolOptions base;
+  base.client.target = "127.0.0.1:1,127.0.0.1:2";
+  base.client.connect_timeout = std::chrono::milliseconds(0);
+  std::vector<PoolOptions> bad(6, base);
+  bad[0].jobs_per_stream = 0;
+  bad[1].retry.max_attempts = 0;
+  bad[2].retry.max_backoff = std::chrono::milliseconds(1);  // below initial_backoff
+  bad[3].retry.jitter = 1.5;
+  bad[4].keepalive_time = std::chrono::seconds(1);
+  bad[5].client.target = "127.0.0.1:1,";
+  for (const PoolOptions& options : bad) {
+    absl::StatusOr<std::unique_ptr<ReplicaPool>> pool = ReplicaPool::Connect(options);
+    EXPECT_EQ(pool.status().code(), absl::StatusCode::kInvalidArgument) << pool.status();
+  }
+  absl::StatusOr<std::unique_ptr<ReplicaPool>> pool = ReplicaPool::Connect(base);
+  ASSERT_TRUE(pool.ok()) << pool.status();  // nothing listens, but it does not wait
+  EXPECT_EQ((*pool)->options().streams, 4);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -164,6 +186,34 @@ TEST(ReplicaPoolTest, CommaListSpreadsJobsOverThreeReplicas) {
     EXPECT_EQ(it->second.results, server->context().stats.jobs_completed.load());
     EXPECT_EQ(it->second.in_flight, 0);
   }
+}
+
+TEST(ReplicaPoolTest, UnixSocketListSpreadsJobsOverBothServers) {
+  std::vector<std::unique_ptr<service::Server>> servers;
+  std::vector<std::string> paths;
+  std::string target;
+  for (int i = 0; i < 2; ++i) {
+    const std::string path =
+        "/tmp/ckv-pool-test-" + std::to_string(getpid()) + "-" + std::to_string(i) + ".sock";
+    paths.push_back(path);
+    auto server = service::Server::Start(testutil::TestServerOptions("unix://" + path));
+    ASSERT_TRUE(server.ok()) << server.status();
+    target += (target.empty() ? "" : ",") + (*server)->target();
+    servers.push_back(*std::move(server));
+  }
+  PoolOptions options = TestPoolOptions(target);
+  options.stream_job_limit = 4;
+  std::unique_ptr<ReplicaPool> pool = ConnectPool(options);
+  ASSERT_NE(pool, nullptr);
+  const JobSet set = MakeVariedJobs(24, 7050, 0);
+  std::unique_ptr<CompressStream> stream = pool->OpenStream();
+  RunPipelined(stream.get(), set.jobs, set.specs);
+  for (const auto& server : servers) {
+    EXPECT_GT(server->context().stats.jobs_completed.load(), 0) << server->target();
+  }
+  EXPECT_EQ(pool->stats().returned_ok, 24);
+  servers.clear();
+  for (const std::string& path : paths) unlink(path.c_str());
 }
 
 TEST(ReplicaPoolTest, AJobRefusedByADrainingReplicaIsResentToAnother) {

@@ -58,6 +58,10 @@ struct PoolOptions {
   // Deadline of each job, counted from Submit and covering every resend; an expired job is
   // cancelled on its server and returned with DEADLINE_EXCEEDED. Zero: none.
   std::chrono::milliseconds job_deadline{0};
+  // Keepalive pings on every connection after this much silence, so that a replica that
+  // vanished without closing its connections (a lost node) is noticed within about this
+  // plus 10 s and its jobs are resent. Servers accept one ping per 10 s. Zero: off.
+  std::chrono::milliseconds keepalive_time{std::chrono::seconds(20)};
   RetryPolicy retry;
 };
 

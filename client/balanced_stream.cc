@@ -235,7 +235,6 @@ void BalancedStream::DispatchLocked() {
 
 BalancedStream::Lane* BalancedStream::OpenLaneLocked(bool solo) {
   auto lane = std::make_unique<Lane>();
-  lane->serial = next_lane_serial_++;
   lane->solo = solo;
   lane->stream = std::make_unique<GrpcCompressStream>(core_->stub.get(), options_.client);
   Lane* raw = lane.get();

@@ -64,7 +64,6 @@ class BalancedStream final : public CompressStream {
   using Clock = std::chrono::steady_clock;
 
   struct Lane {
-    uint64_t serial = 0;
     std::unique_ptr<GrpcCompressStream> stream;
     std::map<uint64_t, uint64_t> in_flight;  // lane job id -> job id
     std::string peer;                        // "" until the first answer
@@ -124,7 +123,6 @@ class BalancedStream final : public CompressStream {
   std::deque<LayerResult> completed_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   uint64_t next_job_id_ = 1;
-  uint64_t next_lane_serial_ = 1;
   int64_t outstanding_ = 0;  // submitted, not yet returned by Next() nor cancelled
   bool closing_ = false;
   bool aborted_ = false;

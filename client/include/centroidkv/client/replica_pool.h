@@ -67,7 +67,7 @@ struct PoolOptions {
 
 // What one replica (one peer address) did for this pool.
 struct ReplicaStats {
-  int64_t results = 0;    // jobs answered (results or final per-job errors)
+  int64_t results = 0;    // jobs it answered with a result (OK)
   int64_t in_flight = 0;  // jobs sent to it and not yet answered, now
   int64_t resent = 0;     // jobs taken back from it after it failed, to be resent
 };

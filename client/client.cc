@@ -3,8 +3,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/client/client.h"
+#include "centroidkv/common/status_macros.h"
 #include "centroidkv/v1/centroidkv.grpc.pb.h"
 #include "centroidkv/wire/grpc_status.h"
+#include "client/channel.h"
 #include "client/compress_stream_impl.h"
 
 namespace centroidkv::client {
@@ -17,27 +19,7 @@ class GrpcClient final : public Client {
         channel_(std::move(channel)),
         stub_(v1::CentroidKV::NewStub(channel_)) {}
 
-  absl::StatusOr<ServerInfo> GetInfo() override {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    v1::GetInfoRequest request;
-    v1::GetInfoResponse response;
-    grpc::Status status = stub_->GetInfo(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
-    ServerInfo info;
-    info.version = response.version();
-    info.backends.assign(response.backends().begin(), response.backends().end());
-    info.default_backend = response.default_backend();
-    info.devices.assign(response.devices().begin(), response.devices().end());
-    info.max_job_bytes = static_cast<int64_t>(response.limits().max_job_bytes());
-    info.max_stream_bytes = static_cast<int64_t>(response.limits().max_stream_bytes());
-    info.max_total_bytes = static_cast<int64_t>(response.limits().max_total_bytes());
-    info.max_message_bytes = static_cast<int32_t>(response.limits().max_message_bytes());
-    info.max_tokens = static_cast<int32_t>(response.limits().max_tokens());
-    info.max_heads = static_cast<int32_t>(response.limits().max_heads());
-    info.max_dim = static_cast<int32_t>(response.limits().max_dim());
-    return info;
-  }
+  absl::StatusOr<ServerInfo> GetInfo() override { return FetchServerInfo(*stub_); }
 
   std::unique_ptr<CompressStream> OpenStream() override {
     return std::make_unique<GrpcCompressStream>(stub_.get(), options_);
@@ -51,7 +33,31 @@ class GrpcClient final : public Client {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+absl::StatusOr<ServerInfo> FetchServerInfo(v1::CentroidKV::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::GetInfoRequest request;
+  v1::GetInfoResponse response;
+  grpc::Status status = stub.GetInfo(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  ServerInfo info;
+  info.version = response.version();
+  info.backends.assign(response.backends().begin(), response.backends().end());
+  info.default_backend = response.default_backend();
+  info.devices.assign(response.devices().begin(), response.devices().end());
+  info.max_job_bytes = static_cast<int64_t>(response.limits().max_job_bytes());
+  info.max_stream_bytes = static_cast<int64_t>(response.limits().max_stream_bytes());
+  info.max_total_bytes = static_cast<int64_t>(response.limits().max_total_bytes());
+  info.max_message_bytes = static_cast<int32_t>(response.limits().max_message_bytes());
+  info.max_tokens = static_cast<int32_t>(response.limits().max_tokens());
+  info.max_heads = static_cast<int32_t>(response.limits().max_heads());
+  info.max_dim = static_cast<int32_t>(response.limits().max_dim());
+  return info;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
+    const ClientOptions& options, const std::string& grpc_target,
+    const std::string& service_config_json, std::chrono::milliseconds keepalive_time) {
   if (options.slab_bytes < 1024 || options.slab_bytes > options.max_message_bytes - 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slab_bytes must be in [1024, max_message_bytes - 1024] (got ", options.slab_bytes, ")"));
@@ -59,14 +65,25 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  auto channel =
-      grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  if (!service_config_json.empty()) args.SetServiceConfigJSON(service_config_json);
+  if (keepalive_time.count() > 0) {
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(keepalive_time.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10 * 1000);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // also on idle streams
+  }
+  auto channel = grpc::CreateCustomChannel(grpc_target, grpc::InsecureChannelCredentials(), args);
   if (options.connect_timeout.count() > 0 &&
       !channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
     return absl::UnavailableError(absl::StrCat("server: cannot connect to '", options.target,
                                                "' within ", options.connect_timeout.count(),
                                                " ms"));
   }
+  return channel;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  CKV_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                       OpenChannel(options, options.target, ""));
   return std::unique_ptr<Client>(new GrpcClient(options, std::move(channel)));
 }
 

@@ -135,6 +135,8 @@ absl::Status GrpcCompressStream::Close() {
 
 void GrpcCompressStream::Abort() { context_.TryCancel(); }
 
+std::string GrpcCompressStream::peer() const { return context_.peer(); }
+
 // ---------------------------------------------------------------------------------------
 // Writing.
 

@@ -30,6 +30,9 @@ class GrpcCompressStream final
   absl::StatusOr<LayerResult> Next() override;
   absl::Status Close() override;
   void Abort() override;
+  // The server's address as gRPC names it ("ipv4:127.0.0.1:50051"); meaningful once the
+  // first answer has arrived (before that, gRPC gives the channel's target).
+  std::string peer() const;
 
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;

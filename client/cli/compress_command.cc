@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/client/client.h"
+#include "centroidkv/client/replica_pool.h"
 #include "centroidkv/common/npy.h"
 #include "centroidkv/common/status_macros.h"
 #include "centroidkv/kernels/engine_factory.h"
@@ -212,7 +213,7 @@ absl::StatusOr<client::LayerResult> RunRemote(const CompressFlags& flags,
   options.target = flags.server;
   options.slab_bytes = flags.slab_kib * 1024;
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> connected,
-                       client::Client::Connect(options));
+                       client::ConnectTarget(options));
   CKV_ASSIGN_OR_RETURN(std::vector<client::LayerResult> results,
                        connected->CompressLayers({job}));
   if (!results[0].status.ok()) return results[0].status;
@@ -301,7 +302,9 @@ void AddCompressCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--counts", flags->counts_path, "counts.npy, [H, n] uint32 (default: all 1)");
   cmd->add_option("--out", flags->out_dir,
                   "Folder for out_keys/out_values/out_counts/out_offsets/assignment .npy");
-  auto* server = cmd->add_option("--server", flags->server, "Server address (HOST:PORT or unix:///path)")
+  auto* server = cmd->add_option("--server", flags->server,
+                                 "Server address (HOST:PORT or unix:///path), or replicas to "
+                                 "balance over: HOST:PORT,HOST:PORT,... or dns:///NAME:PORT")
                      ->capture_default_str();
   cmd->add_flag("--local", flags->local, "Compress in this process instead of on a server")
       ->excludes(server);

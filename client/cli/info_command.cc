@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_join.h"
 #include "centroidkv/client/client.h"
+#include "centroidkv/client/replica_pool.h"
 #include "client/cli/commands.h"
 
 namespace centroidkv::cli {
@@ -12,12 +13,14 @@ namespace centroidkv::cli {
 void AddInfoCommand(CLI::App& app, int* exit_code) {
   auto target = std::make_shared<std::string>("127.0.0.1:50051");
   CLI::App* info = app.add_subcommand("info", "Show a server's version, backends and limits");
-  info->add_option("--server", *target, "Server address (HOST:PORT or unix:///path)")
+  info->add_option("--server", *target,
+                   "Server address (HOST:PORT or unix:///path), or replicas to balance over: "
+                   "HOST:PORT,HOST:PORT,... or dns:///NAME:PORT")
       ->capture_default_str();
   info->callback([target, exit_code] {
     client::ClientOptions options;
     options.target = *target;
-    auto connected = client::Client::Connect(options);
+    auto connected = client::ConnectTarget(options);
     if (!connected.ok()) {
       std::cerr << "centroidkv info: " << connected.status().ToString() << "\n";
       *exit_code = 2;

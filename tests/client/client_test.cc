@@ -5,9 +5,6 @@
 // own behaviour (cancel, deadlines, failures) is in compress_stream_impl_test.cc.
 #include "centroidkv/client/client.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +33,8 @@ using testutil::EngineResult;
 using testutil::ExpectSameAsEngine;
 using testutil::JobSet;
 using testutil::MakeVariedJobs;
+using testutil::RunPipelined;
+using testutil::UnusedPort;
 
 class ClientTest : public testutil::ServerTest {};
 
@@ -106,35 +105,6 @@ TEST_F(ClientTest, AllGoldenCasesOnOneStream) {
 
 // ---------------------------------------------------------------------------------------
 // Pipelining and concurrency against the in-process engine.
-
-// Submits every job before reading any result; checks each result against the engine.
-void RunPipelined(CompressStream* stream, const std::vector<LayerJob>& jobs,
-                  const std::vector<RandomLayerSpec>& specs) {
-  std::map<uint64_t, size_t> index_of;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    absl::StatusOr<uint64_t> id = stream->Submit(jobs[i]);
-    ASSERT_TRUE(id.ok()) << id.status();
-    ASSERT_TRUE(index_of.emplace(*id, i).second) << "job id " << *id << " given twice";
-  }
-  std::vector<bool> seen(jobs.size(), false);
-  for (size_t received = 0; received < jobs.size(); ++received) {
-    absl::StatusOr<LayerResult> result = stream->Next();
-    ASSERT_TRUE(result.ok()) << result.status();
-    auto it = index_of.find(result->job_id);
-    ASSERT_NE(it, index_of.end()) << "result for unknown job id " << result->job_id;
-    const size_t i = it->second;
-    SCOPED_TRACE(specs[i].ToString());
-    EXPECT_FALSE(seen[i]) << "two results for job " << i;
-    seen[i] = true;
-    EXPECT_EQ(result->layer_index, jobs[i].layer_index);
-    EXPECT_EQ(result->backend, "reference");
-    ExpectSameAsEngine(EngineResult(jobs[i]), jobs[i].output_dtype.value_or(jobs[i].layer.dtype),
-                       *result);
-  }
-  absl::StatusOr<LayerResult> extra = stream->Next();
-  EXPECT_EQ(extra.status().code(), absl::StatusCode::kOutOfRange) << extra.status();
-  EXPECT_TRUE(stream->Close().ok());
-}
 
 TEST_F(ClientTest, ManyJobsPipelinedOnOneStreamMatchTheEngine) {
   const JobSet set = MakeVariedJobs(40, 1000, 500);
@@ -291,23 +261,6 @@ TEST_F(ClientTest, GetInfoDescribesTheServer) {
   EXPECT_EQ(info->max_heads, options.engine_limits.max_heads);
   EXPECT_EQ(info->max_tokens, options.engine_limits.max_tokens);
   EXPECT_EQ(info->max_dim, options.engine_limits.max_dim);
-}
-
-// A loopback port nothing listens on (bound, read, then closed).
-int UnusedPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t length = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
-    if (fd >= 0) close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 TEST(ClientConnectTest, NothingListeningIsUnavailableWithinTheTimeout) {

@@ -1,8 +1,14 @@
 // Shared support of the client tests (see client_testing.h).
 #include "tests/client/client_testing.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
+#include <map>
 
 #include "centroidkv/kernels/engine_factory.h"
 
@@ -155,6 +161,52 @@ JobSet MakeVariedJobs(int count, uint64_t seed_base, uint32_t first_layer_index)
     set.jobs.push_back(job);
   }
   return set;
+}
+
+void RunPipelined(CompressStream* stream, const std::vector<LayerJob>& jobs,
+                  const std::vector<test::RandomLayerSpec>& specs,
+                  const std::function<void(size_t)>& after_result) {
+  std::map<uint64_t, size_t> index_of;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    absl::StatusOr<uint64_t> id = stream->Submit(jobs[i]);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ASSERT_TRUE(index_of.emplace(*id, i).second) << "job id " << *id << " given twice";
+  }
+  std::vector<bool> seen(jobs.size(), false);
+  for (size_t received = 0; received < jobs.size(); ++received) {
+    absl::StatusOr<LayerResult> result = stream->Next();
+    ASSERT_TRUE(result.ok()) << result.status();
+    auto it = index_of.find(result->job_id);
+    ASSERT_NE(it, index_of.end()) << "result for unknown job id " << result->job_id;
+    const size_t i = it->second;
+    SCOPED_TRACE(specs[i].ToString());
+    EXPECT_FALSE(seen[i]) << "two results for job " << i;
+    seen[i] = true;
+    EXPECT_EQ(result->layer_index, jobs[i].layer_index);
+    EXPECT_EQ(result->backend, "reference");
+    ExpectSameAsEngine(EngineResult(jobs[i]), jobs[i].output_dtype.value_or(jobs[i].layer.dtype),
+                       *result);
+    if (after_result) after_result(received + 1);
+  }
+  absl::StatusOr<LayerResult> extra = stream->Next();
+  EXPECT_EQ(extra.status().code(), absl::StatusCode::kOutOfRange) << extra.status();
+  EXPECT_TRUE(stream->Close().ok());
+}
+
+int UnusedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t length = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    if (fd >= 0) close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 service::Server* ServerTest::server_ = nullptr;

@@ -5,6 +5,7 @@
 // are thread-safe with pthreads); the fixture is set up once per suite.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,17 @@ struct JobSet {
   std::vector<LayerJob> jobs;
 };
 JobSet MakeVariedJobs(int count, uint64_t seed_base, uint32_t first_layer_index);
+
+// Submits every job before reading any result, then reads them all: EXPECTs each job's
+// result exactly once (ids distinct, none unknown), backend "reference", equal to the
+// engine's; then OutOfRange, then a clean Close. `after_result(n)`, if given, runs after
+// the n-th result (n from 1), e.g. to stop a replica mid-run.
+void RunPipelined(CompressStream* stream, const std::vector<LayerJob>& jobs,
+                  const std::vector<test::RandomLayerSpec>& specs,
+                  const std::function<void(size_t)>& after_result = nullptr);
+
+// A loopback port nothing listens on (bound, read, then closed); 0 on failure.
+int UnusedPort();
 
 // A fixture whose suite shares one Server on 127.0.0.1:0.
 class ServerTest : public ::testing::Test {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "centroidkv/client/client.h"
+#include "centroidkv/client/replica_pool.h"
 #include "centroidkv/common/status_macros.h"
 #include "client/worker/model.h"
 #include "client/worker/quality/calibration.h"
@@ -68,7 +69,9 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--tokenizer", f.tokenizer,
                  "llama2.c tokenizer (decodes the report's sample text)")
       ->capture_default_str();
-  app.add_option("--server", f.server, "CentroidKV server address")->capture_default_str();
+  app.add_option("--server", f.server,
+                 "CentroidKV server address, or replicas: HOST:PORT,HOST:PORT or dns:///NAME:PORT")
+      ->capture_default_str();
   app.add_option("--tokens-file", f.tokens_file,
                  "texts as token ids, one per line, BOS first (instead of sampling)");
   app.add_option("--texts", f.texts, "texts sampled from the model")->capture_default_str();
@@ -324,7 +327,7 @@ absl::Status Run(const Flags& f, const std::string& command) {
   client::ClientOptions client_options;
   client_options.target = f.server;
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
-                       client::Client::Connect(client_options));
+                       client::ConnectTarget(client_options));
   CKV_ASSIGN_OR_RETURN(const client::ServerInfo info, client->GetInfo());
   context.backend = f.backend == "auto" ? info.default_backend : f.backend;
   CKV_RETURN_IF_ERROR(ResolveOutliers(f, transformer, *client, &settings, &context));

@@ -1,7 +1,8 @@
 // Tests of the `centroidkv` CLI (client/cli/): the real binary from CKV_BIN_DIR run as a
 // child process. Every golden case through `compress --server` (an in-process Server) and
 // `compress --local`, its .npy output compared with the golden output; bad input files and
-// parameters each exit non-zero with a message on stderr naming the problem.
+// parameters each exit non-zero with a message on stderr naming the problem. --server also
+// takes a replica list.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 
 #include "centroidkv/common/npy.h"
 #include "gtest/gtest.h"
+#include "service/server.h"
 #include "tests/client/client_testing.h"
 #include "tests/testing/golden.h"
 
@@ -199,6 +201,36 @@ TEST_F(CliTest, InfoPrintsTheServerVersion) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find(CKV_TEST_PROJECT_VERSION), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("reference"), std::string::npos) << run.output;
+}
+
+// --server with a replica list: the job goes through a ReplicaPool over both servers.
+TEST_F(CliTest, CompressOverAReplicaListWritesTheGoldenResult) {
+  auto second = service::Server::Start(client::testutil::TestServerOptions("127.0.0.1:0"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  absl::StatusOr<test::GoldenCase> golden = test::LoadGoldenCase("small_basic");
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const fs::path out = dir_ / "out";
+  const std::string command =
+      Binary() + " compress --in " + Quoted(golden->dir) + " --out " + Quoted(out.string()) +
+      " --server " + Quoted(server_->target() + "," + (*second)->target()) +
+      ParameterFlags(golden->options) + " 2>&1";
+  const CommandResult run = RunCommand(command);
+  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
+  CompressResult result;
+  ASSERT_NO_FATAL_FAILURE(ReadResult(out, *golden, &result));
+  test::ExpectMatchesGolden(*golden, result);
+  const CommandResult info = RunCommand(Binary() + " info --server " +
+                                        Quoted(server_->target() + "," + (*second)->target()) +
+                                        " 2>&1");
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find(CKV_TEST_PROJECT_VERSION), std::string::npos) << info.output;
+}
+
+TEST_F(CliTest, MalformedReplicaListIsRejected) {
+  const CommandResult run = RunCommand(Binary() + " info --server " +
+                                       Quoted(server_->target() + ",,") + " 2>&1");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("target"), std::string::npos) << run.output;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,15 +1,19 @@
 // Tests of client/worker/compress_cache.cc through a live in-process server on loopback:
 // ratio 1.0 leaves the worker's continuation bit-identical, a 50% budget with the SPEC
 // section 4 settings keeps top-1 agreement >= 0.95, per-layer passthrough heads come back
-// unchanged, and errors leave the cache as it was.
+// unchanged, errors leave the cache as it was, and a ReplicaPool gives the same cache.
 #include "client/worker/compress_cache.h"
 
+#include <chrono>
+#include <memory>
 #include <numeric>
 #include <vector>
 
+#include "centroidkv/client/replica_pool.h"
 #include "client/worker/evaluation.h"
 #include "client/worker/sampler.h"
 #include "gtest/gtest.h"
+#include "service/server.h"
 #include "tests/client/worker/worker_testing.h"
 
 namespace centroidkv::worker {
@@ -61,6 +65,38 @@ TEST_F(CompressCacheTest, RatioOneLeavesTheContinuationBitIdentical) {
   EXPECT_EQ(agreement->steps, 50);
   EXPECT_EQ(agreement->exact_matches, 50);
   EXPECT_EQ(agreement->kl_sum, 0.0);
+}
+
+// The worker takes any Client: through a ReplicaPool over two servers, the cache comes out
+// exactly as through one server.
+TEST_F(CompressCacheTest, ThroughAReplicaPoolTheCacheIsTheSame) {
+  service::ServerOptions server_options;
+  server_options.listen_address = "127.0.0.1:0";
+  server_options.worker_threads = 1;
+  absl::StatusOr<std::unique_ptr<service::Server>> second = service::Server::Start(server_options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  client::PoolOptions pool_options;
+  pool_options.client.target = server_->target() + "," + (*second)->target();
+  pool_options.client.connect_timeout = std::chrono::seconds(5);
+  pool_options.stream_job_limit = 1;  // each layer on a freshly placed stream
+  absl::StatusOr<std::unique_ptr<client::ReplicaPool>> pool =
+      client::ReplicaPool::Connect(pool_options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  absl::StatusOr<PrefilledText> prefilled = Prefilled(105, 200, 150);
+  ASSERT_TRUE(prefilled.ok()) << prefilled.status();
+  KvCache direct = prefilled->cache;
+  KvCache pooled = prefilled->cache;
+  ASSERT_TRUE(CompressCache(*client_, Section4Options(0.5), &direct).ok());
+  ASSERT_TRUE(CompressCache(**pool, Section4Options(0.5), &pooled).ok());
+  for (int32_t layer = 0; layer < 5; ++layer) {
+    for (int32_t h = 0; h < 4; ++h) {
+      EXPECT_EQ(pooled.head(layer, h).keys, direct.head(layer, h).keys);
+      EXPECT_EQ(pooled.head(layer, h).values, direct.head(layer, h).values);
+      EXPECT_EQ(pooled.head(layer, h).counts, direct.head(layer, h).counts);
+    }
+  }
+  EXPECT_EQ((*pool)->stats().returned_ok, 5);
+  EXPECT_EQ((*pool)->stats().retries, 0);
 }
 
 TEST_F(CompressCacheTest, HalfBudgetKeepsTopOneAgreementAbove95Percent) {

@@ -1,0 +1,83 @@
+// HostPipelineEngine: one job as a batch of one, every stage a plain loop.
+#include "kernels/gpu/host_pipeline.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "kernels/gpu/layer_batch.h"
+
+namespace centroidkv::gpu {
+namespace {
+
+// A zero-filled, 256-byte aligned block (the device workspace's stand-in).
+class HostBlock {
+ public:
+  explicit HostBlock(size_t bytes) : storage_((bytes + 255) / 8 + 32, 0) {}
+  void* data() {
+    auto at = reinterpret_cast<uintptr_t>(storage_.data());
+    return reinterpret_cast<void*>((at + 255) / 256 * 256);
+  }
+
+ private:
+  std::vector<uint64_t> storage_;
+};
+
+class HostExecutor {
+ public:
+  HostExecutor(const LayerBatch& batch, const BatchArrays& arrays)
+      : batch_(batch), arrays_(arrays) {}
+
+  absl::Status Stage(StageId id, int64_t items, const PassArgs& pass) {
+    for (int64_t item = 0; item < items; ++item) {
+      RunStageItem(id, batch_.params(), arrays_, pass, item);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Sort() {
+    const BatchParams& p = batch_.params();
+    std::vector<int32_t> order;
+    for (int64_t g = 0; g < p.global_heads(); ++g) {
+      const int32_t begin = arrays_.seg_begin[g], end = arrays_.seg_end[g];
+      order.resize(static_cast<size_t>(end - begin));
+      std::iota(order.begin(), order.end(), begin);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
+        return arrays_.sort_keys_in[x] > arrays_.sort_keys_in[y];
+      });
+      for (int32_t k = 0; k < end - begin; ++k) {
+        arrays_.sort_keys_out[begin + k] = arrays_.sort_keys_in[order[k]];
+        arrays_.sort_values_out[begin + k] = arrays_.sort_values_in[order[k]];
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const LayerBatch& batch_;
+  BatchArrays arrays_;
+};
+
+}  // namespace
+
+absl::Status HostPipelineEngine::CompressImpl(const LayerPlan& plan, const LayerView& layer,
+                                              const CompressControl& control,
+                                              CompressResult* out) const {
+  if (control.IsCancelled()) return absl::CancelledError("job cancelled");
+  const BatchJob job{&plan, &layer, out};
+  absl::StatusOr<LayerBatch> batch = LayerBatch::Create({&job, 1});
+  if (!batch.ok()) return batch.status();
+  const WorkspaceSizes& sizes = batch->sizes();
+  HostBlock input(sizes.input), work(sizes.work), small_out(sizes.small_out), owner(sizes.owner),
+      packed(sizes.packed);
+  const BatchArrays arrays =
+      batch->Carve(input.data(), work.data(), small_out.data(), owner.data(), packed.data());
+  batch->StageInputs(input.data());
+  HostExecutor exec(*batch, arrays);
+  if (absl::Status status = RunBatchStages(*batch, exec); !status.ok()) return status;
+  batch->ExtractResults(small_out.data(), arrays.owner, packed.data());
+  return absl::OkStatus();
+}
+
+}  // namespace centroidkv::gpu

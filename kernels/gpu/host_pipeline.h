@@ -1,0 +1,26 @@
+// The CUDA backend's stages (layer_stages.h) run on the host, item by item, with a stable
+// std::sort standing in for CUB's segmented sort: the same algorithm, decisions and float64
+// operation order as the device, with no GPU. It exists so that every machine (CI included)
+// runs the conformance suite against the GPU algorithm; it is a test engine, never chosen by
+// EngineSet. Slow (one item at a time): for tests only.
+// Thread-safe: Compress() allocates its own buffers per call.
+#pragma once
+
+#include <string_view>
+
+#include "centroidkv/kernels/engine.h"
+
+namespace centroidkv::gpu {
+
+class HostPipelineEngine final : public ClusterEngine {
+ public:
+  explicit HostPipelineEngine(EngineLimits limits = {}) : ClusterEngine(limits) {}
+
+  std::string_view name() const override { return "cuda-stages-on-host"; }
+
+ protected:
+  absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
+                            const CompressControl& control, CompressResult* out) const override;
+};
+
+}  // namespace centroidkv::gpu

@@ -66,7 +66,11 @@ absl::Status HostPipelineEngine::CompressImpl(const LayerPlan& plan, const Layer
                                               CompressResult* out) const {
   if (control.IsCancelled()) return absl::CancelledError("job cancelled");
   const BatchJob job{&plan, &layer, out};
-  absl::StatusOr<LayerBatch> batch = LayerBatch::Create({&job, 1});
+  return RunBatchOnHost({&job, 1});
+}
+
+absl::Status RunBatchOnHost(std::span<const BatchJob> jobs) {
+  absl::StatusOr<LayerBatch> batch = LayerBatch::Create(jobs);
   if (!batch.ok()) return batch.status();
   const WorkspaceSizes& sizes = batch->sizes();
   HostBlock input(sizes.input), work(sizes.work), small_out(sizes.small_out), owner(sizes.owner),

@@ -8,9 +8,16 @@
 
 #include <string_view>
 
+#include <span>
+
 #include "centroidkv/kernels/engine.h"
+#include "kernels/gpu/layer_batch.h"
 
 namespace centroidkv::gpu {
+
+// Runs a batch of jobs (CanBatch-compatible, validated and planned) through the stages on
+// the host and fills each job's CompressResult: what one device launch sequence computes.
+absl::Status RunBatchOnHost(std::span<const BatchJob> jobs);
 
 class HostPipelineEngine final : public ClusterEngine {
  public:

@@ -11,10 +11,12 @@
 namespace centroidkv::gpu {
 namespace {
 
-// A zero-filled, 256-byte aligned block (the device workspace's stand-in).
+// A 256-byte aligned block (the device workspace's stand-in).
 class HostBlock {
  public:
-  explicit HostBlock(size_t bytes) : storage_((bytes + 255) / 8 + 32, 0) {}
+  // Filled with a pattern, not zeros, so that a stage reading what no stage wrote shows up
+  // as a wrong result (device memory is not zeroed either).
+  explicit HostBlock(size_t bytes) : storage_((bytes + 255) / 8 + 32, 0xa5a5a5a5a5a5a5a5ULL) {}
   void* data() {
     auto at = reinterpret_cast<uintptr_t>(storage_.data());
     return reinterpret_cast<void*>((at + 255) / 256 * 256);

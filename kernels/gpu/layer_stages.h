@@ -61,7 +61,7 @@ struct BatchParams {
   int64_t slot_capacity = 0;  // source slots per head (n + 2 is always enough)
   double bound = 0.0;         // MatchBound(key_dim)
 
-  int64_t global_heads() const { return static_cast<int64_t>(num_jobs) * heads; }
+  CKV_HD int64_t global_heads() const { return static_cast<int64_t>(num_jobs) * heads; }
 };
 
 // The stages below, in the order a pass runs them (layer_batch.h: RunBatchStages).

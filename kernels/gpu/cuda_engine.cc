@@ -313,23 +313,6 @@ class CudaEngine::Impl {
   bool stop_ = false;
 };
 
-std::vector<DeviceInfo> ListCudaDevices() {
-  std::vector<DeviceInfo> devices;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return devices;
-  }
-  for (int i = 0; i < count; ++i) {
-    cudaDeviceProp props{};
-    if (cudaGetDeviceProperties(&props, i) != cudaSuccess) continue;
-    devices.push_back(DeviceInfo{absl::StrCat("cuda:", i), props.name,
-                                 static_cast<int64_t>(props.totalGlobalMem), props.major,
-                                 props.minor});
-  }
-  return devices;
-}
-
 CudaEngine::CudaEngine(EngineLimits limits, DeviceInfo device)
     : ClusterEngine(limits), device_(std::move(device)) {}
 

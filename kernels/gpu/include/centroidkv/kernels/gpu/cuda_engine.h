@@ -33,9 +33,6 @@ struct CudaEngineOptions {
   int64_t max_batch_input_bytes = int64_t{1} << 30;  // keys + values of a batch, at most
 };
 
-// The CUDA devices this process can use (empty when there is none, or no usable driver).
-std::vector<DeviceInfo> ListCudaDevices();
-
 class CudaEngine final : public ClusterEngine {
  public:
   // FAILED_PRECONDITION ("no CUDA device: ...") when the device cannot be used.

@@ -20,6 +20,7 @@ if(CKV_ENABLE_CUDA)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(CMAKE_CUDA_ARCHITECTURES ${CKV_CUDA_ARCHITECTURES})
     enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)  # CUDA::cudart_static, at the top level for every folder
     set(CKV_CUDA_ENABLED ON)
     message(STATUS "CUDA backend: on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, ${CKV_CUDA_ARCHITECTURES})")
   else()

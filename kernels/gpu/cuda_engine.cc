@@ -5,8 +5,6 @@
 #include <cuda_runtime_api.h>
 
 #include <condition_variable>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -14,116 +12,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/status_macros.h"
-#include "kernels/gpu/cuda_status.h"
 #include "kernels/gpu/layer_batch.h"
-#include "kernels/gpu/layer_kernels.h"
+#include "kernels/gpu/cuda_status.h"
+#include "kernels/gpu/stream_worker.h"
 
 namespace centroidkv::gpu {
 namespace {
-
-const char* StageName(StageId id) {
-  switch (id) {
-    case StageId::kInit: return "init";
-    case StageId::kSetup: return "setup";
-    case StageId::kNormalize: return "normalize";
-    case StageId::kMatch: return "match";
-    case StageId::kSelect: return "select";
-    case StageId::kMarkKept: return "mark_kept";
-    case StageId::kIndex: return "index";
-    case StageId::kBucket: return "bucket";
-    case StageId::kMerge: return "merge";
-    case StageId::kOwner: return "owner";
-    case StageId::kFinish: return "finish";
-    case StageId::kEmit: return "emit";
-    case StageId::kOffsets: return "offsets";
-    case StageId::kPack: return "pack";
-  }
-  return "stage";
-}
-
-// CKV_CUDA_SYNC_EACH_STAGE=1: wait for every launch (pins an error on its stage; slow).
-bool SyncEachStage() {
-  const char* value = std::getenv("CKV_CUDA_SYNC_EACH_STAGE");
-  return value != nullptr && std::strcmp(value, "1") == 0;
-}
-
-// A device (or pinned host) block that grows on demand and is reused across batches.
-class Block {
- public:
-  explicit Block(bool pinned) : pinned_(pinned) {}
-  ~Block() { Release(); }
-  Block(const Block&) = delete;
-  Block& operator=(const Block&) = delete;
-
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= capacity_) return absl::OkStatus();
-    Release();
-    const size_t rounded = (bytes + (size_t{1} << 20) - 1) & ~((size_t{1} << 20) - 1);
-    const cudaError_t error =
-        pinned_ ? cudaMallocHost(&data_, rounded) : cudaMalloc(&data_, rounded);
-    if (error != cudaSuccess) {
-      data_ = nullptr;
-      (void)cudaGetLastError();  // an allocation failure is not sticky; clear it
-      return CudaStatus(error, pinned_ ? "pinned host buffer" : "device buffer");
-    }
-    capacity_ = rounded;
-    return absl::OkStatus();
-  }
-  void* data() const { return data_; }
-  char* bytes() const { return static_cast<char*>(data_); }
-
- private:
-  void Release() {
-    if (data_ == nullptr) return;
-    if (pinned_) {
-      (void)cudaFreeHost(data_);
-    } else {
-      (void)cudaFree(data_);
-    }
-    data_ = nullptr;
-    capacity_ = 0;
-  }
-
-  bool pinned_;
-  void* data_ = nullptr;
-  size_t capacity_ = 0;
-};
-
-// Runs the stages of one batch on a stream (the executor of RunBatchStages).
-class DeviceExecutor {
- public:
-  DeviceExecutor(const LayerBatch& batch, const BatchArrays& arrays, cudaStream_t stream,
-                 void* sort_scratch, size_t sort_bytes)
-      : batch_(batch), arrays_(arrays), stream_(stream), sort_scratch_(sort_scratch),
-        sort_bytes_(sort_bytes), sync_(SyncEachStage()) {}
-
-  absl::Status Stage(StageId id, int64_t items, const PassArgs& pass) {
-    CKV_CUDA_RETURN_IF_ERROR(LaunchStage(id, batch_.params(), arrays_, pass, items, stream_),
-                             StageName(id));
-    return MaybeSync(StageName(id));
-  }
-
-  absl::Status Sort() {
-    CKV_CUDA_RETURN_IF_ERROR(
-        LaunchSegmentedSort(batch_.params(), arrays_, sort_scratch_, sort_bytes_, stream_),
-        "segmented sort");
-    return MaybeSync("segmented sort");
-  }
-
- private:
-  absl::Status MaybeSync(const char* what) {
-    if (!sync_) return absl::OkStatus();
-    CKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), what);
-    return absl::OkStatus();
-  }
-
-  const LayerBatch& batch_;
-  BatchArrays arrays_;
-  cudaStream_t stream_;
-  void* sort_scratch_;
-  size_t sort_bytes_;
-  bool sync_;
-};
 
 int64_t InputBytes(const LayerView& layer) {
   return static_cast<int64_t>(layer.num_heads) * layer.num_tokens *
@@ -131,78 +25,6 @@ int64_t InputBytes(const LayerView& layer) {
 }
 
 }  // namespace
-
-// One stream with its buffers. Used by one worker thread at a time.
-class StreamWorker {
- public:
-  StreamWorker() = default;
-  ~StreamWorker() {
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-  }
-  StreamWorker(const StreamWorker&) = delete;
-  StreamWorker& operator=(const StreamWorker&) = delete;
-
-  absl::Status Init(int32_t device) {
-    device_ = device;
-    CKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "set device");
-    CKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                             "create stream");
-    return absl::OkStatus();
-  }
-
-  // Runs the jobs (which CanBatch together) as one batch and fills their results.
-  absl::Status Run(std::span<const BatchJob> jobs) {
-    CKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "set device");
-    CKV_ASSIGN_OR_RETURN(LayerBatch batch, LayerBatch::Create(jobs));
-    const WorkspaceSizes& sizes = batch.sizes();
-    size_t sort_bytes = 0;
-    CKV_CUDA_RETURN_IF_ERROR(SegmentedSortScratchBytes(batch.params(), &sort_bytes),
-                             "segmented sort scratch size");
-    CKV_RETURN_IF_ERROR(d_input_.Reserve(sizes.input));
-    CKV_RETURN_IF_ERROR(d_work_.Reserve(sizes.work));
-    CKV_RETURN_IF_ERROR(d_small_.Reserve(sizes.small_out));
-    CKV_RETURN_IF_ERROR(d_owner_.Reserve(sizes.owner));
-    CKV_RETURN_IF_ERROR(d_packed_.Reserve(sizes.packed));
-    CKV_RETURN_IF_ERROR(d_sort_.Reserve(sort_bytes + 256));
-    CKV_RETURN_IF_ERROR(h_input_.Reserve(sizes.input));
-    CKV_RETURN_IF_ERROR(h_small_.Reserve(sizes.small_out));
-    CKV_RETURN_IF_ERROR(h_owner_.Reserve(sizes.owner));
-    CKV_RETURN_IF_ERROR(h_packed_.Reserve(sizes.packed));
-
-    batch.StageInputs(h_input_.data());
-    CKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_input_.data(), h_input_.data(), sizes.input,
-                                             cudaMemcpyHostToDevice, stream_),
-                             "upload");
-    const BatchArrays arrays = batch.Carve(d_input_.data(), d_work_.data(), d_small_.data(),
-                                           d_owner_.data(), d_packed_.data());
-    DeviceExecutor exec(batch, arrays, stream_, d_sort_.data(), sort_bytes);
-    CKV_RETURN_IF_ERROR(RunBatchStages(batch, exec));
-    CKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_small_.data(), d_small_.data(), sizes.small_out,
-                                             cudaMemcpyDeviceToHost, stream_),
-                             "download lengths");
-    CKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_owner_.data(), d_owner_.data(), sizes.owner,
-                                             cudaMemcpyDeviceToHost, stream_),
-                             "download assignment");
-    CKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "compress");
-    const int64_t rows = batch.PackedRows(h_small_.data());
-    for (const auto& [offset, bytes] : batch.PackedRanges(rows)) {
-      CKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_packed_.bytes() + offset, d_packed_.bytes() + offset,
-                                               bytes, cudaMemcpyDeviceToHost, stream_),
-                               "download result");
-    }
-    CKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "download result");
-    batch.ExtractResults(h_small_.data(), static_cast<const int32_t*>(h_owner_.data()),
-                         h_packed_.data());
-    return absl::OkStatus();
-  }
-
- private:
-  int32_t device_ = 0;
-  cudaStream_t stream_ = nullptr;
-  Block d_input_{false}, d_work_{false}, d_small_{false}, d_owner_{false}, d_packed_{false},
-      d_sort_{false};
-  Block h_input_{true}, h_small_{true}, h_owner_{true}, h_packed_{true};
-};
 
 class CudaEngine::Impl {
  public:

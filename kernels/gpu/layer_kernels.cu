@@ -15,13 +15,19 @@ constexpr int64_t kMaxBlocks = 132 * 64;
 /// @param[in,out] arrays  device arrays (layer_stages.h documents each one's size)
 /// @param[in] pass  this pass's floor and sink
 /// @param[in] items  the stage's item count
+// Threads that share one item: a warp for warp stages (layer_stages.h), else one thread.
+template <StageId kStage>
+constexpr int kThreadsPerItem = IsWarpStage(kStage) ? 32 : 1;
+
 template <StageId kStage>
 __global__ void __launch_bounds__(kBlockThreads)
     StageKernel(const BatchParams params, const BatchArrays arrays, const PassArgs pass,
                 int64_t items) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < items;
-       item += stride) {
+  constexpr int kShare = kThreadsPerItem<kStage>;
+  // Every lane of a warp has the same item (warp stages), so the loop is warp-uniform.
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / kShare;
+  for (int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kShare;
+       item < items; item += stride) {
     RunStageItem(kStage, params, arrays, pass, item);
   }
 }
@@ -30,7 +36,8 @@ template <StageId kStage>
 cudaError_t Launch(const BatchParams& params, const BatchArrays& arrays, const PassArgs& pass,
                    int64_t items, cudaStream_t stream) {
   if (items <= 0) return cudaSuccess;
-  const int64_t blocks = std::min<int64_t>((items + kBlockThreads - 1) / kBlockThreads, kMaxBlocks);
+  const int64_t threads = items * kThreadsPerItem<kStage>;
+  const int64_t blocks = std::min<int64_t>((threads + kBlockThreads - 1) / kBlockThreads, kMaxBlocks);
   StageKernel<kStage><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(params, arrays,
                                                                                   pass, items);
   return cudaPeekAtLastError();

@@ -305,6 +305,41 @@ CKV_HD bool Precedes(const BatchArrays& a, int64_t base, int32_t x, int32_t y) {
   return x < y;
 }
 
+// Warp stages (IsWarpStage): on the device the 32 lanes of a warp run one item together,
+// splitting the loops over a row's elements (coalesced loads) and combining float sums with
+// shuffles; everything else they compute redundantly (identical values), and only the lead
+// lane writes. On the host one "lane" runs the item.
+CKV_HD constexpr bool IsWarpStage(StageId id) {
+  return id == StageId::kNormalize || id == StageId::kMatch || id == StageId::kMerge ||
+         id == StageId::kEmit || id == StageId::kPack;
+}
+CKV_HD int32_t LaneIndex() {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int32_t>(threadIdx.x & 31u);
+#else
+  return 0;
+#endif
+}
+CKV_HD int32_t LaneCount() {
+#if defined(__CUDA_ARCH__)
+  return 32;
+#else
+  return 1;
+#endif
+}
+CKV_HD bool LeadLane() { return LaneIndex() == 0; }
+
+// The sum of `v` over the warp's lanes, the same value in every lane (lane 0's broadcast).
+template <typename T>
+CKV_HD T LaneSum(T v) {
+#if defined(__CUDA_ARCH__)
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return __shfl_sync(0xffffffffu, v, 0);
+#else
+  return v;
+#endif
+}
+
 // Atomic on the device; the host runs items one at a time.
 CKV_HD void AtomicIncrement(int32_t* counter) {
 #if defined(__CUDA_ARCH__)
@@ -350,23 +385,26 @@ CKV_HD void StageNormalize(const BatchParams& p, const BatchArrays& a, int64_t i
   if (a.head_slots[g] == 0 || row >= a.head_length[g]) return;
   const int32_t cur = a.head_cur[g];
   double sum = 0.0;
-  for (int32_t j = 0; j < p.key_dim; ++j) {
+  for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
     const double x = LoadElement(p, a, g, cur, row, j, false);
     sum += x * x;
   }
+  sum = LaneSum(sum);
   double norm = SqrtRn(sum);
   norm = norm < 1e-6 ? 1e-6 : norm;
   const double inverse = 1.0 / norm;
   float* out = a.norm_keys + item * p.key_dim;
-  for (int32_t j = 0; j < p.key_dim; ++j) {
+  for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
     out[j] = static_cast<float>(LoadElement(p, a, g, cur, row, j, false) * inverse);
   }
 }
 
+// The float score of two normalised rows (lanes split the elements; any summation order
+// stays within MatchBound).
 CKV_HD float FloatScore(const float* x, const float* y, int32_t dim) {
   float dot = 0.0f;
-  for (int32_t j = 0; j < dim; ++j) dot += x[j] * y[j];
-  return dot;
+  for (int32_t j = LaneIndex(); j < dim; j += LaneCount()) dot += x[j] * y[j];
+  return LaneSum(dot);
 }
 
 // Items G * slot_capacity: steps 3-4 for one source, its exact best edge and whether it is
@@ -380,12 +418,16 @@ CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArg
   const int64_t source = SlotRow(p, slot);
   const RowPlace place = PlaceRow(p, a, g, source);
   const int32_t destinations = place.length / 2;
-  a.edge_kept[item] = 0;
-  a.sort_values_in[item] = slot;
+  if (LeadLane()) {
+    a.edge_kept[item] = 0;
+    a.sort_values_in[item] = slot;
+  }
   if (destinations == 0) {
-    a.edge_dest[item] = -1;
-    a.edge_score[item] = 0.0;
-    a.sort_keys_in[item] = 0;
+    if (LeadLane()) {
+      a.edge_dest[item] = -1;
+      a.edge_score[item] = 0.0;
+      a.sort_keys_in[item] = 0;
+    }
     return;
   }
   const float* rows = a.norm_keys + g * p.num_tokens * p.key_dim;
@@ -421,6 +463,7 @@ CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArg
     exact = ExactCosine(p, a, g, cur, source, place.first + 2 * best + 1);
   }
   const bool candidate = pass.floor_on == 0 || exact >= pass.floor;
+  if (!LeadLane()) return;
   a.edge_dest[item] = static_cast<int32_t>(place.first + 2 * best + 1);
   a.edge_score[item] = exact;
   a.sort_keys_in[item] = candidate ? OrderKey(exact) : 0;
@@ -565,7 +608,7 @@ CKV_HD void StageMerge(const BatchParams& p, const BatchArrays& a, const PassArg
   for (int32_t part = 0; part < 2; ++part) {
     const bool values = part == 1;
     const int32_t dim = values ? p.value_dim : p.key_dim;
-    for (int32_t j = 0; j < dim; ++j) {
+    for (int32_t j = LaneIndex(); j < dim; j += LaneCount()) {
       double v = LoadElement(p, a, g, cur, row, j, values);
       if (first >= 0) {
         double sum = MulRn(static_cast<double>(own), v);
@@ -583,6 +626,7 @@ CKV_HD void StageMerge(const BatchParams& p, const BatchArrays& a, const PassArg
       }
     }
   }
+  if (!LeadLane()) return;
   if (pass.sink_output != 0) {
     a.out_counts[out_row] = static_cast<uint32_t>(total);
   } else {
@@ -613,14 +657,14 @@ CKV_HD void StageEmit(const BatchParams& p, const BatchArrays& a, int64_t item) 
   const int64_t g = item / p.num_tokens, row = item % p.num_tokens;
   if (a.job_output_written[g / p.heads] != 0 || row >= a.head_length[g]) return;
   const int32_t cur = a.head_cur[g];
-  for (int32_t j = 0; j < p.key_dim; ++j) {
+  for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
     a.out_keys[item * p.key_dim + j] = static_cast<float>(LoadElement(p, a, g, cur, row, j, false));
   }
-  for (int32_t j = 0; j < p.value_dim; ++j) {
+  for (int32_t j = LaneIndex(); j < p.value_dim; j += LaneCount()) {
     a.out_values[item * p.value_dim + j] =
         static_cast<float>(LoadElement(p, a, g, cur, row, j, true));
   }
-  a.out_counts[item] = static_cast<uint32_t>(LoadCount(p, a, g, cur, row));
+  if (LeadLane()) a.out_counts[item] = static_cast<uint32_t>(LoadCount(p, a, g, cur, row));
 }
 
 // One item: where each head's rows start once heads are concatenated.
@@ -638,13 +682,13 @@ CKV_HD void StagePack(const BatchParams& p, const BatchArrays& a, int64_t item) 
   const int64_t g = item / p.num_tokens, row = item % p.num_tokens;
   if (row >= a.head_length[g]) return;
   const int64_t to = a.out_offsets[g] + row;
-  for (int32_t j = 0; j < p.key_dim; ++j) {
+  for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
     a.packed_keys[to * p.key_dim + j] = a.out_keys[item * p.key_dim + j];
   }
-  for (int32_t j = 0; j < p.value_dim; ++j) {
+  for (int32_t j = LaneIndex(); j < p.value_dim; j += LaneCount()) {
     a.packed_values[to * p.value_dim + j] = a.out_values[item * p.value_dim + j];
   }
-  a.packed_counts[to] = a.out_counts[item];
+  if (LeadLane()) a.packed_counts[to] = a.out_counts[item];
 }
 
 // Runs item `item` of stage `id` (a switch the device kernels resolve at compile time).

@@ -153,7 +153,9 @@ TEST(ServerTest, GetInfoDescribesBackendsLimitsAndDefaults) {
     EXPECT_GT(device.memory_bytes(), 0u);
     EXPECT_GE(device.compute_major(), 8u) << "the CUDA backend is built for sm_80 and later";
   }
-  if (gpu_backends == 0) EXPECT_NE(info.default_backend().rfind("cuda:", 0), 0u);
+  if (gpu_backends == 0) {
+    EXPECT_NE(info.default_backend().rfind("cuda:", 0), 0u);
+  }
 }
 
 TEST(ServerTest, ListensOnUnixSocket) {

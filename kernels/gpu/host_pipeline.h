@@ -17,17 +17,24 @@ namespace centroidkv::gpu {
 
 // Runs a batch of jobs (CanBatch-compatible, validated and planned) through the stages on
 // the host and fills each job's CompressResult: what one device launch sequence computes.
-absl::Status RunBatchOnHost(std::span<const BatchJob> jobs);
+// warp_lanes = 32 runs each warp stage (IsWarpStage) on 32 threads that emulate a warp's
+// lanes (split loops, butterfly sums, lead-lane writes), as the device does; 1 runs it
+// plainly.
+absl::Status RunBatchOnHost(std::span<const BatchJob> jobs, int32_t warp_lanes = 1);
 
 class HostPipelineEngine final : public ClusterEngine {
  public:
-  explicit HostPipelineEngine(EngineLimits limits = {}) : ClusterEngine(limits) {}
+  explicit HostPipelineEngine(EngineLimits limits = {}, int32_t warp_lanes = 1)
+      : ClusterEngine(limits), warp_lanes_(warp_lanes) {}
 
   std::string_view name() const override { return "cuda-stages-on-host"; }
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
                             const CompressControl& control, CompressResult* out) const override;
+
+ private:
+  int32_t warp_lanes_;
 };
 
 }  // namespace centroidkv::gpu

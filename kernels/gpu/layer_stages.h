@@ -308,7 +308,26 @@ CKV_HD bool Precedes(const BatchArrays& a, int64_t base, int32_t x, int32_t y) {
 // Warp stages (IsWarpStage): on the device the 32 lanes of a warp run one item together,
 // splitting the loops over a row's elements (coalesced loads) and combining float sums with
 // shuffles; everything else they compute redundantly (identical values), and only the lead
-// lane writes. On the host one "lane" runs the item.
+// lane writes. On the host one "lane" runs the item, or (tests) 32 threads emulate a warp:
+// each thread's HostLane says which lane it is and where the warp sums.
+#if !defined(__CUDA_ARCH__)
+class HostWarp {
+ public:
+  virtual ~HostWarp() = default;
+  // The warp-wide sum as the device's butterfly computes it (lane 0's value), for every lane.
+  virtual float Sum(int32_t lane, float v) = 0;
+  virtual double Sum(int32_t lane, double v) = 0;
+};
+struct HostLane {
+  int32_t index = 0;
+  int32_t count = 1;
+  HostWarp* warp = nullptr;
+};
+inline HostLane& CurrentHostLane() {
+  static thread_local HostLane lane;
+  return lane;
+}
+#endif
 CKV_HD constexpr bool IsWarpStage(StageId id) {
   return id == StageId::kNormalize || id == StageId::kMatch || id == StageId::kMerge ||
          id == StageId::kEmit || id == StageId::kPack;
@@ -317,14 +336,14 @@ CKV_HD int32_t LaneIndex() {
 #if defined(__CUDA_ARCH__)
   return static_cast<int32_t>(threadIdx.x & 31u);
 #else
-  return 0;
+  return CurrentHostLane().index;
 #endif
 }
 CKV_HD int32_t LaneCount() {
 #if defined(__CUDA_ARCH__)
   return 32;
 #else
-  return 1;
+  return CurrentHostLane().count;
 #endif
 }
 CKV_HD bool LeadLane() { return LaneIndex() == 0; }
@@ -336,7 +355,8 @@ CKV_HD T LaneSum(T v) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return __shfl_sync(0xffffffffu, v, 0);
 #else
-  return v;
+  const HostLane& lane = CurrentHostLane();
+  return lane.warp == nullptr ? v : lane.warp->Sum(lane.index, v);
 #endif
 }
 

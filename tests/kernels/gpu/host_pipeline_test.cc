@@ -4,6 +4,7 @@
 // gets alone. (The conformance suite runs the same engine against its looser standard.)
 #include "kernels/gpu/host_pipeline.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -85,6 +86,28 @@ TEST(HostPipelineTest, BitIdenticalToTheReference) {
     merged += expected->passes_run > 0 ? 1 : 0;
   }
   EXPECT_GE(merged, 40);
+}
+
+// The warp stages as the device runs them (32 lanes splitting loops, butterfly sums, only
+// the lead lane writing), emulated by 32 threads: still the reference's result, bit for bit.
+TEST(HostPipelineTest, ThirtyTwoLaneWarpsGiveTheReferenceResult) {
+  const ReferenceEngine reference;
+  const HostPipelineEngine warps({}, 32);
+  std::mt19937_64 rng(32);
+  for (int i = 0; i < 12; ++i) {
+    DrawnJob job = DrawJob(rng);
+    job.spec.num_tokens = std::min(job.spec.num_tokens, 90);
+    job.spec.key_dim = std::max(job.spec.key_dim, 40);  // more elements than lanes
+    job.options.chunk_size = std::min(job.options.chunk_size, 12);
+    job.options.max_passes = std::min(job.options.max_passes, 3);
+    SCOPED_TRACE("job " + std::to_string(i) + ": " + job.spec.ToString());
+    const RandomLayer layer = RandomLayer::Generate(job.spec);
+    absl::StatusOr<CompressResult> expected = reference.Compress(layer.view(), job.options);
+    absl::StatusOr<CompressResult> actual = warps.Compress(layer.view(), job.options);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_TRUE(actual.ok()) << actual.status();
+    ExpectIdentical(*actual, *expected);
+  }
 }
 
 TEST(HostPipelineTest, ABatchGivesEachJobItsOwnResult) {

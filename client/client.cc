@@ -45,6 +45,12 @@ absl::StatusOr<ServerInfo> FetchServerInfo(v1::CentroidKV::Stub& stub) {
   info.backends.assign(response.backends().begin(), response.backends().end());
   info.default_backend = response.default_backend();
   info.devices.assign(response.devices().begin(), response.devices().end());
+  for (const v1::Device& device : response.device_info()) {
+    info.device_info.push_back({device.backend(), device.name(),
+                                static_cast<int64_t>(device.memory_bytes()),
+                                static_cast<int32_t>(device.compute_major()),
+                                static_cast<int32_t>(device.compute_minor())});
+  }
   info.max_job_bytes = static_cast<int64_t>(response.limits().max_job_bytes());
   info.max_stream_bytes = static_cast<int64_t>(response.limits().max_stream_bytes());
   info.max_total_bytes = static_cast<int64_t>(response.limits().max_total_bytes());

@@ -5,6 +5,10 @@
 #include "kernels/identity/identity_engine.h"
 #include "kernels/reference/reference_engine.h"
 
+#ifdef CKV_HAVE_CUDA
+#include "centroidkv/kernels/gpu/cuda_engine.h"
+#endif
+
 namespace centroidkv {
 
 std::string_view BackendKindName(BackendKind kind) {
@@ -31,6 +35,19 @@ std::unique_ptr<EngineSet> EngineSet::CreateAvailable(const EngineLimits& limits
   // The fast CPU backend (its kernels for the best SIMD level this CPU has).
   set->cpu_ = std::make_unique<cpu::CpuEngine>(limits);
   set->best_cpu_ = set->cpu_.get();
+#ifdef CKV_HAVE_CUDA
+  // The first CUDA device, when there is one the driver lets us use.
+  absl::StatusOr<std::unique_ptr<gpu::CudaEngine>> cuda = gpu::CudaEngine::Create(limits);
+  if (cuda.ok()) {
+    set->devices_.push_back((*cuda)->device());
+    set->gpu_engine_ = *std::move(cuda);
+    set->gpu_ = set->gpu_engine_.get();
+  } else {
+    set->gpu_missing_ = std::string(cuda.status().message());
+  }
+#else
+  set->gpu_missing_ = "this server was built without CUDA";
+#endif
   return set;
 }
 
@@ -47,8 +64,8 @@ absl::StatusOr<const ClusterEngine*> EngineSet::Select(BackendKind kind) const {
     case BackendKind::kGpu:
       if (gpu_ == nullptr) {
         return absl::FailedPreconditionError(
-            "backend: gpu was requested but this server has no GPU backend (no CUDA device, "
-            "or built without CUDA); use backend auto or cpu");
+            "backend: gpu was requested but this server has no GPU backend (" + gpu_missing_ +
+            "); use backend auto or cpu");
       }
       return gpu_;
   }

@@ -23,6 +23,15 @@ grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext
   for (const std::string& name : context_->engines->EngineNames()) {
     response->add_backends(name);
   }
+  for (const DeviceInfo& device : context_->engines->Devices()) {
+    response->add_devices(device.name);
+    v1::Device* out = response->add_device_info();
+    out->set_backend(device.backend);
+    out->set_name(device.name);
+    out->set_memory_bytes(static_cast<uint64_t>(device.memory_bytes));
+    out->set_compute_major(static_cast<uint32_t>(device.compute_major));
+    out->set_compute_minor(static_cast<uint32_t>(device.compute_minor));
+  }
   if (auto engine = context_->engines->Select(BackendKind::kAuto); engine.ok()) {
     response->set_default_backend(std::string((*engine)->name()));
   }

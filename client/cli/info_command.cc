@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "centroidkv/client/client.h"
 #include "centroidkv/client/replica_pool.h"
@@ -35,8 +36,14 @@ void AddInfoCommand(CLI::App& app, int* exit_code) {
     std::cout << "version:          " << info->version << "\n"
               << "backends:         " << absl::StrJoin(info->backends, ", ") << "\n"
               << "default backend:  " << info->default_backend << "\n"
-              << "devices:          "
-              << (info->devices.empty() ? "none" : absl::StrJoin(info->devices, ", ")) << "\n"
+              << "devices:          " << (info->device_info.empty() ? "none" : "") << "\n";
+    for (const client::ServerDevice& device : info->device_info) {
+      std::cout << "  " << device.backend << ": " << device.name << ", "
+                << absl::StrFormat("%.1f", static_cast<double>(device.memory_bytes) / (1 << 30))
+                << " GiB, compute capability " << device.compute_major << "."
+                << device.compute_minor << "\n";
+    }
+    std::cout
               << "max job bytes:    " << info->max_job_bytes << "\n"
               << "max stream bytes: " << info->max_stream_bytes << "\n"
               << "max total bytes:  " << info->max_total_bytes << "\n"

@@ -2,6 +2,8 @@
 // TEST_P suite instantiated per backend kind: the golden cases, hand-made cases whose result
 // follows directly from the SPEC, and properties on seeded random layers of many shapes,
 // plus agreement with the reference engine. A new backend adds one INSTANTIATE line below.
+// The gpu backend's cases skip, with a message saying so, where there is no CUDA device; the
+// CUDA backend's algorithm also runs everywhere as its host twin (gpu::HostPipelineEngine).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -15,15 +17,12 @@
 #include "centroidkv/kernels/engine.h"
 #include "centroidkv/kernels/engine_factory.h"
 #include "gtest/gtest.h"
+#include "kernels/gpu/host_pipeline.h"
 #include "tests/kernels/reference_agreement.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/random_layer.h"
 
 namespace centroidkv {
-
-// Readable test parameters in failure messages (found by ADL, so in BackendKind's namespace;
-// static, so that other test files may define their own).
-static void PrintTo(BackendKind kind, std::ostream* os) { *os << BackendKindName(kind); }
 
 namespace {
 
@@ -507,12 +506,34 @@ void ExpectBitIdentical(const CompressResult& a, const CompressResult& b) {
 
 // ---------------------------------------------------------------------------------------
 
-class EngineConformanceTest : public ::testing::TestWithParam<BackendKind> {
+// A backend under test: one EngineSet kind, or the CUDA stages run on the host.
+struct Backend {
+  BackendKind kind;
+  bool cuda_stages_on_host = false;
+};
+
+void PrintTo(const Backend& backend, std::ostream* os) {
+  *os << (backend.cuda_stages_on_host ? "cuda-stages-on-host" : BackendKindName(backend.kind));
+}
+
+const ClusterEngine& CudaStagesOnHost() {
+  static const ClusterEngine* const engine = new gpu::HostPipelineEngine();
+  return *engine;
+}
+
+class EngineConformanceTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
-    absl::StatusOr<const ClusterEngine*> engine = Engines().Select(GetParam());
-    if (!engine.ok()) GTEST_SKIP() << "no engine here: " << engine.status();
-    engine_ = *engine;
+    if (GetParam().cuda_stages_on_host) {
+      engine_ = &CudaStagesOnHost();
+    } else {
+      absl::StatusOr<const ClusterEngine*> engine = Engines().Select(GetParam().kind);
+      if (!engine.ok() && GetParam().kind == BackendKind::kGpu) {
+        GTEST_SKIP() << "no CUDA device: " << engine.status();
+      }
+      if (!engine.ok()) GTEST_SKIP() << "no engine here: " << engine.status();
+      engine_ = *engine;
+    }
     absl::StatusOr<const ClusterEngine*> reference = Engines().Select(BackendKind::kReference);
     ASSERT_TRUE(reference.ok()) << reference.status();
     reference_ = *reference;
@@ -928,13 +949,24 @@ TEST_P(EngineConformanceTest, FloorRisesEachPass) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Reference, EngineConformanceTest,
-                         ::testing::Values(BackendKind::kReference),
-                         [](const ::testing::TestParamInfo<BackendKind>&) {
+                         ::testing::Values(Backend{BackendKind::kReference}),
+                         [](const ::testing::TestParamInfo<Backend>&) {
                            return std::string("Reference");
                          });
-INSTANTIATE_TEST_SUITE_P(Cpu, EngineConformanceTest, ::testing::Values(BackendKind::kCpu),
-                         [](const ::testing::TestParamInfo<BackendKind>&) {
+INSTANTIATE_TEST_SUITE_P(Cpu, EngineConformanceTest, ::testing::Values(Backend{BackendKind::kCpu}),
+                         [](const ::testing::TestParamInfo<Backend>&) {
                            return std::string("Cpu");
+                         });
+// The CUDA device (skipped with "no CUDA device: ..." where there is none).
+INSTANTIATE_TEST_SUITE_P(Gpu, EngineConformanceTest, ::testing::Values(Backend{BackendKind::kGpu}),
+                         [](const ::testing::TestParamInfo<Backend>&) {
+                           return std::string("Gpu");
+                         });
+// The CUDA backend's stages, run on the host: the GPU algorithm, checked on every machine.
+INSTANTIATE_TEST_SUITE_P(CudaStagesOnHost, EngineConformanceTest,
+                         ::testing::Values(Backend{BackendKind::kGpu, true}),
+                         [](const ::testing::TestParamInfo<Backend>&) {
+                           return std::string("CudaStagesOnHost");
                          });
 
 }  // namespace

@@ -54,6 +54,29 @@ TEST(EngineFactoryTest, GpuWithoutDeviceIsFailedPrecondition) {
   EXPECT_PRED_FORMAT2(::testing::IsSubstring, "gpu", std::string(engine.status().message()));
 }
 
+// GetInfo lists Devices(): one per GPU engine, named like it; auto takes the GPU when there
+// is one. Here (CI, no usable CUDA device) the list is empty.
+TEST(EngineFactoryTest, DevicesMatchTheGpuEngines) {
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  const std::vector<std::string> names = engines->EngineNames();
+  const auto gpu_engines = std::count_if(names.begin(), names.end(), [](const std::string& name) {
+    return name.rfind("cuda:", 0) == 0;
+  });
+  ASSERT_EQ(static_cast<int64_t>(engines->Devices().size()), gpu_engines);
+  for (const DeviceInfo& device : engines->Devices()) {
+    EXPECT_NE(std::find(names.begin(), names.end(), device.backend), names.end()) << device.backend;
+    EXPECT_FALSE(device.name.empty());
+    EXPECT_GT(device.memory_bytes, 0);
+  }
+  absl::StatusOr<const ClusterEngine*> automatic = engines->Select(BackendKind::kAuto);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  if (engines->Devices().empty()) {
+    EXPECT_EQ((*automatic)->name(), "cpu");
+  } else {
+    EXPECT_EQ((*automatic)->name(), engines->Devices()[0].backend);
+  }
+}
+
 TEST(EngineFactoryTest, EngineNamesIncludeReferenceOnce) {
   const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
   const std::vector<std::string> names = engines->EngineNames();

@@ -141,6 +141,25 @@ TEST(ServerTest, GetInfoDescribesBackendsLimitsAndDefaults) {
   EXPECT_EQ(info.defaults().recent_tokens(), 64u);
   EXPECT_DOUBLE_EQ(info.defaults().target_ratio(), 0.25);
   EXPECT_FALSE(info.defaults().has_min_similarity()) << "the floor is off by default";
+  // Devices: one per GPU backend listed, in the same order in both fields (none on a machine
+  // without a usable CUDA device, like CI).
+  ASSERT_EQ(info.devices_size(), info.device_info_size());
+  int gpu_backends = 0;
+  for (const std::string& backend : info.backends()) {
+    gpu_backends += backend.rfind("cuda:", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(info.device_info_size(), gpu_backends);
+  for (int i = 0; i < info.device_info_size(); ++i) {
+    const v1::Device& device = info.device_info(i);
+    EXPECT_EQ(device.name(), info.devices(i));
+    EXPECT_NE(std::find(info.backends().begin(), info.backends().end(), device.backend()),
+              info.backends().end());
+    EXPECT_GT(device.memory_bytes(), 0u);
+    EXPECT_GE(device.compute_major(), 8u) << "the CUDA backend is built for sm_80 and later";
+  }
+  if (gpu_backends == 0) {
+    EXPECT_NE(info.default_backend().rfind("cuda:", 0), 0u);
+  }
 }
 
 TEST(ServerTest, ListensOnUnixSocket) {

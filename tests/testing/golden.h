@@ -43,7 +43,8 @@ struct GoldenCase {
   NpyArray assignment;
 };
 
-// CKV_SHARED_DIR "/golden".
+// CKV_SHARED_DIR "/golden"; the environment variable CKV_SHARED_DIR, when set, overrides the
+// compiled-in path.
 std::string GoldenRoot();
 
 // The names of every case folder under GoldenRoot() (folders holding a case.json), sorted.

@@ -77,11 +77,21 @@ struct LayerResult {
 LayerResult LayerResultFromEngine(uint32_t layer_index, const CompressResult& result,
                                   DType output_dtype);
 
+// An accelerator of the server (GetInfoResponse.device_info).
+struct ServerDevice {
+  std::string backend;  // e.g. "cuda:0"
+  std::string name;     // e.g. "NVIDIA H200"
+  int64_t memory_bytes = 0;
+  int32_t compute_major = 0;
+  int32_t compute_minor = 0;
+};
+
 struct ServerInfo {
   std::string version;
   std::vector<std::string> backends;
   std::string default_backend;
   std::vector<std::string> devices;
+  std::vector<ServerDevice> device_info;  // the same devices in detail
   int64_t max_job_bytes = 0;
   int64_t max_stream_bytes = 0;
   int64_t max_total_bytes = 0;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -111,6 +112,15 @@ struct CompressControl {
   bool IsCancelled() const {
     return cancelled != nullptr && cancelled->load(std::memory_order_relaxed);
   }
+};
+
+// One accelerator a backend runs on, as GetInfo lists it.
+struct DeviceInfo {
+  std::string backend;  // the engine's name(), e.g. "cuda:0"
+  std::string name;     // e.g. "NVIDIA H200"
+  int64_t memory_bytes = 0;
+  int32_t compute_major = 0;  // compute capability, e.g. 9.0
+  int32_t compute_minor = 0;
 };
 
 // Validated, resolved parameters of one job, shared by every backend.

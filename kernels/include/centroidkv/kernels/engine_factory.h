@@ -30,8 +30,11 @@ class EngineSet {
   // The engine that serves `kind`, or FailedPrecondition when this server has none.
   absl::StatusOr<const ClusterEngine*> Select(BackendKind kind) const;
 
-  // Names of the engines held, e.g. {"reference", "cpu", "identity"}.
+  // Names of the engines held, e.g. {"reference", "cpu", "identity"} (plus "cuda:0" where
+  // a CUDA device is used).
   std::vector<std::string> EngineNames() const;
+  // The accelerators the engines run on (GetInfo lists them); empty without a GPU backend.
+  const std::vector<DeviceInfo>& Devices() const { return devices_; }
   const EngineLimits& limits() const { return limits_; }
 
  private:
@@ -42,7 +45,10 @@ class EngineSet {
   std::unique_ptr<ClusterEngine> identity_;  // measurement only, never auto/cpu
   std::unique_ptr<ClusterEngine> cpu_;     // the fast CPU backend ("cpu")
   const ClusterEngine* best_cpu_ = nullptr;  // what kCpu and (without a GPU) kAuto select
-  const ClusterEngine* gpu_ = nullptr;  // null until a CUDA backend exists on this machine
+  std::unique_ptr<ClusterEngine> gpu_engine_;  // the CUDA backend, when built in and a device works
+  const ClusterEngine* gpu_ = nullptr;          // what kGpu and kAuto select; null without one
+  std::string gpu_missing_;                     // why there is no GPU backend
+  std::vector<DeviceInfo> devices_;
 };
 
 }  // namespace centroidkv

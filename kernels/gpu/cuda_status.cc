@@ -1,0 +1,28 @@
+#include "kernels/gpu/cuda_status.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace centroidkv::gpu {
+
+absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat("cuda: ", what, ": ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
+  switch (error) {
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInitializationError:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorInvalidDevice:
+    case cudaErrorStubLibrary:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+      return absl::FailedPreconditionError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+}  // namespace centroidkv::gpu

@@ -1,0 +1,40 @@
+// The CUDA backend's stages (layer_stages.h) run on the host, item by item, with a stable
+// std::sort standing in for CUB's segmented sort: the same algorithm, decisions and float64
+// operation order as the device, with no GPU. It exists so that every machine (CI included)
+// runs the conformance suite against the GPU algorithm; it is a test engine, never chosen by
+// EngineSet. Slow (one item at a time): for tests only.
+// Thread-safe: Compress() allocates its own buffers per call.
+#pragma once
+
+#include <string_view>
+
+#include <span>
+
+#include "centroidkv/kernels/engine.h"
+#include "kernels/gpu/layer_batch.h"
+
+namespace centroidkv::gpu {
+
+// Runs a batch of jobs (CanBatch-compatible, validated and planned) through the stages on
+// the host and fills each job's CompressResult: what one device launch sequence computes.
+// warp_lanes = 32 runs each warp stage (IsWarpStage) on 32 threads that emulate a warp's
+// lanes (split loops, butterfly sums, lead-lane writes), as the device does; 1 runs it
+// plainly.
+absl::Status RunBatchOnHost(std::span<const BatchJob> jobs, int32_t warp_lanes = 1);
+
+class HostPipelineEngine final : public ClusterEngine {
+ public:
+  explicit HostPipelineEngine(EngineLimits limits = {}, int32_t warp_lanes = 1)
+      : ClusterEngine(limits), warp_lanes_(warp_lanes) {}
+
+  std::string_view name() const override { return "cuda-stages-on-host"; }
+
+ protected:
+  absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
+                            const CompressControl& control, CompressResult* out) const override;
+
+ private:
+  int32_t warp_lanes_;
+};
+
+}  // namespace centroidkv::gpu

@@ -1,0 +1,181 @@
+// StreamWorker: the steps of one batch on one stream, and the executor that queues the
+// stages (RunBatchStages) as kernel launches.
+#include "kernels/gpu/stream_worker.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "centroidkv/common/status_macros.h"
+#include "kernels/gpu/cuda_status.h"
+#include "kernels/gpu/layer_kernels.h"
+
+namespace centroidkv::gpu {
+namespace {
+
+const char* StageName(StageId id) {
+  switch (id) {
+    case StageId::kInit: return "init";
+    case StageId::kSetup: return "setup";
+    case StageId::kNormalize: return "normalize";
+    case StageId::kMatch: return "match";
+    case StageId::kSelect: return "select";
+    case StageId::kMarkKept: return "mark_kept";
+    case StageId::kIndex: return "index";
+    case StageId::kBucket: return "bucket";
+    case StageId::kMerge: return "merge";
+    case StageId::kOwner: return "owner";
+    case StageId::kFinish: return "finish";
+    case StageId::kEmit: return "emit";
+    case StageId::kOffsets: return "offsets";
+    case StageId::kPack: return "pack";
+  }
+  return "stage";
+}
+
+// CKV_CUDA_SYNC_EACH_STAGE=1: wait for every launch, so that an error names its stage (slow).
+bool SyncEachStage() {
+  const char* value = std::getenv("CKV_CUDA_SYNC_EACH_STAGE");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+// The executor of RunBatchStages: each stage one launch on the stream.
+class DeviceExecutor {
+ public:
+  DeviceExecutor(const LayerBatch& batch, const BatchArrays& arrays, cudaStream_t stream,
+                 void* sort_scratch, size_t sort_bytes)
+      : batch_(batch), arrays_(arrays), stream_(stream), sort_scratch_(sort_scratch),
+        sort_bytes_(sort_bytes), sync_(SyncEachStage()) {}
+
+  absl::Status Stage(StageId id, int64_t items, const PassArgs& pass) {
+    CKV_CUDA_RETURN_IF_ERROR(LaunchStage(id, batch_.params(), arrays_, pass, items, stream_),
+                             StageName(id));
+    return MaybeSync(StageName(id));
+  }
+
+  absl::Status Sort() {
+    CKV_CUDA_RETURN_IF_ERROR(
+        LaunchSegmentedSort(batch_.params(), arrays_, sort_scratch_, sort_bytes_, stream_),
+        "segmented sort");
+    return MaybeSync("segmented sort");
+  }
+
+ private:
+  absl::Status MaybeSync(const char* what) {
+    if (!sync_) return absl::OkStatus();
+    CKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), what);
+    return absl::OkStatus();
+  }
+
+  const LayerBatch& batch_;
+  BatchArrays arrays_;
+  cudaStream_t stream_;
+  void* sort_scratch_;
+  size_t sort_bytes_;
+  bool sync_;
+};
+
+}  // namespace
+
+absl::Status CudaBlock::Reserve(size_t bytes) {
+  if (bytes <= capacity_ && data_ != nullptr) return absl::OkStatus();
+  Release();
+  const size_t mib = size_t{1} << 20;
+  const size_t rounded = (bytes + mib - 1) / mib * mib + mib;
+  const cudaError_t error = pinned_ ? cudaMallocHost(&data_, rounded) : cudaMalloc(&data_, rounded);
+  if (error != cudaSuccess) {
+    data_ = nullptr;
+    (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
+    return CudaStatus(error, pinned_ ? "pinned host buffer" : "device buffer");
+  }
+  capacity_ = rounded;
+  return absl::OkStatus();
+}
+
+void CudaBlock::Release() {
+  if (data_ == nullptr) return;
+  if (pinned_) {
+    (void)cudaFreeHost(data_);
+  } else {
+    (void)cudaFree(data_);
+  }
+  data_ = nullptr;
+  capacity_ = 0;
+}
+
+StreamWorker::~StreamWorker() {
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+absl::Status StreamWorker::Init(int32_t device) {
+  device_ = device;
+  CKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "set device");
+  CKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                           "create stream");
+  return absl::OkStatus();
+}
+
+absl::Status StreamWorker::Run(std::span<const BatchJob> jobs) {
+  CKV_RETURN_IF_ERROR(Prepare(jobs));
+  CKV_RETURN_IF_ERROR(Upload());
+  CKV_RETURN_IF_ERROR(Compute());
+  return Finish();
+}
+
+absl::Status StreamWorker::Prepare(std::span<const BatchJob> jobs) {
+  batch_.reset();
+  CKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "set device");
+  CKV_ASSIGN_OR_RETURN(LayerBatch batch, LayerBatch::Create(jobs));
+  const WorkspaceSizes& sizes = batch.sizes();
+  CKV_CUDA_RETURN_IF_ERROR(SegmentedSortScratchBytes(batch.params(), &sort_bytes_),
+                           "segmented sort scratch size");
+  CKV_RETURN_IF_ERROR(d_input_.Reserve(sizes.input));
+  CKV_RETURN_IF_ERROR(d_work_.Reserve(sizes.work));
+  CKV_RETURN_IF_ERROR(d_small_.Reserve(sizes.small_out));
+  CKV_RETURN_IF_ERROR(d_owner_.Reserve(sizes.owner));
+  CKV_RETURN_IF_ERROR(d_packed_.Reserve(sizes.packed));
+  CKV_RETURN_IF_ERROR(d_sort_.Reserve(sort_bytes_));
+  CKV_RETURN_IF_ERROR(h_input_.Reserve(sizes.input));
+  CKV_RETURN_IF_ERROR(h_small_.Reserve(sizes.small_out));
+  CKV_RETURN_IF_ERROR(h_owner_.Reserve(sizes.owner));
+  CKV_RETURN_IF_ERROR(h_packed_.Reserve(sizes.packed));
+  batch_.emplace(std::move(batch));
+  return absl::OkStatus();
+}
+
+absl::Status StreamWorker::Upload() {
+  batch_->StageInputs(h_input_.data());
+  CKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_input_.data(), h_input_.data(), batch_->sizes().input,
+                                           cudaMemcpyHostToDevice, stream_),
+                           "upload");
+  return absl::OkStatus();
+}
+
+absl::Status StreamWorker::Compute() {
+  const BatchArrays arrays = batch_->Carve(d_input_.data(), d_work_.data(), d_small_.data(),
+                                           d_owner_.data(), d_packed_.data());
+  DeviceExecutor exec(*batch_, arrays, stream_, d_sort_.data(), sort_bytes_);
+  return RunBatchStages(*batch_, exec);
+}
+
+absl::Status StreamWorker::Finish() {
+  const WorkspaceSizes& sizes = batch_->sizes();
+  CKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_small_.data(), d_small_.data(), sizes.small_out,
+                                           cudaMemcpyDeviceToHost, stream_),
+                           "download lengths");
+  CKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_owner_.data(), d_owner_.data(), sizes.owner,
+                                           cudaMemcpyDeviceToHost, stream_),
+                           "download assignment");
+  CKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "compress");
+  const int64_t rows = batch_->PackedRows(h_small_.data());
+  for (const auto& [offset, bytes] : batch_->PackedRanges(rows)) {
+    CKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_packed_.bytes() + offset, d_packed_.bytes() + offset,
+                                             bytes, cudaMemcpyDeviceToHost, stream_),
+                             "download result");
+  }
+  CKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "download result");
+  batch_->ExtractResults(h_small_.data(), static_cast<const int32_t*>(h_owner_.data()),
+                         h_packed_.data());
+  return absl::OkStatus();
+}
+
+}  // namespace centroidkv::gpu

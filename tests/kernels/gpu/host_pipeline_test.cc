@@ -1,0 +1,161 @@
+// The CUDA backend's stages run on the host (kernels/gpu/host_pipeline.h) take exactly the
+// reference engine's decisions and its float64 operation order, so their results are
+// bit-identical to the reference's; and a batch of several jobs gives each job the result it
+// gets alone. (The conformance suite runs the same engine against its looser standard.)
+#include "kernels/gpu/host_pipeline.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/reference/reference_engine.h"
+#include "tests/testing/random_layer.h"
+
+namespace centroidkv::gpu {
+namespace {
+
+using test::RandomLayer;
+using test::RandomLayerSpec;
+
+void ExpectIdentical(const CompressResult& a, const CompressResult& b) {
+  EXPECT_EQ(a.offsets, b.offsets);
+  EXPECT_EQ(a.counts, b.counts);
+  EXPECT_EQ(a.assignment, b.assignment);
+  EXPECT_EQ(a.passes_run, b.passes_run);
+  ASSERT_EQ(a.keys.size(), b.keys.size());
+  ASSERT_EQ(a.values.size(), b.values.size());
+  EXPECT_EQ(std::memcmp(a.keys.data(), b.keys.data(), a.keys.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)), 0);
+}
+
+int32_t Draw(std::mt19937_64& rng, int32_t lo, int32_t hi) {
+  return lo + static_cast<int32_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+}
+
+struct DrawnJob {
+  RandomLayerSpec spec;
+  CompressOptions options;
+};
+
+DrawnJob DrawJob(std::mt19937_64& rng) {
+  DrawnJob job;
+  job.spec.num_heads = Draw(rng, 1, 4);
+  job.spec.num_tokens = Draw(rng, 1, 500);
+  job.spec.key_dim = 4 << Draw(rng, 0, 4);
+  job.spec.value_dim = Draw(rng, 1, 24);
+  job.spec.dtype = static_cast<DType>(Draw(rng, 0, 2));
+  job.spec.layout = static_cast<TensorLayout>(Draw(rng, 0, 1));
+  job.spec.with_counts = Draw(rng, 0, 1) == 1;
+  job.spec.prototypes = Draw(rng, 0, 2) == 0 ? 0 : Draw(rng, 1, 6);
+  job.spec.noise = 0.01 * Draw(rng, 1, 20);
+  job.spec.seed = rng();
+  CompressOptions& o = job.options;
+  o.target_ratio = Draw(rng, 5, 100) / 100.0;
+  o.chunk_size = Draw(rng, 0, 1) == 1 ? Draw(rng, 2, 9) : Draw(rng, 2, 200);
+  o.sink_tokens = Draw(rng, 0, 12);
+  o.recent_tokens = Draw(rng, 0, 30);
+  o.max_passes = Draw(rng, 1, 6);
+  o.uniform_heads = Draw(rng, 0, 1) == 1;
+  if (Draw(rng, 0, 1) == 1) {
+    o.min_similarity = 0.01 * Draw(rng, 40, 99);
+    o.tighten_per_pass = 0.005 * Draw(rng, 0, 3);
+  }
+  for (int32_t h = 0; h < job.spec.num_heads; ++h) {
+    if (Draw(rng, 0, 4) == 0) o.passthrough_heads.push_back(h);
+  }
+  return job;
+}
+
+// Runs `engine` and the reference on the job; EXPECTs identical results. Returns whether the
+// job merged anything.
+bool ExpectSameAsReference(const ClusterEngine& engine, const DrawnJob& job) {
+  const RandomLayer layer = RandomLayer::Generate(job.spec);
+  absl::StatusOr<CompressResult> expected = ReferenceEngine().Compress(layer.view(), job.options);
+  absl::StatusOr<CompressResult> actual = engine.Compress(layer.view(), job.options);
+  EXPECT_TRUE(expected.ok()) << expected.status();
+  EXPECT_TRUE(actual.ok()) << actual.status();
+  if (!expected.ok() || !actual.ok()) return false;
+  ExpectIdentical(*actual, *expected);
+  return expected->passes_run > 0;
+}
+
+TEST(HostPipelineTest, BitIdenticalToTheReference) {
+  const HostPipelineEngine stages;
+  std::mt19937_64 rng(20261130);
+  int merged = 0;
+  for (int i = 0; i < 120; ++i) {
+    const DrawnJob job = DrawJob(rng);
+    SCOPED_TRACE("job " + std::to_string(i) + ": " + job.spec.ToString());
+    merged += ExpectSameAsReference(stages, job) ? 1 : 0;
+  }
+  EXPECT_GE(merged, 40);
+}
+
+// The warp stages as the device runs them (32 lanes splitting loops, butterfly sums, only
+// the lead lane writing), emulated by 32 threads: still the reference's result, bit for bit.
+TEST(HostPipelineTest, ThirtyTwoLaneWarpsGiveTheReferenceResult) {
+  const HostPipelineEngine warps({}, 32);
+  std::mt19937_64 rng(32);
+  for (int i = 0; i < 12; ++i) {
+    DrawnJob job = DrawJob(rng);
+    job.spec.num_tokens = std::min(job.spec.num_tokens, 90);
+    job.spec.key_dim = std::max(job.spec.key_dim, 40);  // more elements than lanes
+    job.options.chunk_size = std::min(job.options.chunk_size, 12);
+    job.options.max_passes = std::min(job.options.max_passes, 3);
+    SCOPED_TRACE("job " + std::to_string(i) + ": " + job.spec.ToString());
+    ExpectSameAsReference(warps, job);
+  }
+}
+
+TEST(HostPipelineTest, ABatchGivesEachJobItsOwnResult) {
+  const ReferenceEngine reference;
+  for (const bool floor : {false, true}) {
+    SCOPED_TRACE(floor ? "with a floor" : "without a floor");
+    CompressOptions options;
+    options.chunk_size = 16;
+    options.sink_tokens = 2;
+    options.recent_tokens = 5;
+    options.target_ratio = 0.3;
+    options.max_passes = 4;
+    options.passthrough_heads = {1};
+    if (floor) options.min_similarity = 0.6;
+    std::vector<RandomLayer> layers;
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      RandomLayerSpec spec;
+      spec.num_heads = 3;
+      spec.num_tokens = 150;
+      spec.key_dim = 8;
+      spec.value_dim = 6;
+      spec.dtype = DType::kFloat16;
+      spec.with_counts = seed % 2 == 0;
+      spec.prototypes = static_cast<int32_t>(seed);  // jobs stop after different passes
+      spec.noise = 0.2;
+      spec.seed = seed;
+      layers.push_back(RandomLayer::Generate(spec));
+    }
+    std::vector<LayerView> views;
+    std::vector<LayerPlan> plans;
+    for (const RandomLayer& layer : layers) {
+      views.push_back(layer.view());
+      absl::StatusOr<LayerPlan> plan = PlanLayer(views.back(), options, EngineLimits{});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      plans.push_back(*plan);
+    }
+    std::vector<CompressResult> results(layers.size());
+    std::vector<BatchJob> jobs;
+    for (size_t i = 0; i < layers.size(); ++i) jobs.push_back({&plans[i], &views[i], &results[i]});
+    ASSERT_TRUE(RunBatchOnHost(jobs).ok());
+    for (size_t i = 0; i < layers.size(); ++i) {
+      SCOPED_TRACE("job " + std::to_string(i));
+      absl::StatusOr<CompressResult> expected = reference.Compress(views[i], options);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      ExpectIdentical(results[i], *expected);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace centroidkv::gpu

@@ -29,6 +29,7 @@ class GrpcClient final : public Client {
     info.backends.assign(response.backends().begin(), response.backends().end());
     info.default_backend = response.default_backend();
     info.devices.assign(response.devices().begin(), response.devices().end());
+    info.worker_threads = static_cast<int32_t>(response.worker_threads());
     info.max_job_bytes = static_cast<int64_t>(response.limits().max_job_bytes());
     info.max_stream_bytes = static_cast<int64_t>(response.limits().max_stream_bytes());
     info.max_total_bytes = static_cast<int64_t>(response.limits().max_total_bytes());

@@ -76,12 +76,12 @@ absl::StatusOr<std::unique_ptr<IncomingJob>> IncomingJob::Create(const v1::Start
   job->footprint_bytes_ =
       input_bytes + MaxResultBytes(view, job->output_dtype_, start.return_assignment());
 
-  job->keys_.bytes.resize(key_bytes);
-  job->values_.bytes.resize(value_bytes);
-  job->counts_.bytes.resize(count_bytes);
-  view.keys = job->keys_.bytes.data();
-  view.values = job->values_.bytes.data();
-  view.counts = job->has_counts_ ? reinterpret_cast<const uint32_t*>(job->counts_.bytes.data())
+  job->keys_.Allocate(key_bytes);
+  job->values_.Allocate(value_bytes);
+  job->counts_.Allocate(count_bytes);
+  view.keys = job->keys_.bytes.get();
+  view.values = job->values_.bytes.get();
+  view.counts = job->has_counts_ ? reinterpret_cast<const uint32_t*>(job->counts_.bytes.get())
                                  : nullptr;
   return job;
 }
@@ -106,7 +106,7 @@ absl::Status IncomingJob::AddSlab(const v1::TensorSlab& slab) {
         "slab.tensor ", TensorName(slab.tensor()), " is not an input of job ", job_id_,
         slab.tensor() == v1::TENSOR_COUNTS ? " (its start_job did not set has_counts)" : ""));
   }
-  const uint64_t size = buffer->bytes.size();
+  const uint64_t size = buffer->size;
   if (slab.byte_offset() < buffer->received) {
     return absl::FailedPreconditionError(absl::StrCat(
         "slab.byte_offset ", slab.byte_offset(), " of ", TensorName(slab.tensor()), " for job ",
@@ -128,14 +128,14 @@ absl::Status IncomingJob::AddSlab(const v1::TensorSlab& slab) {
     return absl::InvalidArgumentError(
         absl::StrCat("slab.data for job ", job_id_, " is empty"));
   }
-  std::memcpy(buffer->bytes.data() + buffer->received, slab.data().data(), slab.data().size());
+  std::memcpy(buffer->bytes.get() + buffer->received, slab.data().data(), slab.data().size());
   buffer->received += slab.data().size();
   return absl::OkStatus();
 }
 
 bool IncomingJob::complete() const {
-  return keys_.received == keys_.bytes.size() && values_.received == values_.bytes.size() &&
-         counts_.received == counts_.bytes.size();
+  return keys_.received == keys_.size && values_.received == values_.size &&
+         counts_.received == counts_.size;
 }
 
 }  // namespace centroidkv::service

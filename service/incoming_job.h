@@ -39,9 +39,16 @@ class IncomingJob {
   const LayerView& view() const { return view_; }
 
  private:
+  // Not zero-filled: every byte is written by a slab before the job is complete (zeroing
+  // the input first was ~10% of a server's time).
   struct TensorBuffer {
-    std::vector<uint8_t> bytes;
+    std::unique_ptr<uint8_t[]> bytes;
+    uint64_t size = 0;
     uint64_t received = 0;
+    void Allocate(uint64_t n) {
+      bytes = std::make_unique_for_overwrite<uint8_t[]>(n);
+      size = n;
+    }
   };
   IncomingJob() = default;
   TensorBuffer* BufferFor(v1::Tensor tensor);

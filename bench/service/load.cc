@@ -211,6 +211,9 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
   app->add_flag("--compare", c.compare,
                 "Run service (cpu), transport floor (identity: a real job's bytes, no "
                 "clustering) and in-process cpu side by side");
+  app->add_option("--rounds", c.rounds,
+                  "--compare: rounds of the three runs in turn; medians are reported")
+      ->capture_default_str();
   app->add_option("--format", c.format, "text | json | csv")->capture_default_str();
   app->add_flag("--progress", c.progress, "Show the progress bar even when stderr is no tty");
   app->add_flag("--quiet,-q", c.quiet, "No progress bar");
@@ -283,6 +286,10 @@ absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
   }
   if (config.distinct_layers < 1) {
     return absl::InvalidArgumentError("--distinct-layers: needs at least 1");
+  }
+  if (config.rounds < 1 || config.rounds > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rounds: ", config.rounds, " is not in [1, 100]"));
   }
   if (config.threads < 0 || config.threads > 1024) {
     return absl::InvalidArgumentError(
@@ -687,20 +694,40 @@ void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std
   }
 }
 
-std::string CompareJson(const LoadConfig& config, const RunStats& service,
-                        const RunStats& floor, const RunStats& in_process) {
-  const double s = service.tokens_per_s();
-  const double f = floor.tokens_per_s();
-  const double p = in_process.tokens_per_s();
-  const double bound = (f > 0 && p > 0) ? 1.0 / (1.0 / f + 1.0 / p) : 0.0;
+namespace {
+double SerialBound(double floor, double in_process) {
+  return (floor > 0 && in_process > 0) ? 1.0 / (1.0 / floor + 1.0 / in_process) : 0.0;
+}
+double MedianTokensPerS(const std::vector<RunStats>& runs) {
+  std::vector<double> rates;
+  for (const RunStats& run : runs) rates.push_back(run.tokens_per_s());
+  return Percentile(std::move(rates), 0.5);
+}
+}  // namespace
+
+std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& service,
+                        const std::vector<RunStats>& floor,
+                        const std::vector<RunStats>& in_process) {
+  const double s = MedianTokensPerS(service);
+  const double f = MedianTokensPerS(floor);
+  const double p = MedianTokensPerS(in_process);
+  const double bound = SerialBound(f, p);
   const double ratio = bound > 0 ? s / bound : 0.0;
+  std::vector<std::string> per_round;
+  const size_t rounds = std::min({service.size(), floor.size(), in_process.size()});
+  for (size_t r = 0; r < rounds; ++r) {
+    const double b = SerialBound(floor[r].tokens_per_s(), in_process[r].tokens_per_s());
+    per_round.push_back(absl::StrFormat("%.4f", b > 0 ? service[r].tokens_per_s() / b : 0.0));
+  }
   return absl::StrFormat(
       "{\"preset\":%s,\"context\":%d,\"concurrency\":%d,\"pipeline\":%d,"
-      "\"server_threads\":%d,\"in_process_threads\":%d,\"service_tokens_per_s\":%.1f,"
-      "\"floor_tokens_per_s\":%.1f,\"in_process_tokens_per_s\":%.1f,"
-      "\"serial_bound_tokens_per_s\":%.1f,\"ratio_to_serial_bound\":%.4f}",
+      "\"server_threads\":%d,\"in_process_threads\":%d,\"rounds\":%d,"
+      "\"service_tokens_per_s\":%.1f,\"floor_tokens_per_s\":%.1f,"
+      "\"in_process_tokens_per_s\":%.1f,\"serial_bound_tokens_per_s\":%.1f,"
+      "\"ratio_to_serial_bound\":%.4f,\"ratio_per_round\":[%s]}",
       JsonString(config.preset.name), config.context, config.concurrency, config.pipeline,
-      service.threads, in_process.threads, s, f, p, bound, ratio);
+      service.empty() ? 0 : service[0].threads, in_process.empty() ? 0 : in_process[0].threads,
+      rounds, s, f, p, bound, ratio, absl::StrJoin(per_round, ","));
 }
 
 int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -742,21 +769,32 @@ int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostr
   if (show) err << "generating " << config->distinct_layers << " layers of synthetic KV...\n";
   const Dataset data = MakeDataset(*config);
   std::vector<RunStats> runs;
+  std::vector<RunStats> service, floor, in_process;
   if (config->compare) {
-    runs.push_back(RunService(*config, data, BackendKind::kCpu, progress("service:cpu")));
-    runs.push_back(
-        RunService(*config, data, BackendKind::kIdentity, progress("service:identity")));
     // The in-process engine gets the server's clustering threads unless --threads says.
     const int32_t threads = config->threads > 0 ? config->threads : ServerThreads(*config);
-    runs.push_back(RunInProcess(*config, data, BackendKind::kCpu, threads,
-                                progress("in-process:cpu")));
+    // Rounds of the three legs in turn, so that a change in the machine's load falls on
+    // all three; the JSON line takes each leg's median over the rounds.
+    for (int32_t round = 1; round <= config->rounds; ++round) {
+      const std::string tag = config->rounds > 1 ? absl::StrCat(" #", round) : "";
+      service.push_back(
+          RunService(*config, data, BackendKind::kCpu, progress("service:cpu" + tag)));
+      floor.push_back(RunService(*config, data, BackendKind::kIdentity,
+                                 progress("service:identity" + tag)));
+      in_process.push_back(RunInProcess(*config, data, BackendKind::kCpu, threads,
+                                        progress("in-process:cpu" + tag)));
+      for (RunStats* run : {&service.back(), &floor.back(), &in_process.back()}) {
+        run->label += tag;
+        runs.push_back(*run);
+      }
+    }
   } else {
     runs.push_back(RunService(*config, data, config->backend,
                               progress(absl::StrCat("service:",
                                                     std::string(BackendKindName(config->backend))))));
   }
   PrintStats(*config, runs, out);
-  if (config->compare) out << CompareJson(*config, runs[0], runs[1], runs[2]) << "\n";
+  if (config->compare) out << CompareJson(*config, service, floor, in_process) << "\n";
   for (const RunStats& run : runs) {
     if (run.jobs_failed() > 0 || !run.fatal.empty() || run.records.empty()) return 1;
   }

@@ -61,6 +61,7 @@ struct LoadConfig {
   int32_t threads = 0;
   double connect_timeout_s = 10.0;
   bool compare = false;
+  int32_t rounds = 1;           // --compare: rounds of the three runs; medians reported
   std::string format = "text";  // text | json | csv
   bool progress = false;        // force the progress bar even when stderr is no tty
   bool quiet = false;           // no progress bar at all
@@ -151,8 +152,10 @@ RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind
 void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std::ostream& out);
 // The --compare line: service, floor, in-process tokens/s and the ratio to the serial bound,
 // with the run's shape (preset, context, concurrency, threads).
-std::string CompareJson(const LoadConfig& config, const RunStats& service,
-                        const RunStats& floor, const RunStats& in_process);
+// Each leg's tokens/s is its median over the rounds (one RunStats per round and leg).
+std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& service,
+                        const std::vector<RunStats>& floor,
+                        const std::vector<RunStats>& in_process);
 
 // The whole command: parses, runs, prints; returns the exit code.
 int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

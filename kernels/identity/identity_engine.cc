@@ -1,7 +1,9 @@
+// IdentityEngine: the first t rows of each head, widened, with the tail counted in the last.
 #include "kernels/identity/identity_engine.h"
 
 #include <algorithm>
-#include <cstring>
+
+#include "centroidkv/common/dtype.h"
 
 namespace centroidkv {
 namespace {
@@ -9,22 +11,7 @@ namespace {
 // Widens row (h, t) of a tensor of `dim` elements per row to float.
 void WidenRow(const LayerView& layer, const void* data, int64_t element_offset, int32_t dim,
               float* out) {
-  switch (layer.dtype) {
-    case DType::kFloat32:
-      std::memcpy(out, static_cast<const float*>(data) + element_offset,
-                  sizeof(float) * static_cast<size_t>(dim));
-      return;
-    case DType::kFloat16: {
-      const uint16_t* in = static_cast<const uint16_t*>(data) + element_offset;
-      for (int32_t j = 0; j < dim; ++j) out[j] = HalfToFloat(in[j]);
-      return;
-    }
-    case DType::kBFloat16: {
-      const uint16_t* in = static_cast<const uint16_t*>(data) + element_offset;
-      for (int32_t j = 0; j < dim; ++j) out[j] = BFloat16ToFloat(in[j]);
-      return;
-    }
-  }
+  LoadAsFloats(data, layer.dtype, element_offset, dim, out);
 }
 
 }  // namespace

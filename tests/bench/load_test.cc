@@ -40,7 +40,7 @@ TEST(LoadArgsTest, DefaultsAndFlags) {
        "--target-tokens", "100", "--chunk-size", "128", "--sink-tokens", "4",
        "--recent-tokens", "8", "--min-similarity", "0.5", "--max-passes", "3",
        "--passthrough-heads", "0,2", "--output-dtype", "float32", "--threads", "3",
-       "--pipeline", "5"});
+       "--pipeline", "5", "--rounds", "3"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->server, "127.0.0.1:1234");
   EXPECT_EQ(config->concurrency, 3);
@@ -61,6 +61,7 @@ TEST(LoadArgsTest, DefaultsAndFlags) {
   EXPECT_EQ(config->output_dtype, DType::kFloat32);
   EXPECT_EQ(config->threads, 3);
   EXPECT_EQ(config->pipeline, 5);
+  EXPECT_EQ(config->rounds, 3);
   EXPECT_EQ(config->TokensPerJob(), 8 * 1024);
   EXPECT_EQ(config->BytesPerJob(), 2 * 8 * 1024 * 128 * 2);
 
@@ -101,6 +102,7 @@ TEST(LoadArgsTest, BadValuesAreRejectedNamingTheFlag) {
       {{"--output-dtype", "int4"}, "--output-dtype"},
       {{"--slab-kib", "1"}, "--slab-kib"},
       {{"--threads", "-1"}, "--threads"},
+      {{"--rounds", "0"}, "--rounds"},
       {{"--target-ratio", "0.5", "--target-tokens", "10"}, "--target-tokens"},
       {{"--chunk-size", "1"}, "chunk_size"},
       {{"--target-ratio", "1.5"}, "target_ratio"},
@@ -262,13 +264,13 @@ TEST_F(LoadRunTest, CompareEndsWithOneJsonLine) {
   std::ostringstream out, err;
   const int rc = BenchMain({"--server", server_->target(), "--preset", "qwen2.5-7b",
                             "--context", "256", "--jobs", "8", "--concurrency", "2",
-                            "--compare", "--quiet"},
+                            "--compare", "--rounds", "2", "--quiet"},
                            out, err);
   ASSERT_EQ(rc, 0) << err.str() << out.str();
   const std::string text = out.str();
   EXPECT_TRUE(Contains(text, "service:cpu"));
   EXPECT_TRUE(Contains(text, "service:identity"));
-  EXPECT_TRUE(Contains(text, "in-process:cpu"));
+  EXPECT_TRUE(Contains(text, "in-process:cpu #2"));
   const size_t start = text.rfind('\n', text.size() - 2);
   const nlohmann::json line = nlohmann::json::parse(text.substr(start + 1));
   for (const char* key : {"service_tokens_per_s", "floor_tokens_per_s",
@@ -279,9 +281,37 @@ TEST_F(LoadRunTest, CompareEndsWithOneJsonLine) {
   // The in-process engine got the server's thread count; the ratio is the stated formula.
   EXPECT_EQ(line["server_threads"], 2);
   EXPECT_EQ(line["in_process_threads"], 2);
+  EXPECT_EQ(line["rounds"], 2);
+  EXPECT_EQ(line["ratio_per_round"].size(), 2u);
   const double f = line["floor_tokens_per_s"], p = line["in_process_tokens_per_s"];
   EXPECT_NEAR(line["ratio_to_serial_bound"].get<double>(),
               line["service_tokens_per_s"].get<double>() * (1.0 / f + 1.0 / p), 1e-3);
+}
+
+TEST(CompareJsonTest, MediansOverRoundsAndTheSerialBound) {
+  LoadConfig config;
+  config.preset = *FindPreset("llama3-8b");
+  // Three rounds; each leg's rate is its median: service 300, floor 600, in-process 300.
+  auto rounds = [](std::vector<double> rates) {
+    std::vector<RunStats> runs;
+    for (double rate : rates) {
+      RunStats run;
+      run.wall_s = 1.0;
+      run.records = {{0.1, "OK", static_cast<int64_t>(rate), 1, 1}};
+      runs.push_back(run);
+    }
+    return runs;
+  };
+  const nlohmann::json line = nlohmann::json::parse(
+      CompareJson(config, rounds({100, 300, 900}), rounds({600, 50, 700}), rounds({300, 300, 1})));
+  EXPECT_DOUBLE_EQ(line["service_tokens_per_s"].get<double>(), 300.0);
+  EXPECT_DOUBLE_EQ(line["floor_tokens_per_s"].get<double>(), 600.0);
+  EXPECT_DOUBLE_EQ(line["in_process_tokens_per_s"].get<double>(), 300.0);
+  EXPECT_DOUBLE_EQ(line["serial_bound_tokens_per_s"].get<double>(), 200.0);
+  EXPECT_DOUBLE_EQ(line["ratio_to_serial_bound"].get<double>(), 1.5);
+  EXPECT_EQ(line["rounds"], 3);
+  // Round 1: 100 / (1 / (1/600 + 1/300)) = 0.5.
+  EXPECT_DOUBLE_EQ(line["ratio_per_round"][0].get<double>(), 0.5);
 }
 
 TEST(BenchMainTest, BadFlagExitsWithTwo) {

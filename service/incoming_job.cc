@@ -2,6 +2,10 @@
 #include "service/incoming_job.h"
 
 #include <cstring>
+#include <iterator>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/status_macros.h"
@@ -23,6 +27,71 @@ absl::StatusOr<int32_t> Dim(uint32_t value, const char* field) {
 std::string TensorName(v1::Tensor tensor) { return v1::Tensor_Name(tensor); }
 
 }  // namespace
+
+namespace {
+
+// Freed input buffers kept for the next job of the same size. Bounded: buffers under
+// kMinPooled bytes are not kept (the heap serves them well), and at most kMaxRetained bytes
+// are held idle. Thread-safe.
+class InputBufferPool {
+ public:
+  static constexpr uint64_t kMinPooled = uint64_t{1} << 20;
+  static constexpr uint64_t kMaxRetained = uint64_t{512} << 20;
+
+  static InputBufferPool& Get() {
+    static InputBufferPool* const pool = new InputBufferPool();  // never destroyed
+    return *pool;
+  }
+  uint8_t* Take(uint64_t size) {
+    if (size >= kMinPooled) {
+      // The most recently freed buffer of the size first: its pages are likely still cached.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+        if (it->first == size) {
+          uint8_t* bytes = it->second;
+          free_.erase(std::next(it).base());
+          retained_ -= size;
+          return bytes;
+        }
+      }
+    }
+    return new uint8_t[size];  // default-initialised: not zeroed
+  }
+  void Give(uint8_t* bytes, uint64_t size) {
+    if (size >= kMinPooled) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (retained_ + size > kMaxRetained && !free_.empty()) {
+        // Make room by dropping the oldest buffer (a shape not seen lately).
+        retained_ -= free_.front().first;
+        delete[] free_.front().second;
+        free_.erase(free_.begin());
+      }
+      if (retained_ + size <= kMaxRetained) {
+        free_.emplace_back(size, bytes);
+        retained_ += size;
+        return;
+      }
+    }
+    delete[] bytes;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<uint64_t, uint8_t*>> free_;  // oldest first
+  uint64_t retained_ = 0;
+};
+
+}  // namespace
+
+void InputBufferDeleter::operator()(uint8_t* bytes) const {
+  InputBufferPool::Get().Give(bytes, size);
+}
+
+void IncomingJob::TensorBuffer::Allocate(uint64_t n) {
+  bytes = std::unique_ptr<uint8_t[], InputBufferDeleter>(InputBufferPool::Get().Take(n),
+                                                         InputBufferDeleter{n});
+  size = n;
+}
 
 uint64_t MaxResultBytes(const LayerView& shape, DType output_dtype, bool with_assignment) {
   const uint64_t rows = uint64_t(shape.num_heads) * uint64_t(shape.num_tokens);

@@ -144,6 +144,12 @@ def service_section(cpu_rows, gpu_rows):
             "%.0f" % g["latency_ms"]["p50"] if g else NOT_MEASURED,
             "%.2f" % ratio if ratio is not None else NOT_MEASURED, winner))
     out.append("")
+    commands = [r["command"] for r in (cpu_rows or []) + (gpu_rows or []) if "command" in r]
+    if commands:
+        out.append("Each row is one run of, e.g., `%s` against a fresh loopback server "
+                   "(bench/run-service.sh); 4 jobs per stream, so the rows are short and noisy."
+                   % commands[0])
+        out.append("")
     cards = sorted({r["card"] for r in gpu_rows or []})
     cpus = sorted({r["card"] for r in cpu_rows or []})
     loads = sorted({r.get("load", "") for r in cpu_rows or []})

@@ -3,7 +3,8 @@
 # (cpu-clock, all its threads) while centroidkv-bench runs the Llama-3-8B preset through it,
 # once with the cpu backend and once with the transport floor (identity), and prints a
 # markdown table of the samples by stage (bench/profile_stages.py). Needs perf (Debian
-# linux-perf) and permission to attach (root, or kernel.perf_event_paranoid <= 1).
+# linux-perf, installed when missing) and permission to attach (root, or
+# kernel.perf_event_paranoid <= 1).
 #
 # Usage: bench/profile-service.sh [--context N] [--jobs N] [--port P]
 set -euo pipefail
@@ -20,6 +21,14 @@ while [ $# -gt 0 ]; do
     *) echo "profile-service.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# perf is not part of scripts/setup.sh (CI never profiles); install it on demand like
+# bench/run-cpu.sh does its packages (CKV_BENCH_NO_INSTALL=1: never call apt-get).
+if ! command -v perf >/dev/null && [ "${CKV_BENCH_NO_INSTALL:-0}" != 1 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+    --no-install-recommends linux-perf >&2
+fi
 command -v perf >/dev/null || { echo "profile-service.sh: perf not found (apt-get install linux-perf)" >&2; exit 1; }
 build_dir=${CKV_BUILD_DIR:-build}
 CKV_BUILD_DIR="$build_dir" scripts/build.sh centroidkv_server centroidkv_bench >&2

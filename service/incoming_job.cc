@@ -26,10 +26,6 @@ absl::StatusOr<int32_t> Dim(uint32_t value, const char* field) {
 
 std::string TensorName(v1::Tensor tensor) { return v1::Tensor_Name(tensor); }
 
-}  // namespace
-
-namespace {
-
 // Freed input buffers kept for the next job of the same size. Bounded: buffers under
 // kMinPooled bytes are not kept (the heap serves them well), and at most kMaxRetained bytes
 // are held idle. Thread-safe.

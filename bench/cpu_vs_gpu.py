@@ -146,8 +146,8 @@ def service_section(cpu_rows, gpu_rows):
     out.append("")
     commands = [r["command"] for r in (cpu_rows or []) + (gpu_rows or []) if "command" in r]
     if commands:
-        out.append("Each row is one run of, e.g., `%s` against a fresh loopback server "
-                   "(bench/run-service.sh); 4 jobs per stream, so the rows are short and noisy."
+        out.append("Each row is one run of, e.g., `%s` against the one loopback server "
+                   "that bench/run-service.sh starts; 4 jobs per stream, so the rows are short and noisy."
                    % commands[0])
         out.append("")
     cards = sorted({r["card"] for r in gpu_rows or []})

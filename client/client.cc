@@ -45,6 +45,7 @@ absl::StatusOr<ServerInfo> FetchServerInfo(v1::CentroidKV::Stub& stub) {
   info.backends.assign(response.backends().begin(), response.backends().end());
   info.default_backend = response.default_backend();
   info.devices.assign(response.devices().begin(), response.devices().end());
+  info.worker_threads = static_cast<int32_t>(response.worker_threads());
   for (const v1::Device& device : response.device_info()) {
     info.device_info.push_back({device.backend(), device.name(),
                                 static_cast<int64_t>(device.memory_bytes()),

@@ -45,6 +45,7 @@ grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext
   limits->set_max_message_bytes(static_cast<uint32_t>(options.max_message_bytes));
   limits->set_result_slab_bytes(static_cast<uint32_t>(options.result_slab_bytes));
   *response->mutable_defaults() = OptionsToProto(CompressOptions{});
+  response->set_worker_threads(static_cast<uint32_t>(context_->executor->threads()));
 
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

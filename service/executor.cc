@@ -1,15 +1,25 @@
 // WorkExecutor: tbb::task_arena::enqueue plus a pending-task counter for shutdown.
 #include "service/executor.h"
 
+#include <algorithm>
 #include <thread>
 #include <utility>
 
 namespace centroidkv::service {
 
+namespace {
+int32_t ResolveThreads(int32_t threads) {
+  return threads > 0 ? threads
+                     : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+}
+}  // namespace
+
 WorkExecutor::WorkExecutor(int32_t threads)
-    : threads_(threads > 0 ? threads
-                           : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()))),
-      arena_(std::make_unique<tbb::task_arena>(threads_)) {}
+    : threads_(ResolveThreads(threads)),
+      // threads_ workers plus the one application thread oneTBB counts in the limit.
+      workers_(tbb::global_control::max_allowed_parallelism,
+               static_cast<size_t>(threads_) + 1),
+      arena_(std::make_unique<tbb::task_arena>(threads_, /*reserved_for_masters=*/0)) {}
 
 WorkExecutor::~WorkExecutor() { WaitIdle(std::chrono::hours(1)); }
 

@@ -1,6 +1,12 @@
 // The server's one pool of clustering threads: a oneTBB task arena that gRPC handlers hand
 // work to without blocking. Backends that parallelise internally (tbb::parallel_for) run
 // inside the same arena, so there is no oversubscription.
+//
+// Work only ever arrives by enqueue, so no application thread joins the arena: its slots
+// are all for oneTBB workers (reserved_for_masters = 0), and a tbb::global_control lets
+// oneTBB start as many workers as the arena has slots. oneTBB's defaults (one slot kept
+// for an application thread, at most hardware_concurrency - 1 workers) would run the
+// clustering on `threads - 1` threads: one thread on a 2-core machine.
 // Thread-safe. The destructor waits for submitted work.
 #pragma once
 
@@ -12,6 +18,7 @@
 #include <memory>
 #include <mutex>
 
+#include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
 namespace centroidkv::service {
@@ -34,6 +41,8 @@ class WorkExecutor {
 
  private:
   int32_t threads_;
+  // Process-wide while it lives; oneTBB applies the smallest of the live limits.
+  tbb::global_control workers_;
   std::unique_ptr<tbb::task_arena> arena_;
   std::atomic<int64_t> pending_{0};
   std::atomic<int64_t> queued_{0};

@@ -2,6 +2,10 @@
 #include "service/incoming_job.h"
 
 #include <cstring>
+#include <iterator>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/status_macros.h"
@@ -22,7 +26,68 @@ absl::StatusOr<int32_t> Dim(uint32_t value, const char* field) {
 
 std::string TensorName(v1::Tensor tensor) { return v1::Tensor_Name(tensor); }
 
+// Freed input buffers kept for the next job of the same size. Bounded: buffers under
+// kMinPooled bytes are not kept (the heap serves them well), and at most kMaxRetained bytes
+// are held idle. Thread-safe.
+class InputBufferPool {
+ public:
+  static constexpr uint64_t kMinPooled = uint64_t{1} << 20;
+  static constexpr uint64_t kMaxRetained = uint64_t{512} << 20;
+
+  static InputBufferPool& Get() {
+    static InputBufferPool* const pool = new InputBufferPool();  // never destroyed
+    return *pool;
+  }
+  uint8_t* Take(uint64_t size) {
+    if (size >= kMinPooled) {
+      // The most recently freed buffer of the size first: its pages are likely still cached.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+        if (it->first == size) {
+          uint8_t* bytes = it->second;
+          free_.erase(std::next(it).base());
+          retained_ -= size;
+          return bytes;
+        }
+      }
+    }
+    return new uint8_t[size];  // default-initialised: not zeroed
+  }
+  void Give(uint8_t* bytes, uint64_t size) {
+    if (size >= kMinPooled) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (retained_ + size > kMaxRetained && !free_.empty()) {
+        // Make room by dropping the oldest buffer (a shape not seen lately).
+        retained_ -= free_.front().first;
+        delete[] free_.front().second;
+        free_.erase(free_.begin());
+      }
+      if (retained_ + size <= kMaxRetained) {
+        free_.emplace_back(size, bytes);
+        retained_ += size;
+        return;
+      }
+    }
+    delete[] bytes;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<uint64_t, uint8_t*>> free_;  // oldest first
+  uint64_t retained_ = 0;
+};
+
 }  // namespace
+
+void InputBufferDeleter::operator()(uint8_t* bytes) const {
+  InputBufferPool::Get().Give(bytes, size);
+}
+
+void IncomingJob::TensorBuffer::Allocate(uint64_t n) {
+  bytes = std::unique_ptr<uint8_t[], InputBufferDeleter>(InputBufferPool::Get().Take(n),
+                                                         InputBufferDeleter{n});
+  size = n;
+}
 
 uint64_t MaxResultBytes(const LayerView& shape, DType output_dtype, bool with_assignment) {
   const uint64_t rows = uint64_t(shape.num_heads) * uint64_t(shape.num_tokens);
@@ -76,12 +141,12 @@ absl::StatusOr<std::unique_ptr<IncomingJob>> IncomingJob::Create(const v1::Start
   job->footprint_bytes_ =
       input_bytes + MaxResultBytes(view, job->output_dtype_, start.return_assignment());
 
-  job->keys_.bytes.resize(key_bytes);
-  job->values_.bytes.resize(value_bytes);
-  job->counts_.bytes.resize(count_bytes);
-  view.keys = job->keys_.bytes.data();
-  view.values = job->values_.bytes.data();
-  view.counts = job->has_counts_ ? reinterpret_cast<const uint32_t*>(job->counts_.bytes.data())
+  job->keys_.Allocate(key_bytes);
+  job->values_.Allocate(value_bytes);
+  job->counts_.Allocate(count_bytes);
+  view.keys = job->keys_.bytes.get();
+  view.values = job->values_.bytes.get();
+  view.counts = job->has_counts_ ? reinterpret_cast<const uint32_t*>(job->counts_.bytes.get())
                                  : nullptr;
   return job;
 }
@@ -106,7 +171,7 @@ absl::Status IncomingJob::AddSlab(const v1::TensorSlab& slab) {
         "slab.tensor ", TensorName(slab.tensor()), " is not an input of job ", job_id_,
         slab.tensor() == v1::TENSOR_COUNTS ? " (its start_job did not set has_counts)" : ""));
   }
-  const uint64_t size = buffer->bytes.size();
+  const uint64_t size = buffer->size;
   if (slab.byte_offset() < buffer->received) {
     return absl::FailedPreconditionError(absl::StrCat(
         "slab.byte_offset ", slab.byte_offset(), " of ", TensorName(slab.tensor()), " for job ",
@@ -128,14 +193,14 @@ absl::Status IncomingJob::AddSlab(const v1::TensorSlab& slab) {
     return absl::InvalidArgumentError(
         absl::StrCat("slab.data for job ", job_id_, " is empty"));
   }
-  std::memcpy(buffer->bytes.data() + buffer->received, slab.data().data(), slab.data().size());
+  std::memcpy(buffer->bytes.get() + buffer->received, slab.data().data(), slab.data().size());
   buffer->received += slab.data().size();
   return absl::OkStatus();
 }
 
 bool IncomingJob::complete() const {
-  return keys_.received == keys_.bytes.size() && values_.received == values_.bytes.size() &&
-         counts_.received == counts_.bytes.size();
+  return keys_.received == keys_.size && values_.received == values_.size &&
+         counts_.received == counts_.size;
 }
 
 }  // namespace centroidkv::service

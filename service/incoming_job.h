@@ -16,6 +16,12 @@
 
 namespace centroidkv::service {
 
+// Returns a job's input buffer of `size` bytes to the pool (incoming_job.cc).
+struct InputBufferDeleter {
+  uint64_t size = 0;
+  void operator()(uint8_t* bytes) const;
+};
+
 class IncomingJob {
  public:
   // Validates `start` (dtype, layout, dims, parameters, size limits) and allocates the
@@ -39,9 +45,15 @@ class IncomingJob {
   const LayerView& view() const { return view_; }
 
  private:
+  // Input bytes come from a small process-wide pool of freed input buffers (exact sizes: the
+  // layers of a model share a shape) and are not zero-filled: every byte is written by a
+  // slab before the job is complete. Zeroing and faulting in fresh buffers per job was
+  // ~10-30% of a server's CPU samples (docs/service-bench.md).
   struct TensorBuffer {
-    std::vector<uint8_t> bytes;
+    std::unique_ptr<uint8_t[], InputBufferDeleter> bytes;
+    uint64_t size = 0;
     uint64_t received = 0;
+    void Allocate(uint64_t n);
   };
   IncomingJob() = default;
   TensorBuffer* BufferFor(v1::Tensor tensor);

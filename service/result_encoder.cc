@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "centroidkv/common/dtype.h"
 #include "centroidkv/wire/wire_convert.h"
 
 namespace centroidkv::service {
@@ -90,13 +91,7 @@ void ResultEncoder::FillSlab(v1::Tensor tensor, v1::TensorSlab* slab) {
     const int64_t element_size = DTypeSize(output_dtype_);
     const int64_t first = static_cast<int64_t>(cursor_) / element_size;
     const int64_t count = static_cast<int64_t>(length) / element_size;
-    if (output_dtype_ == DType::kFloat32) {
-      std::memcpy(data->data(), source.data() + first, length);
-    } else {
-      for (int64_t i = 0; i < count; ++i) {
-        StoreFromFloat(data->data(), output_dtype_, i, source[first + i]);
-      }
-    }
+    StoreFromFloats(data->data(), output_dtype_, 0, count, source.data() + first);
   } else {
     const uint8_t* source =
         tensor == v1::TENSOR_OUT_COUNTS

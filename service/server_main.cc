@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "centroidkv/common/heap_tuning.h"
 #include "service/server.h"
 
 namespace {
@@ -68,6 +69,7 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  centroidkv::KeepFreedHeapMemory();  // reuse job buffers instead of faulting them in anew
   ServerOptions options;
   double grace_seconds =
       std::chrono::duration<double>(options.grace_period).count();

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -20,6 +22,7 @@
 #include "bench/workload.h"
 #include "centroidkv/client/client.h"
 #include "centroidkv/common/dtype.h"
+#include "service/executor.h"
 
 namespace centroidkv::bench {
 namespace {
@@ -199,11 +202,18 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
       ->capture_default_str();
   app->add_option("--slab-kib", c.slab_kib, "Slab size sent to the server, KiB")
       ->capture_default_str();
+  app->add_option("--threads", c.threads,
+                  "Clustering threads of the in-process engine (--compare); 0 = the server's")
+      ->capture_default_str();
   app->add_option("--connect-timeout", c.connect_timeout_s,
                   "Seconds to wait for the server to become ready")
       ->capture_default_str();
   app->add_flag("--compare", c.compare,
-                "Run service (cpu), transport floor (identity) and in-process cpu side by side");
+                "Run service (cpu), transport floor (identity: a real job's bytes, no "
+                "clustering) and in-process cpu side by side");
+  app->add_option("--rounds", c.rounds,
+                  "--compare: rounds of the three runs in turn; medians are reported")
+      ->capture_default_str();
   app->add_option("--format", c.format, "text | json | csv")->capture_default_str();
   app->add_flag("--progress", c.progress, "Show the progress bar even when stderr is no tty");
   app->add_flag("--quiet,-q", c.quiet, "No progress bar");
@@ -276,6 +286,14 @@ absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
   }
   if (config.distinct_layers < 1) {
     return absl::InvalidArgumentError("--distinct-layers: needs at least 1");
+  }
+  if (config.rounds < 1 || config.rounds > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rounds: ", config.rounds, " is not in [1, 100]"));
+  }
+  if (config.threads < 0 || config.threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads: ", config.threads, " is not in [0, 1024] (0: the server's)"));
   }
   if (config.slab_kib < 4 || config.slab_kib > 4096) {
     return absl::InvalidArgumentError(
@@ -405,6 +423,22 @@ double RunStats::compression() const {
   }
   return in > 0 ? static_cast<double>(out) / static_cast<double>(in) : 0.0;
 }
+namespace {
+// Mean of `field` over the OK records, in ms.
+double MeanMs(const std::vector<JobRecord>& records, double JobRecord::*field) {
+  double sum = 0.0;
+  int64_t n = 0;
+  for (const JobRecord& r : records) {
+    if (r.code != "OK") continue;
+    sum += r.*field;
+    ++n;
+  }
+  return n > 0 ? sum / static_cast<double>(n) * 1e3 : 0.0;
+}
+}  // namespace
+double RunStats::mean_latency_ms() const { return MeanMs(records, &JobRecord::latency_s); }
+double RunStats::mean_queue_ms() const { return MeanMs(records, &JobRecord::queue_s); }
+double RunStats::mean_compute_ms() const { return MeanMs(records, &JobRecord::compute_s); }
 double RunStats::latency_ms(double q) const {
   std::vector<double> ms;
   for (const JobRecord& r : records) {
@@ -416,9 +450,24 @@ double RunStats::latency_ms(double q) const {
 namespace {
 
 JobRecord MakeRecord(const LoadConfig& config, double latency_s, std::string code,
-                     int64_t entries_out) {
-  return JobRecord{latency_s, std::move(code), config.TokensPerJob(), entries_out,
-                   config.BytesPerJob()};
+                     int64_t entries_out, double queue_s = 0.0, double compute_s = 0.0) {
+  return JobRecord{latency_s,           std::move(code),       config.TokensPerJob(),
+                   entries_out,         config.BytesPerJob(),  queue_s,
+                   compute_s};
+}
+
+std::unique_ptr<client::Client> ConnectOrFail(const LoadConfig& config, std::string* fatal) {
+  client::ClientOptions options;
+  options.target = config.server;
+  options.slab_bytes = config.slab_kib << 10;
+  options.connect_timeout = std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(config.connect_timeout_s * 1e3)));
+  absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Connect(options);
+  if (!client.ok()) {
+    *fatal = absl::StrCat(CodeName(client.status()), " ", client.status().message());
+    return nullptr;
+  }
+  return std::move(*client);
 }
 
 // One job loop per worker thread (config.concurrency of them), sharing the tickets and the
@@ -458,19 +507,14 @@ RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind b
                     const ProgressFn& progress) {
   RunStats stats;
   stats.label = absl::StrCat("service:", std::string(BackendKindName(backend)));
-  client::ClientOptions options;
-  options.target = config.server;
-  options.slab_bytes = config.slab_kib << 10;
-  options.connect_timeout = std::chrono::milliseconds(
-      std::max<int64_t>(1, static_cast<int64_t>(config.connect_timeout_s * 1e3)));
-  absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Connect(options);
-  if (!client.ok()) {
-    stats.fatal = absl::StrCat(CodeName(client.status()), " ", client.status().message());
-    return stats;
+  const std::unique_ptr<client::Client> client = ConnectOrFail(config, &stats.fatal);
+  if (client == nullptr) return stats;
+  if (absl::StatusOr<client::ServerInfo> info = client->GetInfo(); info.ok()) {
+    stats.threads = info->worker_threads;
   }
   auto loop = [&](Tickets& tickets, Clock::time_point start, std::atomic<int64_t>& done,
                   std::vector<JobRecord>* local, std::string* fatal) {
-    std::unique_ptr<client::CompressStream> stream = (*client)->OpenStream();
+    std::unique_ptr<client::CompressStream> stream = client->OpenStream();
     absl::flat_hash_map<uint64_t, std::pair<Clock::time_point, int64_t>> in_flight;
     bool more = true;
     while (true) {
@@ -512,7 +556,8 @@ RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind b
       const Clock::time_point sent = it != in_flight.end() ? it->second.first : start;
       if (it != in_flight.end()) in_flight.erase(it);
       local->push_back(MakeRecord(config, Seconds(Clock::now() - sent),
-                                  CodeName(result->status), result->total_entries()));
+                                  CodeName(result->status), result->total_entries(),
+                                  result->queue_seconds, result->compute_seconds));
       done.fetch_add(1);
     }
     absl::Status closed = fatal->empty() ? stream->Close() : absl::OkStatus();
@@ -525,8 +570,16 @@ RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind b
   return stats;
 }
 
+int32_t ServerThreads(const LoadConfig& config) {
+  std::string fatal;
+  const std::unique_ptr<client::Client> client = ConnectOrFail(config, &fatal);
+  if (client == nullptr) return 0;
+  absl::StatusOr<client::ServerInfo> info = client->GetInfo();
+  return info.ok() ? info->worker_threads : 0;
+}
+
 RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind backend,
-                      const ProgressFn& progress) {
+                      int32_t threads, const ProgressFn& progress) {
   RunStats stats;
   stats.label = absl::StrCat("in-process:", std::string(BackendKindName(backend)));
   const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
@@ -535,15 +588,39 @@ RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind
     stats.fatal = absl::StrCat(CodeName(engine.status()), " ", engine.status().message());
     return stats;
   }
+  // The server's executor: the engine runs on the same number of threads, scheduled the
+  // same way, as it does behind the service.
+  service::WorkExecutor executor(threads);
+  stats.threads = executor.threads();
   auto loop = [&](Tickets& tickets, Clock::time_point /*start*/, std::atomic<int64_t>& done,
                   std::vector<JobRecord>* local, std::string* /*fatal*/) {
-    for (int64_t ticket = tickets.Take(); ticket >= 0; ticket = tickets.Take()) {
-      const Clock::time_point began = Clock::now();
-      absl::StatusOr<CompressResult> result =
-          (*engine)->Compress(data.View(config, static_cast<size_t>(ticket)), config.options);
-      local->push_back(MakeRecord(config, Seconds(Clock::now() - began),
-                                  CodeName(result.status()),
-                                  result.ok() ? result->total_entries() : 0));
+    // Like a stream: up to config.pipeline jobs in flight, results taken oldest first.
+    std::deque<std::future<JobRecord>> in_flight;
+    bool more = true;
+    while (true) {
+      while (more && static_cast<int32_t>(in_flight.size()) < config.pipeline) {
+        const int64_t ticket = tickets.Take(/*may_wait=*/in_flight.empty());
+        if (ticket == Tickets::kNotYet) break;
+        if (ticket < 0) {
+          more = false;
+          break;
+        }
+        auto task = std::make_shared<std::promise<JobRecord>>();
+        in_flight.push_back(task->get_future());
+        const Clock::time_point sent = Clock::now();
+        executor.Submit([&, task, ticket, sent] {
+          const Clock::time_point began = Clock::now();
+          absl::StatusOr<CompressResult> result = (*engine)->Compress(
+              data.View(config, static_cast<size_t>(ticket)), config.options);
+          const Clock::time_point finished = Clock::now();
+          task->set_value(MakeRecord(config, Seconds(finished - sent), CodeName(result.status()),
+                                     result.ok() ? result->total_entries() : 0,
+                                     Seconds(began - sent), Seconds(finished - began)));
+        });
+      }
+      if (in_flight.empty()) break;
+      local->push_back(in_flight.front().get());
+      in_flight.pop_front();
       done.fetch_add(1);
     }
   };
@@ -560,44 +637,52 @@ void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std
       }
       out << absl::StrFormat(
                  "{\"run\":%s,\"preset\":%s,\"context\":%d,\"dtype\":%s,\"concurrency\":%d,"
-                 "\"jobs\":%d,\"jobs_failed\":%d,\"wall_s\":%.4f,\"tokens_per_s\":%.1f,"
-                 "\"gb_per_s\":%.4f,\"compression\":%.5f,\"latency_ms\":{\"p50\":%.3f,"
-                 "\"p90\":%.3f,\"p99\":%.3f},\"errors\":{%s}}",
+                 "\"pipeline\":%d,\"threads\":%d,\"jobs\":%d,\"jobs_failed\":%d,"
+                 "\"wall_s\":%.4f,\"tokens_per_s\":%.1f,\"gb_per_s\":%.4f,"
+                 "\"compression\":%.5f,\"latency_ms\":{\"p50\":%.3f,\"p90\":%.3f,"
+                 "\"p99\":%.3f,\"mean\":%.3f},\"queue_ms_mean\":%.3f,"
+                 "\"compute_ms_mean\":%.3f,\"errors\":{%s}}",
                  JsonString(s.label), JsonString(config.preset.name), config.context,
                  JsonString(std::string(DTypeName(config.dtype))), config.concurrency,
-                 s.jobs_ok(), s.jobs_failed(), s.wall_s, s.tokens_per_s(), s.gb_per_s(),
-                 s.compression(), s.latency_ms(0.5), s.latency_ms(0.9), s.latency_ms(0.99),
-                 absl::StrJoin(errors, ","))
+                 config.pipeline, s.threads, s.jobs_ok(), s.jobs_failed(), s.wall_s,
+                 s.tokens_per_s(), s.gb_per_s(), s.compression(), s.latency_ms(0.5),
+                 s.latency_ms(0.9), s.latency_ms(0.99), s.mean_latency_ms(), s.mean_queue_ms(),
+                 s.mean_compute_ms(), absl::StrJoin(errors, ","))
           << "\n";
     }
     return;
   }
   if (config.format == "csv") {
-    out << "run,preset,context,dtype,concurrency,jobs,jobs_failed,wall_s,tokens_per_s,gb_per_s,"
-           "compression,p50_ms,p90_ms,p99_ms,errors\n";
+    out << "run,preset,context,dtype,concurrency,pipeline,threads,jobs,jobs_failed,wall_s,"
+           "tokens_per_s,gb_per_s,compression,p50_ms,p90_ms,p99_ms,mean_ms,queue_ms_mean,"
+           "compute_ms_mean,errors\n";
     for (const RunStats& s : runs) {
       std::vector<std::string> errors;
       for (const auto& [code, count] : s.errors()) errors.push_back(absl::StrCat(code, "=", count));
-      out << absl::StrFormat("%s,%s,%d,%s,%d,%d,%d,%.4f,%.1f,%.4f,%.5f,%.3f,%.3f,%.3f,\"%s\"\n",
-                             s.label, config.preset.name, config.context,
-                             std::string(DTypeName(config.dtype)), config.concurrency, s.jobs_ok(),
-                             s.jobs_failed(), s.wall_s, s.tokens_per_s(), s.gb_per_s(),
-                             s.compression(), s.latency_ms(0.5), s.latency_ms(0.9),
-                             s.latency_ms(0.99), absl::StrJoin(errors, ";"));
+      out << absl::StrFormat(
+          "%s,%s,%d,%s,%d,%d,%d,%d,%d,%.4f,%.1f,%.4f,%.5f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,\"%s\"\n",
+          s.label, config.preset.name, config.context, std::string(DTypeName(config.dtype)),
+          config.concurrency, config.pipeline, s.threads, s.jobs_ok(), s.jobs_failed(), s.wall_s,
+          s.tokens_per_s(), s.gb_per_s(), s.compression(), s.latency_ms(0.5), s.latency_ms(0.9),
+          s.latency_ms(0.99), s.mean_latency_ms(), s.mean_queue_ms(), s.mean_compute_ms(),
+          absl::StrJoin(errors, ";"));
     }
     return;
   }
   for (const RunStats& s : runs) {
     out << absl::StrFormat(
-        "%s  (%s: %d x %d heads x %d, context %d, %s, concurrency %d)\n"
+        "%s  (%s: %d x %d heads x %d, context %d, %s, concurrency %d x %d in flight, "
+        "%d clustering threads)\n"
         "  jobs:          %d ok, %d failed in %.3f s\n"
         "  throughput:    %.4g layer-head tokens/s, %.3f GB/s of KV in\n"
         "  compression:   %.4f entries out / in\n"
-        "  latency/job:   p50 %.2f ms  p90 %.2f ms  p99 %.2f ms\n",
+        "  latency/job:   p50 %.2f ms  p90 %.2f ms  p99 %.2f ms  mean %.2f ms\n"
+        "  of which:      queue %.2f ms + compute %.2f ms (means; the rest is transport)\n",
         s.label, config.preset.name, config.preset.layers, config.preset.kv_heads,
         config.preset.head_dim, config.context, std::string(DTypeName(config.dtype)),
-        config.concurrency, s.jobs_ok(), s.jobs_failed(), s.wall_s, s.tokens_per_s(),
-        s.gb_per_s(), s.compression(), s.latency_ms(0.5), s.latency_ms(0.9), s.latency_ms(0.99));
+        config.concurrency, config.pipeline, s.threads, s.jobs_ok(), s.jobs_failed(), s.wall_s,
+        s.tokens_per_s(), s.gb_per_s(), s.compression(), s.latency_ms(0.5), s.latency_ms(0.9),
+        s.latency_ms(0.99), s.mean_latency_ms(), s.mean_queue_ms(), s.mean_compute_ms());
     const auto errors = s.errors();
     if (errors.empty()) {
       out << "  errors:        none\n";
@@ -609,18 +694,40 @@ void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std
   }
 }
 
-std::string CompareJson(const RunStats& service, const RunStats& floor,
-                        const RunStats& in_process) {
-  const double s = service.tokens_per_s();
-  const double f = floor.tokens_per_s();
-  const double p = in_process.tokens_per_s();
-  const double bound = (f > 0 && p > 0) ? 1.0 / (1.0 / f + 1.0 / p) : 0.0;
+namespace {
+double SerialBound(double floor, double in_process) {
+  return (floor > 0 && in_process > 0) ? 1.0 / (1.0 / floor + 1.0 / in_process) : 0.0;
+}
+double MedianTokensPerS(const std::vector<RunStats>& runs) {
+  std::vector<double> rates;
+  for (const RunStats& run : runs) rates.push_back(run.tokens_per_s());
+  return Percentile(std::move(rates), 0.5);
+}
+}  // namespace
+
+std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& service,
+                        const std::vector<RunStats>& floor,
+                        const std::vector<RunStats>& in_process) {
+  const double s = MedianTokensPerS(service);
+  const double f = MedianTokensPerS(floor);
+  const double p = MedianTokensPerS(in_process);
+  const double bound = SerialBound(f, p);
   const double ratio = bound > 0 ? s / bound : 0.0;
+  std::vector<std::string> per_round;
+  const size_t rounds = std::min({service.size(), floor.size(), in_process.size()});
+  for (size_t r = 0; r < rounds; ++r) {
+    const double b = SerialBound(floor[r].tokens_per_s(), in_process[r].tokens_per_s());
+    per_round.push_back(absl::StrFormat("%.4f", b > 0 ? service[r].tokens_per_s() / b : 0.0));
+  }
   return absl::StrFormat(
-      "{\"service_tokens_per_s\":%.1f,\"floor_tokens_per_s\":%.1f,"
+      "{\"preset\":%s,\"context\":%d,\"concurrency\":%d,\"pipeline\":%d,"
+      "\"server_threads\":%d,\"in_process_threads\":%d,\"rounds\":%d,"
+      "\"service_tokens_per_s\":%.1f,\"floor_tokens_per_s\":%.1f,"
       "\"in_process_tokens_per_s\":%.1f,\"serial_bound_tokens_per_s\":%.1f,"
-      "\"ratio_to_serial_bound\":%.4f}",
-      s, f, p, bound, ratio);
+      "\"ratio_to_serial_bound\":%.4f,\"ratio_per_round\":[%s]}",
+      JsonString(config.preset.name), config.context, config.concurrency, config.pipeline,
+      service.empty() ? 0 : service[0].threads, in_process.empty() ? 0 : in_process[0].threads,
+      rounds, s, f, p, bound, ratio, absl::StrJoin(per_round, ","));
 }
 
 int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -662,18 +769,32 @@ int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostr
   if (show) err << "generating " << config->distinct_layers << " layers of synthetic KV...\n";
   const Dataset data = MakeDataset(*config);
   std::vector<RunStats> runs;
+  std::vector<RunStats> service, floor, in_process;
   if (config->compare) {
-    runs.push_back(RunService(*config, data, BackendKind::kCpu, progress("service:cpu")));
-    runs.push_back(
-        RunService(*config, data, BackendKind::kIdentity, progress("service:identity")));
-    runs.push_back(RunInProcess(*config, data, BackendKind::kCpu, progress("in-process:cpu")));
+    // The in-process engine gets the server's clustering threads unless --threads says.
+    const int32_t threads = config->threads > 0 ? config->threads : ServerThreads(*config);
+    // Rounds of the three legs in turn, so that a change in the machine's load falls on
+    // all three; the JSON line takes each leg's median over the rounds.
+    for (int32_t round = 1; round <= config->rounds; ++round) {
+      const std::string tag = config->rounds > 1 ? absl::StrCat(" #", round) : "";
+      service.push_back(
+          RunService(*config, data, BackendKind::kCpu, progress("service:cpu" + tag)));
+      floor.push_back(RunService(*config, data, BackendKind::kIdentity,
+                                 progress("service:identity" + tag)));
+      in_process.push_back(RunInProcess(*config, data, BackendKind::kCpu, threads,
+                                        progress("in-process:cpu" + tag)));
+      for (RunStats* run : {&service.back(), &floor.back(), &in_process.back()}) {
+        run->label += tag;
+        runs.push_back(*run);
+      }
+    }
   } else {
     runs.push_back(RunService(*config, data, config->backend,
                               progress(absl::StrCat("service:",
                                                     std::string(BackendKindName(config->backend))))));
   }
   PrintStats(*config, runs, out);
-  if (config->compare) out << CompareJson(runs[0], runs[1], runs[2]) << "\n";
+  if (config->compare) out << CompareJson(*config, service, floor, in_process) << "\n";
   for (const RunStats& run : runs) {
     if (run.jobs_failed() > 0 || !run.fatal.empty() || run.records.empty()) return 1;
   }

@@ -1,9 +1,11 @@
 // centroidkv-bench: a load generator for the CentroidKV service in the spirit of ghz.
 // Concurrency (streams), a total of jobs or a duration, a request rate, workload presets
 // named after real models' KV shapes, every SPEC parameter, and a summary (throughput,
-// compression, latency percentiles, errors by status code). --compare runs the service
-// with the cpu backend, the transport floor (identity backend, same server) and the
-// in-process CPU engine side by side on the same data.
+// compression, latency percentiles, the server's queue and compute time per job, errors by
+// status code). --compare runs the service with the cpu backend, the transport floor
+// (identity backend, same server: a real job's bytes in and out, no clustering) and the
+// in-process CPU engine (on an executor of the server's thread count) side by side on the
+// same data.
 //
 // The pieces are functions so that tests can drive them without main().
 #pragma once
@@ -40,7 +42,7 @@ absl::StatusOr<ModelPreset> FindPreset(const std::string& name);
 
 struct LoadConfig {
   std::string server = "127.0.0.1:50051";
-  int32_t concurrency = 4;      // streams (threads for the in-process engine)
+  int32_t concurrency = 4;      // streams (client threads submitting to the in-process engine)
   int32_t pipeline = 2;         // jobs in flight per stream
   int64_t jobs = 0;             // total layer jobs; 0 with duration_s > 0: run for a time
   double duration_s = 0.0;
@@ -54,8 +56,12 @@ struct LoadConfig {
   std::optional<DType> output_dtype;  // default: the input dtype
   BackendKind backend = BackendKind::kAuto;
   int32_t slab_kib = 256;
+  // Clustering threads of the in-process engine's executor; 0 = the server's (GetInfo's
+  // worker_threads), or one per hardware thread when there is no server to ask.
+  int32_t threads = 0;
   double connect_timeout_s = 10.0;
   bool compare = false;
+  int32_t rounds = 1;           // --compare: rounds of the three runs; medians reported
   std::string format = "text";  // text | json | csv
   bool progress = false;        // force the progress bar even when stderr is no tty
   bool quiet = false;           // no progress bar at all
@@ -105,6 +111,8 @@ struct JobRecord {
   int64_t entries_in = 0;
   int64_t entries_out = 0;
   int64_t bytes_in = 0;
+  double queue_s = 0.0;          // server: complete input to engine start (in-process too)
+  double compute_s = 0.0;        // server: inside the engine (in-process too)
 };
 
 struct RunStats {
@@ -112,6 +120,7 @@ struct RunStats {
   double wall_s = 0.0;
   std::vector<JobRecord> records;
   std::string fatal;             // a stream-level failure, if any
+  int32_t threads = 0;           // clustering threads (the server's, or the in-process executor's)
 
   int64_t jobs_ok() const;
   int64_t jobs_failed() const;
@@ -120,6 +129,10 @@ struct RunStats {
   double gb_per_s() const;        // KV bytes in of OK jobs, 1e9 per second
   double compression() const;     // entries out / entries in over OK jobs
   double latency_ms(double q) const;
+  // Means over OK jobs, in ms: end-to-end latency, the queue wait and the engine time.
+  double mean_latency_ms() const;
+  double mean_queue_ms() const;
+  double mean_compute_ms() const;
 };
 
 // Called now and then with (jobs done, jobs total or -1, seconds elapsed).
@@ -128,14 +141,21 @@ using ProgressFn = std::function<void(int64_t, int64_t, double)>;
 // Runs the configured load against config.server with `backend`.
 RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind backend,
                     const ProgressFn& progress = nullptr);
-// The same jobs through an in-process engine, config.concurrency threads.
+// Asks the server how many clustering threads it runs (0 when it cannot say).
+int32_t ServerThreads(const LoadConfig& config);
+// The same jobs through an in-process engine: config.concurrency client threads, each with
+// config.pipeline jobs in flight, submit to an executor of `threads` clustering threads (the
+// server's WorkExecutor, so the engine runs as it does inside the server).
 RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind backend,
-                      const ProgressFn& progress = nullptr);
+                      int32_t threads, const ProgressFn& progress = nullptr);
 
 void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std::ostream& out);
-// The --compare line: service, floor, in-process tokens/s and the ratio to the serial bound.
-std::string CompareJson(const RunStats& service, const RunStats& floor,
-                        const RunStats& in_process);
+// The --compare line: service, floor, in-process tokens/s and the ratio to the serial bound,
+// with the run's shape (preset, context, concurrency, threads).
+// Each leg's tokens/s is its median over the rounds (one RunStats per round and leg).
+std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& service,
+                        const std::vector<RunStats>& floor,
+                        const std::vector<RunStats>& in_process);
 
 // The whole command: parses, runs, prints; returns the exit code.
 int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

@@ -1,6 +1,10 @@
-// The identity backend: returns its input unchanged (every entry its own centroid). It does
-// no clustering at all and exists only to measure the transport floor of the service: the
-// same bytes through the same server, with the compute taken out. Never chosen by auto/cpu.
+// The identity backend: no clustering at all, only the shape of a real job's answer. Each
+// head keeps its first t input rows unchanged (t = the job's target length; all n rows for
+// a passthrough head), the dropped tail is counted in the last kept row (counts keep their
+// sum; the assignment maps the tail to that row). So a job's request and response bytes are
+// those of a real job that reaches its target, and the service's run with it measures the
+// transport floor: the same bytes through the same server with the compute taken out. With
+// target ratio 1 it returns its input unchanged. Measurement only; never chosen by auto/cpu.
 // Thread-safe and stateless.
 #pragma once
 

@@ -39,7 +39,8 @@ TEST(LoadArgsTest, DefaultsAndFlags) {
        "--context", "1024", "--dtype", "bfloat16", "--backend", "identity", "--format", "csv",
        "--target-tokens", "100", "--chunk-size", "128", "--sink-tokens", "4",
        "--recent-tokens", "8", "--min-similarity", "0.5", "--max-passes", "3",
-       "--passthrough-heads", "0,2", "--output-dtype", "float32"});
+       "--passthrough-heads", "0,2", "--output-dtype", "float32", "--threads", "3",
+       "--pipeline", "5", "--rounds", "3"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->server, "127.0.0.1:1234");
   EXPECT_EQ(config->concurrency, 3);
@@ -58,6 +59,9 @@ TEST(LoadArgsTest, DefaultsAndFlags) {
   EXPECT_EQ(config->options.max_passes, 3);
   EXPECT_EQ(config->options.passthrough_heads, (std::vector<int32_t>{0, 2}));
   EXPECT_EQ(config->output_dtype, DType::kFloat32);
+  EXPECT_EQ(config->threads, 3);
+  EXPECT_EQ(config->pipeline, 5);
+  EXPECT_EQ(config->rounds, 3);
   EXPECT_EQ(config->TokensPerJob(), 8 * 1024);
   EXPECT_EQ(config->BytesPerJob(), 2 * 8 * 1024 * 128 * 2);
 
@@ -67,6 +71,7 @@ TEST(LoadArgsTest, DefaultsAndFlags) {
   EXPECT_FALSE(plain->options.min_similarity.has_value());
   EXPECT_EQ(plain->backend, BackendKind::kAuto);
   EXPECT_EQ(plain->dtype, DType::kFloat16);
+  EXPECT_EQ(plain->threads, 0) << "default: the server's thread count";
 }
 
 TEST(LoadArgsTest, DurationInsteadOfJobs) {
@@ -96,6 +101,8 @@ TEST(LoadArgsTest, BadValuesAreRejectedNamingTheFlag) {
       {{"--context", "0"}, "--context"},
       {{"--output-dtype", "int4"}, "--output-dtype"},
       {{"--slab-kib", "1"}, "--slab-kib"},
+      {{"--threads", "-1"}, "--threads"},
+      {{"--rounds", "0"}, "--rounds"},
       {{"--target-ratio", "0.5", "--target-tokens", "10"}, "--target-tokens"},
       {{"--chunk-size", "1"}, "chunk_size"},
       {{"--target-ratio", "1.5"}, "target_ratio"},
@@ -182,12 +189,38 @@ TEST_F(LoadRunTest, CompletesEveryJobWithTheTargetCompression) {
   EXPECT_GE(stats.latency_ms(0.99), stats.latency_ms(0.5));
 }
 
-TEST_F(LoadRunTest, IdentityIsTheTransportFloor) {
-  const LoadConfig config = Config({"--jobs", "6", "--backend", "identity", "--dtype", "float32"});
-  const RunStats stats = RunService(config, MakeDataset(config), config.backend);
+TEST_F(LoadRunTest, TheFloorAnswersWithARealJobsShape) {
+  // The floor (identity) must move the same bytes as the real job: the same entries out.
+  for (const char* dtype : {"float32", "float16"}) {
+    const LoadConfig config = Config({"--jobs", "6", "--dtype", dtype, "--sink-tokens", "0",
+                                      "--recent-tokens", "0", "--passthrough-heads", "1"});
+    const Dataset data = MakeDataset(config);
+    const RunStats floor = RunService(config, data, BackendKind::kIdentity);
+    const RunStats real = RunService(config, data, BackendKind::kCpu);
+    ASSERT_EQ(floor.fatal, "");
+    ASSERT_EQ(real.fatal, "");
+    ASSERT_EQ(floor.jobs_ok(), 6);
+    ASSERT_EQ(real.jobs_ok(), 6);
+    for (size_t i = 0; i < floor.records.size(); ++i) {
+      EXPECT_EQ(floor.records[i].entries_out, real.records[i].entries_out) << dtype << " " << i;
+    }
+    // qwen2.5-7b: 4 heads of 256; head 1 passes through, the others keep 64.
+    EXPECT_EQ(floor.records[0].entries_out, 3 * 64 + 256) << dtype;
+    EXPECT_EQ(floor.threads, 2) << "the server's clustering threads, from GetInfo";
+  }
+}
+
+TEST_F(LoadRunTest, InProcessRunsOnAnExecutorOfTheGivenThreads) {
+  const LoadConfig config = Config({"--jobs", "6", "--concurrency", "2", "--sink-tokens", "0",
+                                    "--recent-tokens", "0"});
+  EXPECT_EQ(ServerThreads(config), 2);
+  const RunStats stats = RunInProcess(config, MakeDataset(config), BackendKind::kCpu, 1);
   EXPECT_EQ(stats.fatal, "");
   EXPECT_EQ(stats.jobs_ok(), 6);
-  EXPECT_DOUBLE_EQ(stats.compression(), 1.0);
+  EXPECT_EQ(stats.threads, 1);
+  EXPECT_NEAR(stats.compression(), 0.25, 0.01);
+  EXPECT_GT(stats.mean_compute_ms(), 0.0);
+  EXPECT_GE(stats.mean_latency_ms(), stats.mean_compute_ms());
 }
 
 TEST_F(LoadRunTest, DurationAndRate) {
@@ -220,19 +253,24 @@ TEST_F(LoadRunTest, JsonSummary) {
   EXPECT_EQ(summary["jobs_failed"], 0);
   EXPECT_TRUE(summary["errors"].empty());
   EXPECT_TRUE(summary["latency_ms"].contains("p99"));
+  EXPECT_EQ(summary["threads"], 2);
+  // The server reports its queue and engine time per job; both fit inside the latency.
+  EXPECT_GT(summary["compute_ms_mean"].get<double>(), 0.0);
+  EXPECT_LE(summary["compute_ms_mean"].get<double>() + summary["queue_ms_mean"].get<double>(),
+            summary["latency_ms"]["mean"].get<double>());
 }
 
 TEST_F(LoadRunTest, CompareEndsWithOneJsonLine) {
   std::ostringstream out, err;
   const int rc = BenchMain({"--server", server_->target(), "--preset", "qwen2.5-7b",
                             "--context", "256", "--jobs", "8", "--concurrency", "2",
-                            "--compare", "--quiet"},
+                            "--compare", "--rounds", "2", "--quiet"},
                            out, err);
   ASSERT_EQ(rc, 0) << err.str() << out.str();
   const std::string text = out.str();
   EXPECT_TRUE(Contains(text, "service:cpu"));
   EXPECT_TRUE(Contains(text, "service:identity"));
-  EXPECT_TRUE(Contains(text, "in-process:cpu"));
+  EXPECT_TRUE(Contains(text, "in-process:cpu #2"));
   const size_t start = text.rfind('\n', text.size() - 2);
   const nlohmann::json line = nlohmann::json::parse(text.substr(start + 1));
   for (const char* key : {"service_tokens_per_s", "floor_tokens_per_s",
@@ -240,6 +278,40 @@ TEST_F(LoadRunTest, CompareEndsWithOneJsonLine) {
     ASSERT_TRUE(line.contains(key)) << key;
     EXPECT_GT(line[key].get<double>(), 0.0) << key;
   }
+  // The in-process engine got the server's thread count; the ratio is the stated formula.
+  EXPECT_EQ(line["server_threads"], 2);
+  EXPECT_EQ(line["in_process_threads"], 2);
+  EXPECT_EQ(line["rounds"], 2);
+  EXPECT_EQ(line["ratio_per_round"].size(), 2u);
+  const double f = line["floor_tokens_per_s"], p = line["in_process_tokens_per_s"];
+  EXPECT_NEAR(line["ratio_to_serial_bound"].get<double>(),
+              line["service_tokens_per_s"].get<double>() * (1.0 / f + 1.0 / p), 1e-3);
+}
+
+TEST(CompareJsonTest, MediansOverRoundsAndTheSerialBound) {
+  LoadConfig config;
+  config.preset = *FindPreset("llama3-8b");
+  // Three rounds; each leg's rate is its median: service 300, floor 600, in-process 300.
+  auto rounds = [](std::vector<double> rates) {
+    std::vector<RunStats> runs;
+    for (double rate : rates) {
+      RunStats run;
+      run.wall_s = 1.0;
+      run.records = {{0.1, "OK", static_cast<int64_t>(rate), 1, 1}};
+      runs.push_back(run);
+    }
+    return runs;
+  };
+  const nlohmann::json line = nlohmann::json::parse(
+      CompareJson(config, rounds({100, 300, 900}), rounds({600, 50, 700}), rounds({300, 300, 1})));
+  EXPECT_DOUBLE_EQ(line["service_tokens_per_s"].get<double>(), 300.0);
+  EXPECT_DOUBLE_EQ(line["floor_tokens_per_s"].get<double>(), 600.0);
+  EXPECT_DOUBLE_EQ(line["in_process_tokens_per_s"].get<double>(), 300.0);
+  EXPECT_DOUBLE_EQ(line["serial_bound_tokens_per_s"].get<double>(), 200.0);
+  EXPECT_DOUBLE_EQ(line["ratio_to_serial_bound"].get<double>(), 1.5);
+  EXPECT_EQ(line["rounds"], 3);
+  // Round 1: 100 / (1 / (1/600 + 1/300)) = 0.5.
+  EXPECT_DOUBLE_EQ(line["ratio_per_round"][0].get<double>(), 0.5);
 }
 
 TEST(BenchMainTest, BadFlagExitsWithTwo) {

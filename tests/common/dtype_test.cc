@@ -10,6 +10,7 @@
 #include <limits>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -194,6 +195,35 @@ TEST(HalfTest, FloatSweepMatchesBruteForceRounding) {
       ++failures;
       ADD_FAILURE() << "FloatToHalf(" << x << " = 0x" << std::hex << bits << ") = 0x" << actual
                     << ", expected 0x" << expected;
+    }
+  }
+}
+
+// The bulk forms agree bit for bit with the scalar ones (NaNs included) for every dtype, at
+// every length and offset (vector body and scalar tail).
+TEST(BulkConvertTest, MatchesTheScalarConversionsBitForBit) {
+  std::vector<float> floats;
+  for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 40009) {
+    floats.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
+  }
+  for (uint32_t h = 0; h <= 0xffffu; h += 7) floats.push_back(HalfToFloat(static_cast<uint16_t>(h)));
+  floats.push_back(std::bit_cast<float>(0x7f800001u));  // a signalling NaN
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    const int64_t n = static_cast<int64_t>(floats.size());
+    std::vector<uint8_t> bulk(static_cast<size_t>(n + 3) * DTypeSize(dtype), 0xab);
+    std::vector<uint8_t> scalar = bulk;
+    StoreFromFloats(bulk.data(), dtype, 3, n, floats.data());
+    for (int64_t i = 0; i < n; ++i) StoreFromFloat(scalar.data(), dtype, 3 + i, floats[i]);
+    ASSERT_EQ(bulk, scalar) << DTypeName(dtype);
+    for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{8}, int64_t{13}, n}) {
+      std::vector<float> wide(static_cast<size_t>(count) + 1, -1.0f);
+      LoadAsFloats(bulk.data(), dtype, 3, count, wide.data());
+      for (int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(wide[i]),
+                  std::bit_cast<uint32_t>(LoadAsFloat(bulk.data(), dtype, 3 + i)))
+            << DTypeName(dtype) << " element " << i;
+      }
+      EXPECT_EQ(wide[count], -1.0f) << "wrote past count";
     }
   }
 }

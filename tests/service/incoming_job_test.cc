@@ -26,6 +26,40 @@ test::RandomLayer Layer(DType dtype, TensorLayout layout) {
   return test::RandomLayer::Generate(spec);
 }
 
+TEST(IncomingJobTest, ReusesTheInputBuffersOfAFinishedJobOfTheSameShape) {
+  test::RandomLayerSpec spec;
+  spec.num_heads = 2;
+  spec.num_tokens = 2048;
+  spec.key_dim = 128;  // 1 MiB of float32 keys and of values: big enough to be pooled
+  spec.value_dim = 128;
+  spec.dtype = DType::kFloat32;
+  test::RandomLayer layer = test::RandomLayer::Generate(spec);
+  const v1::StartJob start = StartJobRequest(1, layer.view(), CompressOptions{}).start_job();
+  auto first = IncomingJob::Create(start, ServerOptions{});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const void* keys = (*first)->view().keys;
+  const void* values = (*first)->view().values;
+  first->reset();
+  auto second = IncomingJob::Create(start, ServerOptions{});
+  ASSERT_TRUE(second.ok()) << second.status();
+  const void* reused[] = {keys, values};
+  EXPECT_TRUE((*second)->view().keys == reused[0] || (*second)->view().keys == reused[1]);
+  EXPECT_TRUE((*second)->view().values == reused[0] || (*second)->view().values == reused[1]);
+  EXPECT_NE((*second)->view().keys, (*second)->view().values);
+  // The reused bytes are filled by the slabs as before.
+  ASSERT_TRUE((*second)
+                  ->AddSlab(SlabRequest(1, v1::TENSOR_KEYS, 0, layer.view().keys,
+                                        testing::KeyBytes(layer.view())).slab())
+                  .ok());
+  ASSERT_TRUE((*second)
+                  ->AddSlab(SlabRequest(1, v1::TENSOR_VALUES, 0, layer.view().values,
+                                        testing::ValueBytes(layer.view())).slab())
+                  .ok());
+  ASSERT_TRUE((*second)->complete());
+  EXPECT_EQ(std::memcmp((*second)->view().keys, layer.view().keys,
+                        testing::KeyBytes(layer.view())), 0);
+}
+
 TEST(IncomingJobTest, AssemblesSlabsIntoTheSameBytes) {
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (TensorLayout layout : {TensorLayout::kHeadMajor, TensorLayout::kTokenMajor}) {

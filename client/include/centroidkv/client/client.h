@@ -99,6 +99,7 @@ struct ServerInfo {
   int32_t max_tokens = 0;
   int32_t max_heads = 0;
   int32_t max_dim = 0;
+  int32_t worker_threads = 0;  // clustering threads of the server (0: an older server)
 };
 
 // One Compress stream: jobs go out as fast as gRPC flow control allows, results come back

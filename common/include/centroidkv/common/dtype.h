@@ -65,4 +65,11 @@ inline void StoreFromFloat(void* data, DType dtype, int64_t index, float value) 
   }
 }
 
+// Bulk forms, bit-identical to the scalar ones: `count` elements of a buffer of `dtype`
+// from element `first` on, widened into `out`; and `count` floats rounded into a buffer of
+// `dtype` from element `first` on. fp16 uses F16C when the CPU has it (the data paths of the
+// service convert whole tensors; the scalar call per element was ~20% of a server's time).
+void LoadAsFloats(const void* data, DType dtype, int64_t first, int64_t count, float* out);
+void StoreFromFloats(void* data, DType dtype, int64_t first, int64_t count, const float* in);
+
 }  // namespace centroidkv

@@ -1,0 +1,14 @@
+// KeepFreedHeapMemory: two mallopt calls (glibc).
+#include "centroidkv/common/heap_tuning.h"
+
+#include <malloc.h>
+
+namespace centroidkv {
+
+bool KeepFreedHeapMemory() {
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  return mmap_ok && trim_ok;
+}
+
+}  // namespace centroidkv

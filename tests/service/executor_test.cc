@@ -1,0 +1,45 @@
+// WorkExecutor: an executor of N threads runs N tasks at once (its arena's slots are all for
+// oneTBB workers), and WaitIdle sees every task finish.
+#include "service/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+namespace centroidkv::service {
+namespace {
+
+// Each task waits (up to a few seconds) until `threads` tasks run at the same time, so the
+// peak is `threads` when the executor really has that many threads and lower otherwise.
+int32_t PeakConcurrency(int32_t threads) {
+  WorkExecutor executor(threads);
+  EXPECT_EQ(executor.threads(), threads);
+  std::atomic<int32_t> running{0}, peak{0};
+  for (int32_t i = 0; i < 2 * threads; ++i) {
+    executor.Submit([&] {
+      const int32_t now = running.fetch_add(1) + 1;
+      int32_t seen = peak.load();
+      while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+      }
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+      while (peak.load() < threads && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      running.fetch_sub(1);
+    });
+  }
+  EXPECT_TRUE(executor.WaitIdle(std::chrono::seconds(30)));
+  EXPECT_EQ(executor.pending(), 0);
+  return peak.load();
+}
+
+TEST(WorkExecutorTest, RunsAsManyTasksAtOnceAsItHasThreads) {
+  // oneTBB's defaults would give an arena of 2 enqueued-only slots a single worker.
+  EXPECT_EQ(PeakConcurrency(2), 2);
+  EXPECT_EQ(PeakConcurrency(3), 3);
+}
+
+}  // namespace
+}  // namespace centroidkv::service

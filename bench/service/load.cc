@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "bench/workload.h"
 #include "centroidkv/client/client.h"
+#include "centroidkv/client/replica_pool.h"
 #include "centroidkv/common/dtype.h"
 #include "service/executor.h"
 
@@ -150,7 +151,9 @@ int64_t LoadConfig::BytesPerJob() const {
 
 void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
   LoadConfig& c = flags->config;
-  app->add_option("--server", c.server, "Server address (HOST:PORT or unix:///path)")
+  app->add_option("--server", c.server,
+                  "Server address (HOST:PORT or unix:///path), or replicas to balance over: "
+                  "HOST:PORT,HOST:PORT,... or dns:///NAME:PORT")
       ->capture_default_str();
   app->add_option("--concurrency,-c", c.concurrency, "Streams (threads in-process)")
       ->capture_default_str();
@@ -462,7 +465,7 @@ std::unique_ptr<client::Client> ConnectOrFail(const LoadConfig& config, std::str
   options.slab_bytes = config.slab_kib << 10;
   options.connect_timeout = std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(config.connect_timeout_s * 1e3)));
-  absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Connect(options);
+  absl::StatusOr<std::unique_ptr<client::Client>> client = client::ConnectTarget(options);
   if (!client.ok()) {
     *fatal = absl::StrCat(CodeName(client.status()), " ", client.status().message());
     return nullptr;

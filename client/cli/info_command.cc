@@ -1,4 +1,5 @@
 // `centroidkv info --server ADDR`: what GetInfo reports.
+#include <chrono>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -13,14 +14,21 @@ namespace centroidkv::cli {
 
 void AddInfoCommand(CLI::App& app, int* exit_code) {
   auto target = std::make_shared<std::string>("127.0.0.1:50051");
+  auto timeout_s = std::make_shared<double>(10.0);
   CLI::App* info = app.add_subcommand("info", "Show a server's version, backends and limits");
   info->add_option("--server", *target,
                    "Server address (HOST:PORT or unix:///path), or replicas to balance over: "
                    "HOST:PORT,HOST:PORT,... or dns:///NAME:PORT")
       ->capture_default_str();
-  info->callback([target, exit_code] {
+  info->add_option("--timeout", *timeout_s,
+                   "Seconds to wait for the server to become reachable (probes use ~2)")
+      ->check(CLI::Range(0.001, 3600.0))
+      ->capture_default_str();
+  info->callback([target, timeout_s, exit_code] {
     client::ClientOptions options;
     options.target = *target;
+    options.connect_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1e3));
     auto connected = client::ConnectTarget(options);
     if (!connected.ok()) {
       std::cerr << "centroidkv info: " << connected.status().ToString() << "\n";
@@ -43,7 +51,7 @@ void AddInfoCommand(CLI::App& app, int* exit_code) {
                 << " GiB, compute capability " << device.compute_major << "."
                 << device.compute_minor << "\n";
     }
-    std::cout
+    std::cout << "worker threads:   " << info->worker_threads << "\n"
               << "max job bytes:    " << info->max_job_bytes << "\n"
               << "max stream bytes: " << info->max_stream_bytes << "\n"
               << "max total bytes:  " << info->max_total_bytes << "\n"

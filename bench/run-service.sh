@@ -10,7 +10,7 @@
 #                             [--concurrency 1,2,4,8] [--jobs-per-stream N]
 #   CPU (here):   bench/run-service.sh --backend cpu --out docs/cpu-service.json
 #   GPU session:  bench/run-service.sh --backend gpu --out docs/gpu/service.json
-# Environment: CKV_BUILD_DIR (default build), CKV_JOBS (compile jobs), CKV_PORT (default
+# Environment: CKV_BIN_DIR (prebuilt binaries: no build), CKV_BUILD_DIR (default build), CKV_JOBS (compile jobs), CKV_PORT (default
 # 50093), CKV_SERVER_FLAGS (extra flags for centroidkv-server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,10 +33,15 @@ done
 case "$backend" in cpu|gpu) ;; *) echo "run-service.sh: --backend cpu|gpu" >&2; exit 2 ;; esac
 [ -n "$out" ] || out=$([ "$backend" = gpu ] && echo docs/gpu/service.json || echo docs/cpu-service.json)
 
-build_dir=${CKV_BUILD_DIR:-build}
-CKV_BUILD_DIR="$build_dir" scripts/build.sh centroidkv_server centroidkv_bench >&2
-server_bin="$build_dir/bin/centroidkv-server"
-bench_bin="$build_dir/bin/centroidkv-bench"
+if [ -n "${CKV_BIN_DIR:-}" ]; then  # prebuilt binaries (scripts/gpu-check.sh's bundle)
+  bin_dir=$CKV_BIN_DIR
+else
+  build_dir=${CKV_BUILD_DIR:-build}
+  CKV_BUILD_DIR="$build_dir" scripts/build.sh centroidkv_server centroidkv_bench >&2
+  bin_dir="$build_dir/bin"
+fi
+server_bin="$bin_dir/centroidkv-server"
+bench_bin="$bin_dir/centroidkv-bench"
 
 if [ "$backend" = gpu ]; then
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)

@@ -6,7 +6,9 @@
 #   2. the GPU tests: the conformance suite on the gpu backend (golden cases, random parity
 #      with the reference, properties) plus the CUDA engine's and the stages' own tests;
 #   3. compute-sanitizer memcheck and racecheck on a small subset of them;
-#   4. centroidkv-gpu-bench (copy and pinned h2d bandwidth, kernel, end to end, CPU).
+#   4. centroidkv-gpu-bench (copy and pinned h2d bandwidth, kernel, end to end, CPU);
+#   5. the service level: centroidkv-server with the gpu backend under centroidkv-bench
+#      (bench/run-service.sh, a short sweep) for docs/cpu-vs-gpu.md.
 # Results go to docs/gpu/ (results.md, results.json, bench.json, the logs) and, when $OUT is
 # set (the device tool), to $OUT as well. A step that fails leaves the others' results.
 # Exit status: 0 all passed; 1 a test or sanitizer failed; 3 no GPU here (nothing checked).
@@ -20,7 +22,7 @@ cd "$ROOT" || exit 2
 BUNDLE="$ROOT/.gpu-bundle"
 RESULTS="$ROOT/docs/gpu"
 BUILD_DIR="${CKV_BUILD_DIR:-$ROOT/build-gpu}"
-TARGETS=(ckv_kernels_test centroidkv_gpu_bench)
+TARGETS=(ckv_kernels_test centroidkv_gpu_bench centroidkv_server centroidkv_bench)
 GPU_FILTER='Gpu/*:CudaEngineTest.*:CudaStagesOnHost/*:HostPipelineTest.*:LayerStagesTest.*:EngineFactoryTest.*'
 SANITIZER_FILTER='Gpu/EngineConformanceTest.GoldenCases/*:Gpu/EngineConformanceTest.TiesGoToTheLowestDestination/*:Gpu/EngineConformanceTest.FloorRisesEachPass/*:CudaEngineTest.*'
 
@@ -35,7 +37,7 @@ if [[ "${1:-}" == "--bundle" ]]; then
   cmake --build "$BUILD_DIR" -j"${CKV_JOBS:-2}" --target "${TARGETS[@]}" || exit 2
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/shared"
-  for binary in ckv_kernels_test centroidkv-gpu-bench; do
+  for binary in ckv_kernels_test centroidkv-gpu-bench centroidkv-server centroidkv-bench; do
     strip -o "$BUNDLE/bin/$binary" "$BUILD_DIR/bin/$binary" || exit 2
     # Every shared library but the C and C++ runtimes (the GPU machine's image, Ubuntu 24.04
     # by its Python 3.12, has newer ones, and no Abseil or oneTBB).
@@ -51,14 +53,19 @@ fi
 
 # --- on the GPU machine ------------------------------------------------------------------
 mkdir -p "$RESULTS"
-rm -f "$RESULTS"/{results.md,results.json,tests.log,tests.xml,memcheck.log,racecheck.log,bench.log,build.log}
+rm -f "$RESULTS"/{results.md,results.json,tests.log,tests.xml,memcheck.log,racecheck.log,bench.log,build.log,service.log,logs.tar.gz}
 START=$(date +%s)
 # shellcheck disable=SC2317  # called by the EXIT trap
 publish() {  # copy what exists to $OUT (flat: the device tool returns at most 8 files)
   if [[ -n "${OUT:-}" ]]; then
-    for f in results.json results.md bench.json tests.log memcheck.log racecheck.log bench.log build.log; do
+    for f in results.json results.md bench.json service.json; do
       [[ -f "$RESULTS/$f" ]] && cp "$RESULTS/$f" "$OUT/$f"
     done
+    local logs=()
+    for f in tests.log memcheck.log racecheck.log bench.log build.log service.log; do
+      [[ -f "$RESULTS/$f" ]] && logs+=("$f")
+    done
+    ((${#logs[@]})) && tar -C "$RESULTS" -czf "$OUT/logs.tar.gz" "${logs[@]}"
   fi
 }
 trap publish EXIT
@@ -98,11 +105,11 @@ SANITIZER="$(command -v compute-sanitizer ||
     2>/dev/null | head -1)"
 
 TESTS_PASSED=0; TESTS_FAILED=0; TESTS_SKIPPED=0; TESTS_RC=-1; GPU_SKIPPED=0
-MEMCHECK_RC=-1; RACECHECK_RC=-1; BENCH_RC=-1; BENCH_LINE="{}"
+MEMCHECK_RC=-1; RACECHECK_RC=-1; BENCH_RC=-1; SERVICE_RC=-1; BENCH_LINE="{}"
 NO_GPU=0
 if [[ -n "$BIN" ]]; then
   # 2. The GPU tests.
-  timeout 300 "$BIN/ckv_kernels_test" --gtest_filter="$GPU_FILTER" \
+  timeout 150 "$BIN/ckv_kernels_test" --gtest_filter="$GPU_FILTER" \
     --gtest_output="xml:$RESULTS/tests.xml" >"$RESULTS/tests.log" 2>&1
   TESTS_RC=$?
   TESTS_PASSED=$(grep -c '^\[       OK \]' "$RESULTS/tests.log")
@@ -114,10 +121,10 @@ if [[ -n "$BIN" ]]; then
 
   # 3. compute-sanitizer on a subset (skipped without a GPU or without the tool).
   if [[ $NO_GPU -eq 0 && -n "$SANITIZER" ]]; then
-    timeout 200 "$SANITIZER" --tool memcheck --leak-check full --error-exitcode 9 \
+    timeout 80 "$SANITIZER" --tool memcheck --leak-check full --error-exitcode 9 \
       "$BIN/ckv_kernels_test" --gtest_filter="$SANITIZER_FILTER" >"$RESULTS/memcheck.log" 2>&1
     MEMCHECK_RC=$?
-    timeout 200 "$SANITIZER" --tool racecheck --error-exitcode 9 \
+    timeout 80 "$SANITIZER" --tool racecheck --error-exitcode 9 \
       "$BIN/ckv_kernels_test" --gtest_filter="$SANITIZER_FILTER" >"$RESULTS/racecheck.log" 2>&1
     RACECHECK_RC=$?
     log "compute-sanitizer: memcheck rc $MEMCHECK_RC, racecheck rc $RACECHECK_RC"
@@ -127,7 +134,7 @@ if [[ -n "$BIN" ]]; then
 
   # 4. The benchmark.
   if [[ $NO_GPU -eq 0 && -x "$BIN/centroidkv-gpu-bench" ]]; then
-    timeout 360 "$BIN/centroidkv-gpu-bench" --out="$RESULTS/bench.json" \
+    timeout 150 "$BIN/centroidkv-gpu-bench" --out="$RESULTS/bench.json" \
       >"$RESULTS/bench.stdout" 2>"$RESULTS/bench.log"
     BENCH_RC=$?
     cat "$RESULTS/bench.stdout" >>"$RESULTS/bench.log"
@@ -135,6 +142,15 @@ if [[ -n "$BIN" ]]; then
     [[ -z "$BENCH_LINE" ]] && BENCH_LINE="{}"
     rm -f "$RESULTS/bench.stdout"
     log "bench: rc $BENCH_RC: $BENCH_LINE"
+  fi
+
+  # 5. The service level with the gpu backend (rows for docs/cpu-vs-gpu.md).
+  if [[ $NO_GPU -eq 0 && -x "$BIN/centroidkv-server" && -x "$BIN/centroidkv-bench" ]]; then
+    CKV_BIN_DIR="$BIN" timeout 60 bench/run-service.sh --backend gpu \
+      --out "$RESULTS/service.json" --contexts 4096,32768 --concurrency 1,4 \
+      --jobs-per-stream 4 >"$RESULTS/service.log" 2>&1
+    SERVICE_RC=$?
+    log "service level: rc $SERVICE_RC (docs/gpu/service.json)"
   fi
 fi
 
@@ -165,6 +181,7 @@ cat >"$RESULTS/results.json" <<EOF
   "memcheck_rc": $MEMCHECK_RC,
   "racecheck_rc": $RACECHECK_RC,
   "bench_rc": $BENCH_RC,
+  "service_rc": $SERVICE_RC,
   "copy_gbps": $COPY_GBPS,
   "kernel_fraction_of_copy": $KERNEL_FRACTION,
   "h2d_gbps": $H2D_GBPS,

@@ -10,7 +10,7 @@ bin=${CKV_BUILD_DIR:-build}/bin
 
 work=$(mktemp -d /tmp/centroidkv-demo.XXXXXX)
 socket="unix://$work/ckv.sock"
-"$bin/centroidkv-server" --listen "$socket" >"$work/server.log" 2>&1 &
+"$bin/centroidkv-server" --listen "$socket" --metrics-listen 127.0.0.1:0 >"$work/server.log" 2>&1 &
 server_pid=$!
 cleanup() {
   kill -TERM "$server_pid" 2>/dev/null || true
@@ -65,6 +65,18 @@ echo "== synthetic KV (labelled synthetic): 8 heads x 4096 tokens x 128, fp16, p
   --output-dtype float16 --out "$work/synthetic-out"
 
 echo
+metrics_port=$(sed -n 's/.*metrics: .*(port \([0-9]*\)).*/\1/p' "$work/server.log" | head -1)
+if [ -n "$metrics_port" ]; then
+  echo "== the server's Prometheus /metrics (http://127.0.0.1:$metrics_port/metrics), a few lines"
+  /usr/bin/python3 -c 'import sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+keep = ("centroidkv_jobs_total", "centroidkv_tokens_total", "centroidkv_entries_total",
+        "centroidkv_received_bytes_total", "centroidkv_sent_bytes_total",
+        "centroidkv_streams_total", "centroidkv_clustering_seconds_count", "centroidkv_queue_depth")
+print("\n".join(line for line in text.splitlines() if line.startswith(keep)))' \
+    "http://127.0.0.1:$metrics_port/metrics"
+  echo
+fi
 echo "== stopping the server (SIGTERM: drain, then exit)"
 kill -TERM "$server_pid"
 wait "$server_pid"

@@ -31,4 +31,11 @@ absl::Status CpuEngine::CompressImpl(const LayerPlan& plan, const LayerView& lay
   return job.Run();
 }
 
+absl::Status CpuEngine::CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
+                                            const CompressControl& control,
+                                            CompressResult* out) const {
+  // LayerJob sizes every array of `out` and writes each of its elements.
+  return CompressImpl(plan, layer, control, out);
+}
+
 }  // namespace centroidkv::cpu

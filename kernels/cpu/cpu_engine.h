@@ -43,6 +43,12 @@ class CpuEngine final : public ClusterEngine {
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
                             const CompressControl& control, CompressResult* out) const override;
+  // LayerJob checks every input row for Inf / NaN (and the counts) before it uses them.
+  bool ChecksLayerData() const override { return true; }
+  // Overwrites the arrays of an earlier result in place (see LayerJob::AllocateOutput).
+  absl::Status CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
+                                   const CompressControl& control,
+                                   CompressResult* out) const override;
 
  private:
   struct ScratchPool;  // per-thread buffers (oneTBB stays out of this header)

@@ -89,6 +89,9 @@ struct KernelTable {
   void (*convert_rows_f32)(const RowBlock* rows, int64_t first, int32_t count, int32_t dim,
                            float* out);
 
+  // Whether rows first .. first + count - 1 (dim elements each) hold no Inf or NaN.
+  bool (*rows_finite)(const RowBlock* rows, int64_t first, int32_t count, int32_t dim);
+
   // Copies `count` floats to `out`, which will not be read again soon: non-temporal stores
   // where `out` is aligned (no read-for-ownership of the destination), then a store fence.
   void (*stream_floats)(const float* in, int64_t count, float* out);

@@ -7,6 +7,7 @@
 
 #include "centroidkv/common/dtype.h"
 #include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/rows_finite.h"
 
 namespace centroidkv::cpu {
 namespace {
@@ -159,7 +160,7 @@ const KernelTable& ScalarKernels() {
                                  WidenRows,         PackPanels,         MatchRows,
                                  ScoreRow,          MergeRow<float>,    MergeRow<double>,
                                  ConvertRow<float>, ConvertRow<double>, ConvertRows,
-                                 StreamFloats};
+                                 RowsFinite,        StreamFloats};
   return table;
 }
 

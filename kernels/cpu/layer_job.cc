@@ -29,21 +29,26 @@ ElemType ElemTypeOf(DType dtype) {
   return ElemType::kF32;
 }
 
-// Sizes a fresh output vector. Writing a large vector first touches every page of it, and a
-// page fault per 4 KiB page costs more than computing the rows (several times over in a
-// VM), so the memory is marked for transparent huge pages first (a hint; Linux only).
+// Sizes an output vector, which is empty (Compress) or holds an earlier result
+// (CompressInto): its elements are all overwritten, so a reused vector at least as long is
+// only shrunk, and only growth is zero-filled. Writing fresh memory first touches every page
+// of it, and a page fault per 4 KiB page costs more than computing the rows (several times
+// over in a VM), so new memory is marked for transparent huge pages first (a hint; Linux).
 template <typename T>
 void ResizeOutput(std::vector<T>* vector, size_t size) {
-  vector->clear();
-  vector->reserve(size);
+  if (vector->capacity() < size) {
+    vector->clear();
+    vector->shrink_to_fit();
+    vector->reserve(size);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kPage = 4096;
-  const auto begin = (reinterpret_cast<uintptr_t>(vector->data()) + kPage - 1) & ~(kPage - 1);
-  const auto end = reinterpret_cast<uintptr_t>(vector->data() + size) & ~(kPage - 1);
-  if (size * sizeof(T) >= (size_t{4} << 20) && end > begin) {
-    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-  }
+    constexpr uintptr_t kPage = 4096;
+    const auto begin = (reinterpret_cast<uintptr_t>(vector->data()) + kPage - 1) & ~(kPage - 1);
+    const auto end = reinterpret_cast<uintptr_t>(vector->data() + size) & ~(kPage - 1);
+    if (size * sizeof(T) >= (size_t{4} << 20) && end > begin) {
+      madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+    }
 #endif
+  }
   vector->resize(size);
 }
 
@@ -114,23 +119,37 @@ void LayerJob::ParallelOverHeads(bool (*want)(const Head&), Body body) {
 }
 
 absl::Status LayerJob::Run() {
-  LoadHeads();
+  out_->passes_run = 0;
+  if (!LoadHeads()) return BadInput();
   for (int32_t pass = 0; pass < plan_.options.max_passes; ++pass) {
     if (control_.IsCancelled()) return absl::CancelledError("job cancelled");
-    if (!SetUpPass(pass)) break;
+    const bool any_long = SetUpPass(pass);
     // Without a floor every edge is a candidate, so the merges follow from the lengths.
     const bool predictable = std::isinf(floor_);
     bool fused = false;
-    if (predictable) {
+    if (any_long && predictable) {
       PredictMerges();
       fused = AllCandidatesKept();
     }
+    const bool stop = !any_long || (fused && !AnyMerges());
+    if (pass == 0) {  // the input is checked before any of it is used
+      if (stop) {
+        CheckInputRows([](const Head&) { return false; });
+      } else if (fused) {
+        CheckInputRows([](const Head& h) { return h.merges > 0; });
+      } else {
+        CheckInputRows([](const Head& h) { return h.active; });
+      }
+      if (bad_input_.load()) return BadInput();
+    }
+    if (stop) break;
     if (fused) {
-      if (!AnyMerges()) break;
       PrepareSinks(pass, /*fused=*/true);
       RunChunks(/*match=*/true, /*merge=*/true, /*fused=*/true);
+      if (bad_input_.load()) return BadInput();
     } else {
       RunChunks(/*match=*/true, /*merge=*/false, /*fused=*/false);
+      if (bad_input_.load()) return BadInput();
       if (control_.IsCancelled()) return absl::CancelledError("job cancelled");
       CountMerges();
       if (!AnyMerges()) break;
@@ -147,17 +166,60 @@ absl::Status LayerJob::Run() {
   return absl::OkStatus();
 }
 
-void LayerJob::LoadHeads() {
+bool LayerJob::LoadHeads() {
   const int32_t n = layer_.num_tokens;
   heads_.resize(static_cast<size_t>(layer_.num_heads));
+  bool valid = true;
   for (int32_t h = 0; h < layer_.num_heads; ++h) {
     Head& head = heads_[h];
     head.index = h;
     head.passthrough = plan_.passthrough[h];
     head.length = n;
     head.counts.resize(static_cast<size_t>(n));
-    for (int32_t t = 0; t < n; ++t) head.counts[t] = layer_.CountAt(h, t);
+    uint64_t sum = 0;
+    uint32_t zero = 0;
+    for (int32_t t = 0; t < n; ++t) {
+      const uint32_t count = layer_.CountAt(h, t);
+      zero |= static_cast<uint32_t>(count == 0);
+      sum += count;
+      head.counts[t] = count;
+    }
+    valid = valid && zero == 0 && sum <= UINT32_MAX;
   }
+  return valid;
+}
+
+// CheckLayerData names what is wrong with the input (it walks the job in order).
+absl::Status LayerJob::BadInput() const {
+  absl::Status status = CheckLayerData(layer_);
+  return status.ok() ? absl::InternalError("cpu engine: input check disagrees with CheckLayerData")
+                     : status;
+}
+
+// The input rows that pass 0's chunk tasks will not read (they check their own chunks
+// before using them): every row of a head that `chunked` does not pick, and the protected
+// rows of one it picks.
+void LayerJob::CheckInputRows(bool (*chunked)(const Head&)) {
+  check_chunks_ = true;
+  ParallelOverHeads(
+      [](const Head&) { return true; },
+      [&](Head& head) {
+        const RowBlock keys = Keys(head), values = Values(head);
+        auto check = [&](int64_t first, int64_t count) {
+          if (count <= 0) return;
+          const auto rows = static_cast<int32_t>(count);
+          if (!kernels_.rows_finite(&keys, first, rows, key_dim_) ||
+              !kernels_.rows_finite(&values, first, rows, value_dim_)) {
+            bad_input_.store(true);
+          }
+        };
+        if (chunked(head) && head.num_chunks > 0) {
+          check(0, head.begin);
+          check(head.end, head.length - head.end);
+        } else {
+          check(0, head.length);
+        }
+      });
 }
 
 // Steps 1-2: which heads take part, their compressible range and chunks. Returns whether
@@ -281,10 +343,14 @@ void LayerJob::AllocateOutput() {
   ResizeOutput(&out_->counts, total);
   if (with_assignment_) {
     ResizeOutput(&out_->assignment, static_cast<size_t>(layer_.num_heads) * layer_.num_tokens);
+  } else {
+    out_->assignment.clear();
   }
 }
 
 void LayerJob::RunChunks(bool match, bool merge, bool fused) {
+  const bool check = check_chunks_;  // the first pass checks each chunk's input rows
+  check_chunks_ = false;
   std::vector<Task> tasks;
   for (const Head& head : heads_) {
     const bool wanted = merge ? head.merges > 0 : head.active;
@@ -296,10 +362,22 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                       ChunkScratch& scratch = scratch_->local();
                       for (size_t i = range.begin(); i != range.end(); ++i) {
                         Head& head = heads_[tasks[i].head];
+                        if (check && !ChunkFinite(head, tasks[i].chunk)) {
+                          bad_input_.store(true);
+                          continue;
+                        }
                         if (match) MatchChunk(head, tasks[i].chunk, fused, scratch);
                         if (merge) MergeChunk(head, tasks[i].chunk, fused, scratch);
                       }
                     });
+}
+
+bool LayerJob::ChunkFinite(const Head& head, int32_t chunk) const {
+  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
+  const int32_t length = ChunkLength(head, chunk);
+  const RowBlock keys = Keys(head), values = Values(head);
+  return kernels_.rows_finite(&keys, first, length, key_dim_) &&
+         kernels_.rows_finite(&values, first, length, value_dim_);
 }
 
 // Steps 3-4 for one chunk; with `fused`, every edge is kept (step 6 keeps all candidates).

@@ -11,6 +11,7 @@
 // Thread-compatible: one LayerJob per call; its tasks share the per-thread ChunkScratch pool.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -102,7 +103,10 @@ class LayerJob {
   ExactScorer Scorer(const Head& head) const;
   int32_t ChunkLength(const Head& head, int32_t chunk) const;
 
-  void LoadHeads();
+  bool LoadHeads();  // false: a zero count, or a head's counts overflow uint32
+  absl::Status BadInput() const;
+  void CheckInputRows(bool (*chunked)(const Head&));
+  bool ChunkFinite(const Head& head, int32_t chunk) const;
   bool SetUpPass(int32_t pass);
   void PredictMerges();
   void CountMerges();
@@ -146,6 +150,10 @@ class LayerJob {
   double floor_ = 0.0;  // this pass's similarity floor, -infinity when off
   bool with_assignment_;
   bool output_allocated_ = false;
+  // The input check (the engine's ChecksLayerData): set by CheckInputRows, the first
+  // RunChunks then checks each chunk's rows before using them.
+  bool check_chunks_ = false;
+  std::atomic<bool> bad_input_{false};
 };
 
 }  // namespace centroidkv::cpu

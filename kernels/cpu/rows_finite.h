@@ -1,0 +1,54 @@
+// The CPU engine's check that input rows hold no Inf or NaN (an all-ones exponent field), as
+// one template with internal linkage that each kernel translation unit compiles with its own
+// instruction set (kernels_scalar.cc, simd/make_table.h). Integer bit tests in fixed-length
+// blocks, which the compiler vectorises at -O2.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/kernel_table.h"
+
+namespace centroidkv::cpu {
+namespace {  // NOLINT(build/namespaces): one copy per kernel translation unit, by design
+
+// Whether none of `count` consecutive elements has every bit of `mask` set.
+template <typename Bits>
+bool NoneAllOnes(const Bits* bits, int64_t count, Bits mask) {
+  constexpr int64_t kBlock = 64;
+  Bits found = 0;
+  int64_t i = 0;
+  for (; i + kBlock <= count; i += kBlock) {
+    for (int64_t k = 0; k < kBlock; ++k) {
+      found |= static_cast<Bits>((bits[i + k] & mask) == mask);
+    }
+  }
+  for (; i < count; ++i) found |= static_cast<Bits>((bits[i] & mask) == mask);
+  return found == 0;
+}
+
+template <typename Bits>
+bool RowsFiniteTyped(const RowBlock& rows, int64_t first, int32_t count, int32_t dim, Bits mask) {
+  const Bits* base = static_cast<const Bits*>(rows.data) + first * rows.stride;
+  if (rows.stride == dim) return NoneAllOnes(base, int64_t{count} * dim, mask);
+  bool finite = true;
+  for (int32_t i = 0; i < count; ++i) finite &= NoneAllOnes(base + i * rows.stride, dim, mask);
+  return finite;
+}
+
+// KernelTable::rows_finite.
+bool RowsFinite(const RowBlock* rows, int64_t first, int32_t count, int32_t dim) {
+  switch (rows->type) {
+    case ElemType::kF32:
+      return RowsFiniteTyped<uint32_t>(*rows, first, count, dim, 0x7f800000u);
+    case ElemType::kF16:
+      return RowsFiniteTyped<uint16_t>(*rows, first, count, dim, 0x7c00u);
+    case ElemType::kBF16:
+      return RowsFiniteTyped<uint16_t>(*rows, first, count, dim, 0x7f80u);
+    case ElemType::kF64:
+      return RowsFiniteTyped<uint64_t>(*rows, first, count, dim, 0x7ff0000000000000u);
+  }
+  return false;
+}
+
+}  // namespace
+}  // namespace centroidkv::cpu

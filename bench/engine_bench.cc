@@ -357,6 +357,7 @@ int Main(int argc, char** argv) {
           }
           SetCounters(state, tokens, kv_bytes, flops, peak);
         })
+        ->MeasureProcessCPUTime()
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond)
         ->MinTime(flags.min_time)
@@ -377,6 +378,7 @@ int Main(int argc, char** argv) {
             }
             SetCounters(state, tokens, kv_bytes, flops, peak);
           })
+          ->MeasureProcessCPUTime()
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond)
           ->MinTime(flags.min_time)

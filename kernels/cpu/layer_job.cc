@@ -366,7 +366,15 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                           bad_input_.store(true);
                           continue;
                         }
-                        if (match) MatchChunk(head, tasks[i].chunk, fused, scratch);
+                        if (match) {
+                          // The next task's rows stream into L2 while this chunk is matched.
+                          PrefetchRanges next{{nullptr, nullptr}, {0, 0}};
+                          if (i + 1 != range.end()) {
+                            next = ChunkRanges(heads_[tasks[i + 1].head], tasks[i + 1].chunk,
+                                               /*with_values=*/merge);
+                          }
+                          MatchChunk(head, tasks[i].chunk, fused, next, scratch);
+                        }
                         if (merge) MergeChunk(head, tasks[i].chunk, fused, scratch);
                       }
                     });
@@ -381,7 +389,26 @@ bool LayerJob::ChunkFinite(const Head& head, int32_t chunk) const {
 }
 
 // Steps 3-4 for one chunk; with `fused`, every edge is kept (step 6 keeps all candidates).
-void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch) {
+// The memory of one chunk's key rows (and value rows) where each is one contiguous block.
+PrefetchRanges LayerJob::ChunkRanges(const Head& head, int32_t chunk, bool with_values) const {
+  PrefetchRanges ranges{{nullptr, nullptr}, {0, 0}};
+  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
+  const int32_t length = ChunkLength(head, chunk);
+  const int64_t element_bytes = head.owned ? int64_t{sizeof(double)} : input_element_bytes_;
+  const RowBlock keys = Keys(head), values = Values(head);
+  if (keys.stride == key_dim_) {
+    ranges.data[0] = static_cast<const char*>(keys.data) + first * key_dim_ * element_bytes;
+    ranges.bytes[0] = int64_t{length} * key_dim_ * element_bytes;
+  }
+  if (with_values && values.stride == value_dim_) {
+    ranges.data[1] = static_cast<const char*>(values.data) + first * value_dim_ * element_bytes;
+    ranges.bytes[1] = int64_t{length} * value_dim_ * element_bytes;
+  }
+  return ranges;
+}
+
+void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchRanges& next,
+                          ChunkScratch& scratch) {
   const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
   const int32_t length = ChunkLength(head, chunk);
   Edge* edges = head.edges.data() + static_cast<size_t>(chunk) * slots_;
@@ -392,7 +419,8 @@ void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
   }
   const int32_t sources = (length + 1) / 2;
   Grow(&scratch.matches, static_cast<size_t>(sources));
-  scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_, scratch.matches.data());
+  scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_, scratch.matches.data(),
+                        &next);
   ResolveChunkEdges(scratch.matches.data(), &scratch.matcher, first, floor_, bound_, Scorer(head),
                     edges);
   if (fused) {

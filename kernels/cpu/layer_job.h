@@ -117,7 +117,9 @@ class LayerJob {
   void AllocateOutput();
   void RunChunks(bool match, bool merge, bool fused);
   void SelectEdges();
-  void MatchChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch);
+  PrefetchRanges ChunkRanges(const Head& head, int32_t chunk, bool with_values) const;
+  void MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchRanges& next,
+                  ChunkScratch& scratch);
   void MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch);
   void BucketSources(const Head& head, int32_t chunk, ChunkScratch& scratch) const;
   void WriteRow(Head& head, const ChunkRows& rows, int64_t offset, int64_t new_row,

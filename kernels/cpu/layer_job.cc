@@ -59,10 +59,52 @@ void Grow(std::vector<T>* buffer, size_t size) {
 
 }  // namespace
 
+void LayerJob::Head::Reset() {
+  index = 0;
+  passthrough = false;
+  length = 0;
+  owned = false;
+  keys.clear();
+  values.clear();
+  counts.clear();
+  next_counts.clear();
+  owner.clear();
+  remap.clear();
+  written = false;
+  active = false;
+  begin = end = 0;
+  num_chunks = 0;
+  candidates = merges = 0;
+  sink = Sink::kOutput;
+  edges.clear();
+  chunk_start.clear();
+  order.clear();
+}
+
+std::vector<LayerJob::Head> HeadPool::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) return {};
+  std::vector<LayerJob::Head> heads = std::move(free_.back());
+  free_.pop_back();
+  return heads;
+}
+
+void HeadPool::Give(std::vector<LayerJob::Head> heads) {
+  for (LayerJob::Head& head : heads) {
+    head.Reset();
+    std::vector<double>().swap(head.keys);
+    std::vector<double>().swap(head.values);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.size() < kMaxKept) free_.push_back(std::move(heads));
+}
+
 LayerJob::LayerJob(const KernelTable& kernels, ScratchPool* scratch, const LayerPlan& plan,
-                   const LayerView& layer, const CompressControl& control, CompressResult* out)
+                   const LayerView& layer, const CompressControl& control, CompressResult* out,
+                   HeadPool* heads)
     : kernels_(kernels),
       scratch_(scratch),
+      head_pool_(heads),
       plan_(plan),
       layer_(layer),
       control_(control),
@@ -81,7 +123,13 @@ LayerJob::LayerJob(const KernelTable& kernels, ScratchPool* scratch, const Layer
       slots_((plan.options.chunk_size + 1) / 2),
       target_(plan.target_length),
       bound_(MatchErrorBound(layer.key_dim)),
-      with_assignment_(plan.options.compute_assignment) {}
+      with_assignment_(plan.options.compute_assignment) {
+  if (head_pool_ != nullptr) heads_ = head_pool_->Take();
+}
+
+LayerJob::~LayerJob() {
+  if (head_pool_ != nullptr) head_pool_->Give(std::move(heads_));
+}
 
 RowBlock LayerJob::Keys(const Head& head) const {
   if (head.owned) return RowBlock{head.keys.data(), ElemType::kF64, key_dim_};
@@ -169,6 +217,7 @@ absl::Status LayerJob::Run() {
 bool LayerJob::LoadHeads() {
   const int32_t n = layer_.num_tokens;
   heads_.resize(static_cast<size_t>(layer_.num_heads));
+  for (Head& head : heads_) head.Reset();
   bool valid = true;
   for (int32_t h = 0; h < layer_.num_heads; ++h) {
     Head& head = heads_[h];

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,14 +41,10 @@ struct ChunkScratch {
 
 using ScratchPool = tbb::enumerable_thread_specific<ChunkScratch>;
 
+class HeadPool;
+
 class LayerJob {
  public:
-  LayerJob(const KernelTable& kernels, ScratchPool* scratch, const LayerPlan& plan,
-           const LayerView& layer, const CompressControl& control, CompressResult* out);
-
-  absl::Status Run();
-
- private:
   // Where a pass writes the rows of a head.
   enum class Sink : uint8_t {
     kOutput,      // float32 into the CompressResult (the last pass)
@@ -55,7 +52,11 @@ class LayerJob {
     kInPlace,     // float64, compacted in place (later passes)
   };
 
+  // The state of one head across the passes of a job. Reused across jobs (HeadPool), so
+  // Reset() keeps the vectors' memory.
   struct Head {
+    void Reset();
+
     int32_t index = 0;
     bool passthrough = false;
     int64_t length = 0;
@@ -80,6 +81,17 @@ class LayerJob {
     std::vector<int32_t> order;        // KeepBest scratch
   };
 
+  // `heads` (may be null): where the job takes its per-head state from and returns it to.
+  LayerJob(const KernelTable& kernels, ScratchPool* scratch, const LayerPlan& plan,
+           const LayerView& layer, const CompressControl& control, CompressResult* out,
+           HeadPool* heads = nullptr);
+  ~LayerJob();
+  LayerJob(const LayerJob&) = delete;
+  LayerJob& operator=(const LayerJob&) = delete;
+
+  absl::Status Run();
+
+ private:
   struct Task {
     int32_t head;
     int32_t chunk;
@@ -135,6 +147,7 @@ class LayerJob {
 
   const KernelTable& kernels_;
   ScratchPool* scratch_;
+  HeadPool* head_pool_;
   const LayerPlan& plan_;
   const LayerView& layer_;
   const CompressControl& control_;
@@ -156,6 +169,22 @@ class LayerJob {
   // RunChunks then checks each chunk's rows before using them.
   bool check_chunks_ = false;
   std::atomic<bool> bad_input_{false};
+};
+
+// Per-head state of finished jobs, for the next ones: a job's O(n) arrays per head (counts,
+// edges, assignment maps) are then not allocated, faulted in and freed every job. A free list
+// under a mutex rather than per-thread storage, because a thread waiting inside one job may
+// run another job's task (jobs run as tasks of one arena). The float64 rows of multi-pass
+// jobs are not kept (they are as large as the job's input).
+class HeadPool {
+ public:
+  std::vector<LayerJob::Head> Take();
+  void Give(std::vector<LayerJob::Head> heads);
+
+ private:
+  static constexpr size_t kMaxKept = 8;
+  std::mutex mu_;
+  std::vector<std::vector<LayerJob::Head>> free_;
 };
 
 }  // namespace centroidkv::cpu

@@ -16,6 +16,8 @@
 //                     the whole pipeline (normalise, match, select, merge, compact)
 //   fraction_of_peak  gflops / peak_gflops
 //   faiss_ratio       tokens_per_s / FAISS tokens_per_s (FAISS: search only, best threading)
+//   cpu_seconds       CPU time of the whole process per layer job (all threads): divided by
+//                     threads * T, how busy the threads were
 //
 // Own flags (--name=value, after Google Benchmark's --benchmark_* flags):
 //   --tokens --heads --dim --chunks=64,256,1024 --ratio --sink --recent --seed
@@ -200,7 +202,8 @@ ChunkCheck CheckEngine(const ClusterEngine& engine, const Workload& workload,
 }
 
 struct Samples {
-  std::vector<double> seconds;  // per-iteration wall time of each repetition
+  std::vector<double> seconds;      // per-iteration wall time of each repetition
+  std::vector<double> cpu_seconds;  // per-iteration CPU time (process-wide where measured so)
   double aggregate_median = 0.0;
 };
 
@@ -224,6 +227,8 @@ class CapturingReporter : public benchmark::ConsoleReporter {
       Samples& samples = samples_[run.run_name.function_name];
       if (run.run_type == Run::RT_Iteration) {
         samples.seconds.push_back(per_iteration);
+        samples.cpu_seconds.push_back(run.cpu_accumulated_time /
+                                      static_cast<double>(run.iterations));
       } else if (run.aggregate_name == "median") {
         samples.aggregate_median = per_iteration;
       }
@@ -236,6 +241,11 @@ class CapturingReporter : public benchmark::ConsoleReporter {
     auto it = samples_.find(name);
     if (it == samples_.end()) return 0.0;
     return it->second.seconds.empty() ? it->second.aggregate_median : Median(it->second.seconds);
+  }
+  // Median CPU seconds per layer job (all threads of the process), or 0.
+  double MedianCpuSeconds(const std::string& name) const {
+    auto it = samples_.find(name);
+    return it == samples_.end() ? 0.0 : Median(it->second.cpu_seconds);
   }
   size_t Repetitions(const std::string& name) const {
     auto it = samples_.find(name);
@@ -491,6 +501,7 @@ int Main(int argc, char** argv) {
          << ", \"similarity_flops\": " << flops_per_job[chunk] << ", \"gflops\": " << gflops
          << ", \"peak_gflops\": " << peak_gflops
          << ", \"fraction_of_peak\": " << gflops / peak_gflops;
+    json << ", \"cpu_seconds\": " << reporter.MedianCpuSeconds(PipelineName(chunk));
     if (const double fresh = reporter.MedianSeconds(FreshName(chunk)); fresh > 0.0) {
       json << ", \"fresh_result_seconds\": " << fresh;
     }

@@ -165,6 +165,7 @@ class ClusterEngine {
   // Whether the backend checks the job's data itself (what CheckLayerData checks), before it
   // acts on any element, and then returns CheckLayerData's error: Compress() then skips the
   // separate sweep over the data (a read of every key and value the backend reads anyway).
+  // Such a job cancelled before it starts reports CANCELLED even when its data is bad.
   virtual bool ChecksLayerData() const { return false; }
 
  private:

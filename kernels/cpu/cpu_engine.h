@@ -13,7 +13,12 @@
 // merges of a pass are known in advance (no similarity floor, and every candidate edge is
 // kept) matching and merging a chunk are one task, so its keys are read once; otherwise a
 // pass is match, select (per head), merge. Scratch buffers are per thread, grow to the
-// largest chunk seen and are reused across chunks and jobs.
+// largest chunk seen and are reused across chunks and jobs; per-head job state comes from a
+// pool (HeadPool), and CompressInto() overwrites the caller's result in place.
+//
+// Memory: a chunk task checks its input rows for Inf/NaN (ChecksLayerData: no separate
+// sweep over the job) and, while its match kernel runs, prefetches the next task's rows into
+// L2, so the input is read from memory once and mostly overlapped with arithmetic.
 //
 // Thread-safe: Compress() may run concurrently from many threads.
 #pragma once

@@ -196,14 +196,19 @@ absl::Status ValidateJobShape(const LayerView& layer, const CompressOptions& opt
   return CheckOptions(layer, options);
 }
 
-absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOptions& options,
-                                    const EngineLimits& limits) {
+absl::Status CheckLayerData(const LayerView& layer) { return CheckData(layer); }
+
+namespace {
+
+// PlanLayer, with or without the sweep over the data.
+absl::StatusOr<LayerPlan> Plan(const LayerView& layer, const CompressOptions& options,
+                               const EngineLimits& limits, bool check_data) {
   CKV_RETURN_IF_ERROR(ValidateJobShape(layer, options, limits));
   if (layer.keys == nullptr || layer.values == nullptr) {
     return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
                                                             : "values are missing");
   }
-  CKV_RETURN_IF_ERROR(CheckData(layer));
+  if (check_data) CKV_RETURN_IF_ERROR(CheckData(layer));
 
   LayerPlan plan;
   plan.options = options;
@@ -221,16 +226,46 @@ absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOption
   return plan;
 }
 
+}  // namespace
+
+absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOptions& options,
+                                    const EngineLimits& limits) {
+  return Plan(layer, options, limits, /*check_data=*/true);
+}
+
 absl::StatusOr<CompressResult> ClusterEngine::Compress(const LayerView& layer,
                                                        const CompressOptions& options,
                                                        const CompressControl& control) const {
-  CKV_ASSIGN_OR_RETURN(LayerPlan plan, PlanLayer(layer, options, limits_));
+  CKV_ASSIGN_OR_RETURN(LayerPlan plan, Plan(layer, options, limits_, !ChecksLayerData()));
   if (control.IsCancelled()) {
     return absl::CancelledError("job cancelled before it started");
   }
   CompressResult result;
   CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, control, &result));
   return result;
+}
+
+absl::Status ClusterEngine::CompressInto(const LayerView& layer, const CompressOptions& options,
+                                         CompressResult* result,
+                                         const CompressControl& control) const {
+  CKV_ASSIGN_OR_RETURN(LayerPlan plan, Plan(layer, options, limits_, !ChecksLayerData()));
+  if (control.IsCancelled()) {
+    return absl::CancelledError("job cancelled before it started");
+  }
+  return CompressReusingImpl(plan, layer, control, result);
+}
+
+absl::Status ClusterEngine::CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
+                                                const CompressControl& control,
+                                                CompressResult* out) const {
+  out->num_heads = out->num_tokens = out->key_dim = out->value_dim = 0;
+  out->offsets.clear();
+  out->keys.clear();
+  out->values.clear();
+  out->counts.clear();
+  out->assignment.clear();
+  out->passes_run = 0;
+  return CompressImpl(plan, layer, control, out);
 }
 
 }  // namespace centroidkv

@@ -15,6 +15,7 @@ SimdLevel ChooseLevel(const CpuEngineOptions& options) {
 
 struct CpuEngine::ScratchPool {
   cpu::ScratchPool per_thread;
+  HeadPool heads;
 };
 
 CpuEngine::CpuEngine(EngineLimits limits, CpuEngineOptions options)
@@ -27,8 +28,15 @@ CpuEngine::~CpuEngine() = default;
 
 absl::Status CpuEngine::CompressImpl(const LayerPlan& plan, const LayerView& layer,
                                      const CompressControl& control, CompressResult* out) const {
-  LayerJob job(*kernels_, &scratch_->per_thread, plan, layer, control, out);
+  LayerJob job(*kernels_, &scratch_->per_thread, plan, layer, control, out, &scratch_->heads);
   return job.Run();
+}
+
+absl::Status CpuEngine::CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
+                                            const CompressControl& control,
+                                            CompressResult* out) const {
+  // LayerJob sizes every array of `out` and writes each of its elements.
+  return CompressImpl(plan, layer, control, out);
 }
 
 }  // namespace centroidkv::cpu

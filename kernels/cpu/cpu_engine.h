@@ -13,7 +13,12 @@
 // merges of a pass are known in advance (no similarity floor, and every candidate edge is
 // kept) matching and merging a chunk are one task, so its keys are read once; otherwise a
 // pass is match, select (per head), merge. Scratch buffers are per thread, grow to the
-// largest chunk seen and are reused across chunks and jobs.
+// largest chunk seen and are reused across chunks and jobs; per-head job state comes from a
+// pool (HeadPool), and CompressInto() overwrites the caller's result in place.
+//
+// Memory: a chunk task checks its input rows for Inf/NaN (ChecksLayerData: no separate
+// sweep over the job) and, while its match kernel runs, prefetches the next task's rows into
+// L2, so the input is read from memory once and mostly overlapped with arithmetic.
 //
 // Thread-safe: Compress() may run concurrently from many threads.
 #pragma once
@@ -43,6 +48,12 @@ class CpuEngine final : public ClusterEngine {
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
                             const CompressControl& control, CompressResult* out) const override;
+  // LayerJob checks every input row for Inf / NaN (and the counts) before it uses them.
+  bool ChecksLayerData() const override { return true; }
+  // Overwrites the arrays of an earlier result in place (see LayerJob::AllocateOutput).
+  absl::Status CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
+                                   const CompressControl& control,
+                                   CompressResult* out) const override;
 
  private:
   struct ScratchPool;  // per-thread buffers (oneTBB stays out of this header)

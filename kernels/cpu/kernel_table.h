@@ -35,6 +35,14 @@ struct RowMatch {
   float second;
 };
 
+// Memory that a kernel brings into the L2 cache while it computes (the next chunk's rows),
+// spread over its work so that the reads overlap the arithmetic instead of stalling the next
+// chunk: up to two byte ranges; a null range is skipped.
+struct PrefetchRanges {
+  const char* data[2];
+  int64_t bytes[2];
+};
+
 // One term of a count-weighted merge: row `row` of a RowBlock weighted by `count`.
 struct MergeTerm {
   int64_t row;
@@ -63,10 +71,11 @@ struct KernelTable {
   // For each of the a_count rows of `a` (row i at a + i * a_stride, readable for
   // RoundUp(a_count, row_block) rows; rows past a_count are ignored): its dot products with
   // the b_count packed destinations, scaled by a_inverse_norms[i * norm_stride], and their
-  // top two, fused (the a_count x b_count score matrix is never stored).
+  // top two, fused (the a_count x b_count score matrix is never stored). `prefetch` (may be
+  // null) is brought into L2 along the way.
   void (*match_rows)(const float* a, int64_t a_stride, const float* a_inverse_norms,
                      int64_t norm_stride, int32_t a_count, const float* panels, int32_t b_count,
-                     int32_t dim, RowMatch* out);
+                     int32_t dim, const PrefetchRanges* prefetch, RowMatch* out);
 
   // The b_count scores of one row `a` (scaled by a_inverse_norm) against the packed
   // destinations, computed with the same arithmetic as match_rows.
@@ -88,6 +97,9 @@ struct KernelTable {
   // Rows first .. first + count - 1 converted to float into out[i * dim + j].
   void (*convert_rows_f32)(const RowBlock* rows, int64_t first, int32_t count, int32_t dim,
                            float* out);
+
+  // Whether rows first .. first + count - 1 (dim elements each) hold no Inf or NaN.
+  bool (*rows_finite)(const RowBlock* rows, int64_t first, int32_t count, int32_t dim);
 
   // Copies `count` floats to `out`, which will not be read again soon: non-temporal stores
   // where `out` is aligned (no read-for-ownership of the destination), then a store fence.

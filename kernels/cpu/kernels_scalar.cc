@@ -7,6 +7,7 @@
 
 #include "centroidkv/common/dtype.h"
 #include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/rows_finite.h"
 
 namespace centroidkv::cpu {
 namespace {
@@ -91,7 +92,9 @@ float Dot(const float* a, const float* panels, int32_t b, int32_t dim) {
 }
 
 void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, int64_t norm_stride,
-               int32_t a_count, const float* panels, int32_t b_count, int32_t dim, RowMatch* out) {
+               int32_t a_count, const float* panels, int32_t b_count, int32_t dim,
+               const PrefetchRanges* /*prefetch: the portable kernels leave it to the CPU*/,
+               RowMatch* out) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int32_t i = 0; i < a_count; ++i) {
     const float* row = a + i * a_stride;
@@ -159,7 +162,7 @@ const KernelTable& ScalarKernels() {
                                  WidenRows,         PackPanels,         MatchRows,
                                  ScoreRow,          MergeRow<float>,    MergeRow<double>,
                                  ConvertRow<float>, ConvertRow<double>, ConvertRows,
-                                 StreamFloats};
+                                 RowsFinite,        StreamFloats};
   return table;
 }
 

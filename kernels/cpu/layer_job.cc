@@ -29,21 +29,26 @@ ElemType ElemTypeOf(DType dtype) {
   return ElemType::kF32;
 }
 
-// Sizes a fresh output vector. Writing a large vector first touches every page of it, and a
-// page fault per 4 KiB page costs more than computing the rows (several times over in a
-// VM), so the memory is marked for transparent huge pages first (a hint; Linux only).
+// Sizes an output vector, which is empty (Compress) or holds an earlier result
+// (CompressInto): its elements are all overwritten, so a reused vector at least as long is
+// only shrunk, and only growth is zero-filled. Writing fresh memory first touches every page
+// of it, and a page fault per 4 KiB page costs more than computing the rows (several times
+// over in a VM), so new memory is marked for transparent huge pages first (a hint; Linux).
 template <typename T>
 void ResizeOutput(std::vector<T>* vector, size_t size) {
-  vector->clear();
-  vector->reserve(size);
+  if (vector->capacity() < size) {
+    vector->clear();
+    vector->shrink_to_fit();
+    vector->reserve(size);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kPage = 4096;
-  const auto begin = (reinterpret_cast<uintptr_t>(vector->data()) + kPage - 1) & ~(kPage - 1);
-  const auto end = reinterpret_cast<uintptr_t>(vector->data() + size) & ~(kPage - 1);
-  if (size * sizeof(T) >= (size_t{4} << 20) && end > begin) {
-    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-  }
+    constexpr uintptr_t kPage = 4096;
+    const auto begin = (reinterpret_cast<uintptr_t>(vector->data()) + kPage - 1) & ~(kPage - 1);
+    const auto end = reinterpret_cast<uintptr_t>(vector->data() + size) & ~(kPage - 1);
+    if (size * sizeof(T) >= (size_t{4} << 20) && end > begin) {
+      madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+    }
 #endif
+  }
   vector->resize(size);
 }
 
@@ -54,10 +59,52 @@ void Grow(std::vector<T>* buffer, size_t size) {
 
 }  // namespace
 
+void LayerJob::Head::Reset() {
+  index = 0;
+  passthrough = false;
+  length = 0;
+  owned = false;
+  keys.clear();
+  values.clear();
+  counts.clear();
+  next_counts.clear();
+  owner.clear();
+  remap.clear();
+  written = false;
+  active = false;
+  begin = end = 0;
+  num_chunks = 0;
+  candidates = merges = 0;
+  sink = Sink::kOutput;
+  edges.clear();
+  chunk_start.clear();
+  order.clear();
+}
+
+std::vector<LayerJob::Head> HeadPool::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) return {};
+  std::vector<LayerJob::Head> heads = std::move(free_.back());
+  free_.pop_back();
+  return heads;
+}
+
+void HeadPool::Give(std::vector<LayerJob::Head> heads) {
+  for (LayerJob::Head& head : heads) {
+    head.Reset();
+    std::vector<double>().swap(head.keys);
+    std::vector<double>().swap(head.values);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.size() < kMaxKept) free_.push_back(std::move(heads));
+}
+
 LayerJob::LayerJob(const KernelTable& kernels, ScratchPool* scratch, const LayerPlan& plan,
-                   const LayerView& layer, const CompressControl& control, CompressResult* out)
+                   const LayerView& layer, const CompressControl& control, CompressResult* out,
+                   HeadPool* heads)
     : kernels_(kernels),
       scratch_(scratch),
+      head_pool_(heads),
       plan_(plan),
       layer_(layer),
       control_(control),
@@ -76,7 +123,13 @@ LayerJob::LayerJob(const KernelTable& kernels, ScratchPool* scratch, const Layer
       slots_((plan.options.chunk_size + 1) / 2),
       target_(plan.target_length),
       bound_(MatchErrorBound(layer.key_dim)),
-      with_assignment_(plan.options.compute_assignment) {}
+      with_assignment_(plan.options.compute_assignment) {
+  if (head_pool_ != nullptr) heads_ = head_pool_->Take();
+}
+
+LayerJob::~LayerJob() {
+  if (head_pool_ != nullptr) head_pool_->Give(std::move(heads_));
+}
 
 RowBlock LayerJob::Keys(const Head& head) const {
   if (head.owned) return RowBlock{head.keys.data(), ElemType::kF64, key_dim_};
@@ -114,23 +167,37 @@ void LayerJob::ParallelOverHeads(bool (*want)(const Head&), Body body) {
 }
 
 absl::Status LayerJob::Run() {
-  LoadHeads();
+  out_->passes_run = 0;
+  if (!LoadHeads()) return BadInput();
   for (int32_t pass = 0; pass < plan_.options.max_passes; ++pass) {
     if (control_.IsCancelled()) return absl::CancelledError("job cancelled");
-    if (!SetUpPass(pass)) break;
+    const bool any_long = SetUpPass(pass);
     // Without a floor every edge is a candidate, so the merges follow from the lengths.
     const bool predictable = std::isinf(floor_);
     bool fused = false;
-    if (predictable) {
+    if (any_long && predictable) {
       PredictMerges();
       fused = AllCandidatesKept();
     }
+    const bool stop = !any_long || (fused && !AnyMerges());
+    if (pass == 0) {  // the input is checked before any of it is used
+      if (stop) {
+        CheckInputRows([](const Head&) { return false; });
+      } else if (fused) {
+        CheckInputRows([](const Head& h) { return h.merges > 0; });
+      } else {
+        CheckInputRows([](const Head& h) { return h.active; });
+      }
+      if (bad_input_.load()) return BadInput();
+    }
+    if (stop) break;
     if (fused) {
-      if (!AnyMerges()) break;
       PrepareSinks(pass, /*fused=*/true);
       RunChunks(/*match=*/true, /*merge=*/true, /*fused=*/true);
+      if (bad_input_.load()) return BadInput();
     } else {
       RunChunks(/*match=*/true, /*merge=*/false, /*fused=*/false);
+      if (bad_input_.load()) return BadInput();
       if (control_.IsCancelled()) return absl::CancelledError("job cancelled");
       CountMerges();
       if (!AnyMerges()) break;
@@ -147,17 +214,61 @@ absl::Status LayerJob::Run() {
   return absl::OkStatus();
 }
 
-void LayerJob::LoadHeads() {
+bool LayerJob::LoadHeads() {
   const int32_t n = layer_.num_tokens;
   heads_.resize(static_cast<size_t>(layer_.num_heads));
+  for (Head& head : heads_) head.Reset();
+  bool valid = true;
   for (int32_t h = 0; h < layer_.num_heads; ++h) {
     Head& head = heads_[h];
     head.index = h;
     head.passthrough = plan_.passthrough[h];
     head.length = n;
     head.counts.resize(static_cast<size_t>(n));
-    for (int32_t t = 0; t < n; ++t) head.counts[t] = layer_.CountAt(h, t);
+    uint64_t sum = 0;
+    uint32_t zero = 0;
+    for (int32_t t = 0; t < n; ++t) {
+      const uint32_t count = layer_.CountAt(h, t);
+      zero |= static_cast<uint32_t>(count == 0);
+      sum += count;
+      head.counts[t] = count;
+    }
+    valid = valid && zero == 0 && sum <= UINT32_MAX;
   }
+  return valid;
+}
+
+// CheckLayerData names what is wrong with the input (it walks the job in order).
+absl::Status LayerJob::BadInput() const {
+  absl::Status status = CheckLayerData(layer_);
+  return status.ok() ? absl::InternalError("cpu engine: input check disagrees with CheckLayerData")
+                     : status;
+}
+
+// The input rows that pass 0's chunk tasks will not read (they check their own chunks
+// before using them): every row of a head that `chunked` does not pick, and the protected
+// rows of one it picks.
+void LayerJob::CheckInputRows(bool (*chunked)(const Head&)) {
+  check_chunks_ = true;
+  ParallelOverHeads(
+      [](const Head&) { return true; },
+      [&](Head& head) {
+        const RowBlock keys = Keys(head), values = Values(head);
+        auto check = [&](int64_t first, int64_t count) {
+          if (count <= 0) return;
+          const auto rows = static_cast<int32_t>(count);
+          if (!kernels_.rows_finite(&keys, first, rows, key_dim_) ||
+              !kernels_.rows_finite(&values, first, rows, value_dim_)) {
+            bad_input_.store(true);
+          }
+        };
+        if (chunked(head) && head.num_chunks > 0) {
+          check(0, head.begin);
+          check(head.end, head.length - head.end);
+        } else {
+          check(0, head.length);
+        }
+      });
 }
 
 // Steps 1-2: which heads take part, their compressible range and chunks. Returns whether
@@ -281,10 +392,14 @@ void LayerJob::AllocateOutput() {
   ResizeOutput(&out_->counts, total);
   if (with_assignment_) {
     ResizeOutput(&out_->assignment, static_cast<size_t>(layer_.num_heads) * layer_.num_tokens);
+  } else {
+    out_->assignment.clear();
   }
 }
 
 void LayerJob::RunChunks(bool match, bool merge, bool fused) {
+  const bool check = check_chunks_;  // the first pass checks each chunk's input rows
+  check_chunks_ = false;
   std::vector<Task> tasks;
   for (const Head& head : heads_) {
     const bool wanted = merge ? head.merges > 0 : head.active;
@@ -296,14 +411,53 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                       ChunkScratch& scratch = scratch_->local();
                       for (size_t i = range.begin(); i != range.end(); ++i) {
                         Head& head = heads_[tasks[i].head];
-                        if (match) MatchChunk(head, tasks[i].chunk, fused, scratch);
+                        if (check && !ChunkFinite(head, tasks[i].chunk)) {
+                          bad_input_.store(true);
+                          continue;
+                        }
+                        if (match) {
+                          // The next task's rows stream into L2 while this chunk is matched.
+                          PrefetchRanges next{{nullptr, nullptr}, {0, 0}};
+                          if (i + 1 != range.end()) {
+                            next = ChunkRanges(heads_[tasks[i + 1].head], tasks[i + 1].chunk,
+                                               /*with_values=*/merge);
+                          }
+                          MatchChunk(head, tasks[i].chunk, fused, next, scratch);
+                        }
                         if (merge) MergeChunk(head, tasks[i].chunk, fused, scratch);
                       }
                     });
 }
 
+bool LayerJob::ChunkFinite(const Head& head, int32_t chunk) const {
+  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
+  const int32_t length = ChunkLength(head, chunk);
+  const RowBlock keys = Keys(head), values = Values(head);
+  return kernels_.rows_finite(&keys, first, length, key_dim_) &&
+         kernels_.rows_finite(&values, first, length, value_dim_);
+}
+
 // Steps 3-4 for one chunk; with `fused`, every edge is kept (step 6 keeps all candidates).
-void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch) {
+// The memory of one chunk's key rows (and value rows) where each is one contiguous block.
+PrefetchRanges LayerJob::ChunkRanges(const Head& head, int32_t chunk, bool with_values) const {
+  PrefetchRanges ranges{{nullptr, nullptr}, {0, 0}};
+  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
+  const int32_t length = ChunkLength(head, chunk);
+  const int64_t element_bytes = head.owned ? int64_t{sizeof(double)} : input_element_bytes_;
+  const RowBlock keys = Keys(head), values = Values(head);
+  if (keys.stride == key_dim_) {
+    ranges.data[0] = static_cast<const char*>(keys.data) + first * key_dim_ * element_bytes;
+    ranges.bytes[0] = int64_t{length} * key_dim_ * element_bytes;
+  }
+  if (with_values && values.stride == value_dim_) {
+    ranges.data[1] = static_cast<const char*>(values.data) + first * value_dim_ * element_bytes;
+    ranges.bytes[1] = int64_t{length} * value_dim_ * element_bytes;
+  }
+  return ranges;
+}
+
+void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchRanges& next,
+                          ChunkScratch& scratch) {
   const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
   const int32_t length = ChunkLength(head, chunk);
   Edge* edges = head.edges.data() + static_cast<size_t>(chunk) * slots_;
@@ -314,7 +468,8 @@ void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
   }
   const int32_t sources = (length + 1) / 2;
   Grow(&scratch.matches, static_cast<size_t>(sources));
-  scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_, scratch.matches.data());
+  scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_, scratch.matches.data(),
+                        &next);
   ResolveChunkEdges(scratch.matches.data(), &scratch.matcher, first, floor_, bound_, Scorer(head),
                     edges);
   if (fused) {

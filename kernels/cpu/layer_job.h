@@ -11,7 +11,9 @@
 // Thread-compatible: one LayerJob per call; its tasks share the per-thread ChunkScratch pool.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,14 +41,10 @@ struct ChunkScratch {
 
 using ScratchPool = tbb::enumerable_thread_specific<ChunkScratch>;
 
+class HeadPool;
+
 class LayerJob {
  public:
-  LayerJob(const KernelTable& kernels, ScratchPool* scratch, const LayerPlan& plan,
-           const LayerView& layer, const CompressControl& control, CompressResult* out);
-
-  absl::Status Run();
-
- private:
   // Where a pass writes the rows of a head.
   enum class Sink : uint8_t {
     kOutput,      // float32 into the CompressResult (the last pass)
@@ -54,7 +52,11 @@ class LayerJob {
     kInPlace,     // float64, compacted in place (later passes)
   };
 
+  // The state of one head across the passes of a job. Reused across jobs (HeadPool), so
+  // Reset() keeps the vectors' memory.
   struct Head {
+    void Reset();
+
     int32_t index = 0;
     bool passthrough = false;
     int64_t length = 0;
@@ -79,6 +81,17 @@ class LayerJob {
     std::vector<int32_t> order;        // KeepBest scratch
   };
 
+  // `heads` (may be null): where the job takes its per-head state from and returns it to.
+  LayerJob(const KernelTable& kernels, ScratchPool* scratch, const LayerPlan& plan,
+           const LayerView& layer, const CompressControl& control, CompressResult* out,
+           HeadPool* heads = nullptr);
+  ~LayerJob();
+  LayerJob(const LayerJob&) = delete;
+  LayerJob& operator=(const LayerJob&) = delete;
+
+  absl::Status Run();
+
+ private:
   struct Task {
     int32_t head;
     int32_t chunk;
@@ -102,7 +115,10 @@ class LayerJob {
   ExactScorer Scorer(const Head& head) const;
   int32_t ChunkLength(const Head& head, int32_t chunk) const;
 
-  void LoadHeads();
+  bool LoadHeads();  // false: a zero count, or a head's counts overflow uint32
+  absl::Status BadInput() const;
+  void CheckInputRows(bool (*chunked)(const Head&));
+  bool ChunkFinite(const Head& head, int32_t chunk) const;
   bool SetUpPass(int32_t pass);
   void PredictMerges();
   void CountMerges();
@@ -113,7 +129,9 @@ class LayerJob {
   void AllocateOutput();
   void RunChunks(bool match, bool merge, bool fused);
   void SelectEdges();
-  void MatchChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch);
+  PrefetchRanges ChunkRanges(const Head& head, int32_t chunk, bool with_values) const;
+  void MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchRanges& next,
+                  ChunkScratch& scratch);
   void MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch);
   void BucketSources(const Head& head, int32_t chunk, ChunkScratch& scratch) const;
   void WriteRow(Head& head, const ChunkRows& rows, int64_t offset, int64_t new_row,
@@ -129,6 +147,7 @@ class LayerJob {
 
   const KernelTable& kernels_;
   ScratchPool* scratch_;
+  HeadPool* head_pool_;
   const LayerPlan& plan_;
   const LayerView& layer_;
   const CompressControl& control_;
@@ -146,6 +165,26 @@ class LayerJob {
   double floor_ = 0.0;  // this pass's similarity floor, -infinity when off
   bool with_assignment_;
   bool output_allocated_ = false;
+  // The input check (the engine's ChecksLayerData): set by CheckInputRows, the first
+  // RunChunks then checks each chunk's rows before using them.
+  bool check_chunks_ = false;
+  std::atomic<bool> bad_input_{false};
+};
+
+// Per-head state of finished jobs, for the next ones: a job's O(n) arrays per head (counts,
+// edges, assignment maps) are then not allocated, faulted in and freed every job. A free list
+// under a mutex rather than per-thread storage, because a thread waiting inside one job may
+// run another job's task (jobs run as tasks of one arena). The float64 rows of multi-pass
+// jobs are not kept (they are as large as the job's input).
+class HeadPool {
+ public:
+  std::vector<LayerJob::Head> Take();
+  void Give(std::vector<LayerJob::Head> heads);
+
+ private:
+  static constexpr size_t kMaxKept = 8;
+  std::mutex mu_;
+  std::vector<std::vector<LayerJob::Head>> free_;
 };
 
 }  // namespace centroidkv::cpu

@@ -77,9 +77,12 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
       From(Keys(head), first), From(Values(head), first), nullptr, nullptr, nullptr, nullptr};
   const float* tile = fused && length >= 2 ? scratch.matcher.ExactRows() : nullptr;
   if (tile != nullptr) {
-    // Keys from the matcher's tile; values widened in one sequential sweep, which streams
-    // from memory far better than the scattered row order of the merges below.
     rows.keys = RowBlock{tile, ElemType::kF32, key_dim_};
+  }
+  // Values widened in one sequential sweep, which streams from memory far better than the
+  // scattered row order of the merges below; unless the rows are one contiguous block, which
+  // the matching of the chunk before has prefetched into L2 (LayerJob::ChunkRanges).
+  if (tile != nullptr && rows.values.stride != value_dim_) {
     Grow(&scratch.value_tile, static_cast<size_t>(length) * value_dim_);
     kernels_.convert_rows_f32(&rows.values, 0, length, value_dim_, scratch.value_tile.data());
     rows.values = RowBlock{scratch.value_tile.data(), ElemType::kF32, value_dim_};

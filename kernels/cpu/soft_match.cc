@@ -16,7 +16,8 @@ void Reserve(std::vector<float>* buffer, int64_t size) {
 double MatchErrorBound(int32_t dim) { return std::ldexp(static_cast<double>(dim) + 8.0, -23); }
 
 void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64_t first,
-                         int32_t length, int32_t dim, RowMatch* out) {
+                         int32_t length, int32_t dim, RowMatch* out,
+                         const PrefetchRanges* prefetch) {
   assert(length >= 2);
   kernels_ = &kernels;
   dim_ = dim;
@@ -36,7 +37,7 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
   kernels.pack_panels(tile_.data() + dim, pair_stride, inverse_norms_.data() + 1, 2, destinations_,
                       dim, panels_.data());
   kernels.match_rows(tile_.data(), pair_stride, inverse_norms_.data(), 2, sources_, panels_.data(),
-                     destinations_, dim, out);
+                     destinations_, dim, prefetch, out);
 }
 
 std::span<const float> ChunkMatcher::Rescore(int32_t source) {

@@ -47,8 +47,9 @@ class ChunkMatcher {
   // out[i] for source i (row first + 2i), i < ceil(length / 2), over the destinations
   // first + 2k + 1, k < floor(length / 2). Requires length >= 2. Keeps the widened rows and
   // the packed destinations for Rescore() and ExactRows().
+  // `prefetch` (may be null): memory to bring into L2 while matching (the next chunk's rows).
   void Match(const KernelTable& kernels, const RowBlock& rows, int64_t first, int32_t length,
-             int32_t dim, RowMatch* out);
+             int32_t dim, RowMatch* out, const PrefetchRanges* prefetch = nullptr);
 
   // After Match(): the float scores of source i against every destination (index k), with
   // the same arithmetic as Match(). Valid until the next call.

@@ -355,6 +355,32 @@ TEST(PlanLayerTest, PassthroughAndFloor) {
   EXPECT_DOUBLE_EQ(plan->FloorForPass(2), 0.92);
 }
 
+// CompressInto's default (CompressReusingImpl): the earlier result, of another shape, is
+// emptied and the job runs as in Compress.
+TEST(CompressIntoTest, ReplacesAnEarlierResult) {
+  const ReferenceEngine engine;
+  RandomLayerSpec big = BaseSpec();
+  big.num_tokens = 90;
+  big.with_counts = true;
+  const RandomLayer small_layer = RandomLayer::Generate(BaseSpec());
+  const RandomLayer big_layer = RandomLayer::Generate(big);
+  CompressResult reused;
+  for (const RandomLayer* layer : {&big_layer, &small_layer, &big_layer}) {
+    absl::StatusOr<CompressResult> fresh = engine.Compress(layer->view(), {});
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    ASSERT_TRUE(engine.CompressInto(layer->view(), {}, &reused).ok());
+    EXPECT_EQ(reused.offsets, fresh->offsets);
+    EXPECT_EQ(reused.keys, fresh->keys);
+    EXPECT_EQ(reused.values, fresh->values);
+    EXPECT_EQ(reused.counts, fresh->counts);
+    EXPECT_EQ(reused.assignment, fresh->assignment);
+    EXPECT_EQ(reused.passes_run, fresh->passes_run);
+  }
+  RandomLayer bad = RandomLayer::Generate(BaseSpec());
+  bad.SetKey(1, 3, 5, std::numeric_limits<float>::quiet_NaN());
+  ExpectError(engine.CompressInto(bad.view(), {}, &reused), kInvalid, "keys", {"head 1"});
+}
+
 TEST(CompressControlTest, CancelledBeforeStartReturnsCancelled) {
   const RandomLayer layer = RandomLayer::Generate(BaseSpec());
   std::atomic<bool> cancelled{true};

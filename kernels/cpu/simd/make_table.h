@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/rows_finite.h"
 #include "kernels/cpu/simd/merge_simd.h"
 #include "kernels/cpu/simd/soft_match_simd.h"
 
@@ -23,6 +24,7 @@ constexpr KernelTable MakeKernelTable() {
                      ConvertRow<V, float>,
                      ConvertRow<V, double>,
                      ConvertRows<V>,
+                     RowsFinite,
                      V::StreamFloats};
 }
 

@@ -141,13 +141,52 @@ void PackPanels(const float* rows, int64_t row_stride, const float* inverse_norm
   }
 }
 
+// Issues the prefetches of PrefetchRanges in `steps` equal shares, one share per Step(), into
+// L2 (a chunk's rows are larger than L1). Small shares, spread through the match kernel's
+// inner loop: a burst of prefetches would take every line fill buffer from the kernel's own
+// panel loads.
+class LinePrefetcher {
+ public:
+  static constexpr int64_t kLine = 64;
+  static constexpr int32_t kSpan = 16;  // MatchTile steps once per kSpan elements of a row
+
+  LinePrefetcher(const PrefetchRanges* ranges, int64_t steps) {
+    if (ranges == nullptr || steps <= 0) return;
+    for (int k = 0; k < 2; ++k) {
+      if (ranges->data[k] == nullptr || ranges->bytes[k] <= 0) continue;
+      begin_[count_] = ranges->data[k];
+      end_[count_] = ranges->data[k] + ranges->bytes[k];
+      lines_ += (ranges->bytes[k] + kLine - 1) / kLine;
+      ++count_;
+    }
+    per_step_ = (lines_ + steps - 1) / steps;
+  }
+
+  void Step() {
+    for (int64_t k = 0; k < per_step_ && current_ < count_; ++k) {
+      __builtin_prefetch(begin_[current_], 0, 2);
+      begin_[current_] += kLine;
+      if (begin_[current_] >= end_[current_]) ++current_;
+    }
+  }
+
+ private:
+  const char* begin_[2] = {nullptr, nullptr};
+  const char* end_[2] = {nullptr, nullptr};
+  int count_ = 0;
+  int current_ = 0;
+  int64_t lines_ = 0;
+  int64_t per_step_ = 0;
+};
+
 // MR source rows (row-major, stride dim) x NR panels starting at destination col0, folded
 // into the running per-lane top two (m1 >= m2) and the index of m1 of each source row.
 template <class V, int MR, int NR>
 __attribute__((always_inline)) inline void MatchTile(const float* a, int64_t a_stride, int32_t dim,
                                                      const float* panel0, int32_t col0,
                                                      int32_t b_count, typename V::F* m1,
-                                                     typename V::F* m2, typename V::I* idx) {
+                                                     typename V::F* m2, typename V::I* idx,
+                                                     LinePrefetcher* prefetcher) {
   using F = typename V::F;
   constexpr int32_t W = V::kW;
   const int64_t panel_stride = static_cast<int64_t>(dim) * W;
@@ -157,15 +196,19 @@ __attribute__((always_inline)) inline void MatchTile(const float* a, int64_t a_s
 #pragma GCC unroll 8
     for (int p = 0; p < NR; ++p) acc[i][p] = V::Zero();
   }
-  for (int32_t j = 0; j < dim; ++j) {
-    F b[NR];
+  for (int32_t j0 = 0; j0 < dim; j0 += LinePrefetcher::kSpan) {
+    prefetcher->Step();
+    const int32_t j1 = j0 + LinePrefetcher::kSpan < dim ? j0 + LinePrefetcher::kSpan : dim;
+    for (int32_t j = j0; j < j1; ++j) {
+      F b[NR];
 #pragma GCC unroll 8
-    for (int p = 0; p < NR; ++p) b[p] = V::Load(panel0 + p * panel_stride + j * W);
+      for (int p = 0; p < NR; ++p) b[p] = V::Load(panel0 + p * panel_stride + j * W);
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const F av = V::Bcast(a + i * a_stride + j);
+      for (int i = 0; i < MR; ++i) {
+        const F av = V::Bcast(a + i * a_stride + j);
 #pragma GCC unroll 8
-      for (int p = 0; p < NR; ++p) acc[i][p] = V::Fma(av, b[p], acc[i][p]);
+        for (int p = 0; p < NR; ++p) acc[i][p] = V::Fma(av, b[p], acc[i][p]);
+      }
     }
   }
 #pragma GCC unroll 8
@@ -191,19 +234,22 @@ template <class V, int MR, int K>
 __attribute__((always_inline)) inline void MatchRest(int32_t rest, const float* a, int64_t a_stride,
                                                      int32_t dim, const float* panel0, int32_t col0,
                                                      int32_t b_count, typename V::F* m1,
-                                                     typename V::F* m2, typename V::I* idx) {
+                                                     typename V::F* m2, typename V::I* idx,
+                                                     LinePrefetcher* prefetcher) {
   if constexpr (K >= 1) {
     if (rest == K) {
-      MatchTile<V, MR, K>(a, a_stride, dim, panel0, col0, b_count, m1, m2, idx);
+      MatchTile<V, MR, K>(a, a_stride, dim, panel0, col0, b_count, m1, m2, idx, prefetcher);
     } else {
-      MatchRest<V, MR, K - 1>(rest, a, a_stride, dim, panel0, col0, b_count, m1, m2, idx);
+      MatchRest<V, MR, K - 1>(rest, a, a_stride, dim, panel0, col0, b_count, m1, m2, idx,
+                              prefetcher);
     }
   }
 }
 
 template <class V>
 void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, int64_t norm_stride,
-               int32_t a_count, const float* panels, int32_t b_count, int32_t dim, RowMatch* out) {
+               int32_t a_count, const float* panels, int32_t b_count, int32_t dim,
+               const PrefetchRanges* prefetch, RowMatch* out) {
   using F = typename V::F;
   using I = typename V::I;
   constexpr int32_t W = V::kW;
@@ -211,6 +257,9 @@ void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, i
   constexpr int NR = V::kPanelBlock;
   const int32_t num_panels = (b_count + W - 1) / W;
   const int64_t panel_stride = static_cast<int64_t>(dim) * W;
+  const int64_t row_blocks = (a_count + MR - 1) / MR;
+  const int64_t spans = (dim + LinePrefetcher::kSpan - 1) / LinePrefetcher::kSpan;
+  LinePrefetcher prefetcher(prefetch, row_blocks * ((num_panels + NR - 1) / NR) * spans);
   for (int32_t r0 = 0; r0 < a_count; r0 += MR) {
     F m1[MR], m2[MR];
     I idx[MR];
@@ -223,10 +272,10 @@ void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, i
     int32_t p = 0;
     for (; p + NR <= num_panels; p += NR) {
       MatchTile<V, MR, NR>(rows, a_stride, dim, panels + p * panel_stride, p * W, b_count, m1, m2,
-                           idx);
+                           idx, &prefetcher);
     }
     MatchRest<V, MR, NR - 1>(num_panels - p, rows, a_stride, dim, panels + p * panel_stride, p * W,
-                             b_count, m1, m2, idx);
+                             b_count, m1, m2, idx, &prefetcher);
     for (int i = 0; i < MR && r0 + i < a_count; ++i) {
       RowMatch match = V::ReduceTop2(m1[i], m2[i], idx[i]);
       const float scale = a_inverse_norms[(r0 + i) * norm_stride];

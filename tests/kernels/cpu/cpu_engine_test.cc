@@ -246,6 +246,90 @@ TEST_P(CpuEngineTest, NothingToMergeReturnsTheInput) {
   ExpectSameAsReference(layer.view(), Options(8, 0, 0, 1.0));
 }
 
+// The engine checks its input itself (ChecksLayerData), chunk by chunk as it reads it: a
+// NaN or Inf anywhere (a chunk's key or value, a protected row, a passthrough head, a head
+// with nothing to do, a job that merges nothing) and bad counts give the reference's error.
+TEST_P(CpuEngineTest, RejectsBadDataAsTheReferenceDoes) {
+  struct Placement {
+    const char* name;
+    bool key;
+    int32_t head, token, dim;
+  };
+  // H=3, n=300, sink 4, recent 8, chunk 32: token 40 is in a chunk, 2 a sink, 297 recent.
+  const Placement placements[] = {{"ChunkKey", true, 1, 40, 3},    {"ChunkValue", false, 0, 41, 5},
+                                  {"LastChunkKey", true, 2, 291, 0}, {"SinkKey", true, 0, 2, 1},
+                                  {"RecentValue", false, 2, 297, 6}, {"PassthroughKey", true, 2, 50, 7}};
+  const float bad[] = {std::nanf(""), -__builtin_huge_valf()};
+  struct Variant {
+    const char* name;
+    CompressOptions options;
+  };
+  std::vector<Variant> variants = {{"Fused", Options(32, 4, 8, 0.5, 1)},
+                                   {"Floor", Options(32, 4, 8, 0.5, 2)},
+                                   {"NothingToDo", Options(32, 4, 8, 1.0)},
+                                   {"NoMergesUniform", Options(32, 4, 8, 0.5)}};
+  variants[0].options.passthrough_heads = {2};
+  variants[1].options.min_similarity = 0.2;
+  variants[1].options.passthrough_heads = {2};
+  variants[3].options.recent_tokens = 299;  // one compressible entry: no head merges
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (TensorLayout layout : {TensorLayout::kHeadMajor, TensorLayout::kTokenMajor}) {
+      for (const Placement& at : placements) {
+        for (const Variant& variant : variants) {
+          for (float value : bad) {
+            SCOPED_TRACE(std::string(at.name) + " " + variant.name + " " + std::string(DTypeName(dtype)) +
+                         " " + std::string(TensorLayoutName(layout)) + " " + std::to_string(value));
+            RandomLayer layer = RandomLayer::Generate(Spec(3, 300, 8, 8, 77, dtype, layout));
+            if (at.key) {
+              layer.SetKey(at.head, at.token, at.dim, value);
+            } else {
+              layer.SetValue(at.head, at.token, at.dim, value);
+            }
+            const absl::Status expected =
+                reference_.Compress(layer.view(), variant.options).status();
+            ASSERT_EQ(expected.code(), absl::StatusCode::kInvalidArgument) << expected;
+            EXPECT_EQ(engine_.Compress(layer.view(), variant.options).status(), expected);
+            CompressResult reused;
+            EXPECT_EQ(engine_.CompressInto(layer.view(), variant.options, &reused), expected);
+          }
+        }
+      }
+    }
+  }
+  for (uint32_t count : {0u, 0xffffffffu}) {
+    RandomLayer layer = RandomLayer::Generate(Spec(3, 300, 8, 8, 78));
+    layer.SetKey(2, 100, 0, std::nanf(""));  // after the count in (head, token) order
+    layer.SetCount(1, 250, count);
+    const CompressOptions options = Options(32, 4, 8, 0.5, 1);
+    const absl::Status expected = reference_.Compress(layer.view(), options).status();
+    ASSERT_EQ(expected.code(), absl::StatusCode::kInvalidArgument) << expected;
+    EXPECT_EQ(engine_.Compress(layer.view(), options).status(), expected);
+  }
+}
+
+// CompressInto overwrites whatever result it is given: one result reused over jobs of every
+// shape, with and without the assignment, equals the reference's fresh result each time.
+TEST_P(CpuEngineTest, CompressIntoReusesAnyEarlierResult) {
+  const std::vector<Job> jobs = Jobs();
+  CompressResult reused;
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Job& job = jobs[(i * 5 + round) % jobs.size()];
+      CompressOptions options = job.options;
+      options.compute_assignment = (i + round) % 3 != 0;
+      SCOPED_TRACE(job.name + (options.compute_assignment ? "" : " without assignment"));
+      const RandomLayer layer = RandomLayer::Generate(job.spec);
+      const CompressResult expected = CompressOrFail(reference_, layer.view(), options);
+      ASSERT_TRUE(engine_.CompressInto(layer.view(), options, &reused).ok());
+      EXPECT_EQ(reused.num_heads, expected.num_heads);
+      EXPECT_EQ(reused.num_tokens, expected.num_tokens);
+      EXPECT_EQ(reused.key_dim, expected.key_dim);
+      EXPECT_EQ(reused.value_dim, expected.value_dim);
+      ExpectBitIdentical(expected, reused);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Levels, CpuEngineTest, ::testing::ValuesIn(SupportedSimdLevels()),
                          [](const ::testing::TestParamInfo<SimdLevel>& info) {
                            const std::string_view name = SimdLevelName(info.param);

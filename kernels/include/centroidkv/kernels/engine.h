@@ -146,6 +146,14 @@ class ClusterEngine {
   absl::StatusOr<CompressResult> Compress(const LayerView& layer, const CompressOptions& options,
                                           const CompressControl& control = {}) const;
 
+  // The same job into `result`, reusing its buffers: a caller that runs many jobs (a server
+  // thread, a benchmark) keeps one CompressResult per thread and pays for its memory once
+  // instead of faulting in and zero-filling fresh pages every job. `result` may hold any
+  // earlier result; on success it holds exactly what Compress() would return, on error its
+  // contents are unspecified. Thread-safe for distinct `result`s.
+  absl::Status CompressInto(const LayerView& layer, const CompressOptions& options,
+                            CompressResult* result, const CompressControl& control = {}) const;
+
   const EngineLimits& limits() const { return limits_; }
 
  protected:
@@ -155,6 +163,20 @@ class ClusterEngine {
   virtual absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
                                     const CompressControl& control,
                                     CompressResult* out) const = 0;
+
+  // CompressInto()'s backend half: `out` holds an earlier result (any shape). The default
+  // empties its arrays (keeping their capacity) and runs CompressImpl. A backend that
+  // overwrites every element it sizes may override it to size the arrays without emptying
+  // them first, so a job of the same shape as the last one writes no element twice.
+  virtual absl::Status CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
+                                           const CompressControl& control,
+                                           CompressResult* out) const;
+
+  // Whether the backend checks the job's data itself (what CheckLayerData checks), before it
+  // acts on any element, and then returns CheckLayerData's error: Compress() then skips the
+  // separate sweep over the data (a read of every key and value the backend reads anyway).
+  // Such a job cancelled before it starts reports CANCELLED even when its data is bad.
+  virtual bool ChecksLayerData() const { return false; }
 
  private:
   EngineLimits limits_;
@@ -169,5 +191,10 @@ absl::Status ValidateJobShape(const LayerView& layer, const CompressOptions& opt
 // and resolves it into a plan. Errors name the field as the wire API spells it.
 absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOptions& options,
                                     const EngineLimits& limits);
+
+// PlanLayer's check of the data alone: every key and value finite, every count at least 1
+// and each head's counts summing within uint32. The error names the first offending element
+// in (head, token, dim) order.
+absl::Status CheckLayerData(const LayerView& layer);
 
 }  // namespace centroidkv

@@ -1,0 +1,76 @@
+// The CPU engine's check that input rows hold no Inf or NaN (an all-ones exponent field), as
+// one template with internal linkage that each kernel translation unit compiles with its own
+// instruction set (kernels_scalar.cc, simd/make_table.h). Integer bit tests in fixed-length
+// blocks, which the compiler vectorises at -O2.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/kernel_table.h"
+
+namespace centroidkv::cpu {
+namespace {  // NOLINT(build/namespaces): one copy per kernel translation unit, by design
+
+// Whether none of `count` consecutive elements has every bit of `mask` set: 64-byte vectors
+// (GCC vector extensions, lowered to the instruction set of the including translation unit)
+// with one running OR, reduced once at the end.
+template <typename Bits>
+struct Vector64;
+template <>
+struct Vector64<uint16_t> {
+  typedef uint16_t type __attribute__((vector_size(64)));
+};
+template <>
+struct Vector64<uint32_t> {
+  typedef uint32_t type __attribute__((vector_size(64)));
+};
+template <>
+struct Vector64<uint64_t> {
+  typedef uint64_t type __attribute__((vector_size(64)));
+};
+
+template <typename Bits>
+bool NoneAllOnes(const Bits* bits, int64_t count, Bits mask) {
+  using Vec = typename Vector64<Bits>::type;
+  using Mask = decltype(Vec{} == Vec{});
+  constexpr int64_t kLanes = 64 / sizeof(Bits);
+  const Vec m = Vec{} + mask;
+  Mask found = {};
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    Vec x;
+    __builtin_memcpy(&x, bits + i, sizeof(x));
+    found |= (x & m) == m;
+  }
+  bool any = false;
+  for (int64_t k = 0; k < kLanes; ++k) any |= found[k] != 0;
+  for (; i < count; ++i) any |= (bits[i] & mask) == mask;
+  return !any;
+}
+
+template <typename Bits>
+bool RowsFiniteTyped(const RowBlock& rows, int64_t first, int32_t count, int32_t dim, Bits mask) {
+  const Bits* base = static_cast<const Bits*>(rows.data) + first * rows.stride;
+  if (rows.stride == dim) return NoneAllOnes(base, int64_t{count} * dim, mask);
+  bool finite = true;
+  for (int32_t i = 0; i < count; ++i) finite &= NoneAllOnes(base + i * rows.stride, dim, mask);
+  return finite;
+}
+
+// KernelTable::rows_finite.
+bool RowsFinite(const RowBlock* rows, int64_t first, int32_t count, int32_t dim) {
+  switch (rows->type) {
+    case ElemType::kF32:
+      return RowsFiniteTyped<uint32_t>(*rows, first, count, dim, 0x7f800000u);
+    case ElemType::kF16:
+      return RowsFiniteTyped<uint16_t>(*rows, first, count, dim, 0x7c00u);
+    case ElemType::kBF16:
+      return RowsFiniteTyped<uint16_t>(*rows, first, count, dim, 0x7f80u);
+    case ElemType::kF64:
+      return RowsFiniteTyped<uint64_t>(*rows, first, count, dim, 0x7ff0000000000000u);
+  }
+  return false;
+}
+
+}  // namespace
+}  // namespace centroidkv::cpu

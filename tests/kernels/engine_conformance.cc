@@ -6,7 +6,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <ostream>
 #include <random>
 #include <string>
@@ -22,17 +21,6 @@ using test::RandomLayerSpec;
 const EngineSet& Engines() {
   static const EngineSet* const engines = EngineSet::CreateAvailable().release();
   return *engines;
-}
-
-RandomLayerSpec Spec(int32_t heads, int32_t tokens, int32_t key_dim, int32_t value_dim,
-                     uint64_t seed) {
-  RandomLayerSpec spec;
-  spec.num_heads = heads;
-  spec.num_tokens = tokens;
-  spec.key_dim = key_dim;
-  spec.value_dim = value_dim;
-  spec.seed = seed;
-  return spec;
 }
 
 RandomLayerSpec WithCounts(RandomLayerSpec spec) {
@@ -431,20 +419,6 @@ void ExpectInvariants(const LayerView& layer, const CompressOptions& options,
   if (result.assignment.empty()) return;
   if (!ExpectAssignmentCovers(layer, result)) return;  // rows out of range: unsafe below
   ExpectCountWeightedMeans(layer, result);
-}
-
-// Every field, floats compared bit for bit.
-void ExpectBitIdentical(const CompressResult& a, const CompressResult& b) {
-  EXPECT_EQ(a.offsets, b.offsets);
-  EXPECT_EQ(a.counts, b.counts);
-  EXPECT_EQ(a.assignment, b.assignment);
-  EXPECT_EQ(a.passes_run, b.passes_run);
-  ASSERT_EQ(a.keys.size(), b.keys.size());
-  ASSERT_EQ(a.values.size(), b.values.size());
-  EXPECT_EQ(std::memcmp(a.keys.data(), b.keys.data(), a.keys.size() * sizeof(float)), 0)
-      << "keys differ";
-  EXPECT_EQ(std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)), 0)
-      << "values differ";
 }
 
 // ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include "centroidkv/kernels/engine_factory.h"
 #include "gtest/gtest.h"
 #include "tests/testing/random_layer.h"
+#include "tests/testing/result_checks.h"
 
 namespace centroidkv::conformance {
 
@@ -82,9 +83,7 @@ class Opts {
 // ---------------------------------------------------------------------------------------
 // Random layer specs and case tables.
 
-// A float32 head-major layer spec of the given shape and seed.
-test::RandomLayerSpec Spec(int32_t heads, int32_t tokens, int32_t key_dim, int32_t value_dim,
-                           uint64_t seed);
+using test::Spec;  // a layer spec of the given shape and seed (float32, head-major)
 // `spec` with per-entry counts.
 test::RandomLayerSpec WithCounts(test::RandomLayerSpec spec);
 // `spec` drawn around `prototypes` prototype rows with the given noise.
@@ -127,8 +126,7 @@ void ExpectUntouched(const LayerView& layer, const CompressResult& result, int32
 void ExpectInvariants(const LayerView& layer, const CompressOptions& options,
                       const CompressResult& result);
 
-// Every field, floats compared bit for bit.
-void ExpectBitIdentical(const CompressResult& a, const CompressResult& b);
+using test::ExpectBitIdentical;  // every field, floats compared bit for bit
 
 // ---------------------------------------------------------------------------------------
 // The fixture.

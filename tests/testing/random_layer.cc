@@ -68,6 +68,19 @@ void FillClustered(const RandomLayerSpec& spec, const Sink& sink, std::mt19937_6
 
 }  // namespace
 
+RandomLayerSpec Spec(int32_t heads, int32_t tokens, int32_t key_dim, int32_t value_dim,
+                     uint64_t seed, DType dtype, TensorLayout layout) {
+  RandomLayerSpec spec;
+  spec.num_heads = heads;
+  spec.num_tokens = tokens;
+  spec.key_dim = key_dim;
+  spec.value_dim = value_dim;
+  spec.seed = seed;
+  spec.dtype = dtype;
+  spec.layout = layout;
+  return spec;
+}
+
 std::string RandomLayerSpec::ToString() const {
   return absl::StrCat("H=", num_heads, " n=", num_tokens, " dk=", key_dim, " dv=", value_dim, " ",
                       std::string(DTypeName(dtype)), " ", std::string(TensorLayoutName(layout)),

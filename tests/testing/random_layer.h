@@ -34,6 +34,11 @@ struct RandomLayerSpec {
   std::string ToString() const;
 };
 
+// A spec of the given shape, seed and storage, every other field at its default.
+RandomLayerSpec Spec(int32_t heads, int32_t tokens, int32_t key_dim, int32_t value_dim,
+                     uint64_t seed, DType dtype = DType::kFloat32,
+                     TensorLayout layout = TensorLayout::kHeadMajor);
+
 class RandomLayer {
  public:
   // Generates a layer. Values are drawn in float and stored rounded to spec.dtype.

@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -20,26 +19,15 @@
 #include "oneapi/tbb/task_arena.h"
 #include "oneapi/tbb/task_group.h"
 #include "tests/testing/random_layer.h"
+#include "tests/testing/result_checks.h"
 
 namespace centroidkv::cpu {
 namespace {
 
+using test::ExpectBitIdentical;
 using test::RandomLayer;
 using test::RandomLayerSpec;
-
-RandomLayerSpec Spec(int32_t heads, int32_t tokens, int32_t key_dim, int32_t value_dim,
-                     uint64_t seed, DType dtype = DType::kFloat32,
-                     TensorLayout layout = TensorLayout::kHeadMajor) {
-  RandomLayerSpec spec;
-  spec.num_heads = heads;
-  spec.num_tokens = tokens;
-  spec.key_dim = key_dim;
-  spec.value_dim = value_dim;
-  spec.seed = seed;
-  spec.dtype = dtype;
-  spec.layout = layout;
-  return spec;
-}
+using test::Spec;
 
 CompressOptions Options(int32_t chunk, int32_t sink, int32_t recent, double ratio,
                         int32_t passes = CompressOptions::kDefaultMaxPasses) {
@@ -50,23 +38,6 @@ CompressOptions Options(int32_t chunk, int32_t sink, int32_t recent, double rati
   options.target_ratio = ratio;
   options.max_passes = passes;
   return options;
-}
-
-void ExpectBitIdentical(const CompressResult& expected, const CompressResult& actual) {
-  EXPECT_EQ(actual.offsets, expected.offsets);
-  EXPECT_EQ(actual.counts, expected.counts);
-  EXPECT_EQ(actual.assignment, expected.assignment);
-  EXPECT_EQ(actual.passes_run, expected.passes_run);
-  ASSERT_EQ(actual.keys.size(), expected.keys.size());
-  ASSERT_EQ(actual.values.size(), expected.values.size());
-  for (size_t i = 0; i < expected.keys.size(); ++i) {
-    ASSERT_EQ(std::memcmp(&actual.keys[i], &expected.keys[i], sizeof(float)), 0)
-        << "key element " << i << ": " << actual.keys[i] << " vs " << expected.keys[i];
-  }
-  for (size_t i = 0; i < expected.values.size(); ++i) {
-    ASSERT_EQ(std::memcmp(&actual.values[i], &expected.values[i], sizeof(float)), 0)
-        << "value element " << i << ": " << actual.values[i] << " vs " << expected.values[i];
-  }
 }
 
 CompressResult CompressOrFail(const ClusterEngine& engine, const LayerView& layer,

@@ -5,7 +5,6 @@
 #include "kernels/gpu/host_pipeline.h"
 
 #include <algorithm>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,23 +12,14 @@
 #include "gtest/gtest.h"
 #include "kernels/reference/reference_engine.h"
 #include "tests/testing/random_layer.h"
+#include "tests/testing/result_checks.h"
 
 namespace centroidkv::gpu {
 namespace {
 
+using test::ExpectBitIdentical;
 using test::RandomLayer;
 using test::RandomLayerSpec;
-
-void ExpectIdentical(const CompressResult& a, const CompressResult& b) {
-  EXPECT_EQ(a.offsets, b.offsets);
-  EXPECT_EQ(a.counts, b.counts);
-  EXPECT_EQ(a.assignment, b.assignment);
-  EXPECT_EQ(a.passes_run, b.passes_run);
-  ASSERT_EQ(a.keys.size(), b.keys.size());
-  ASSERT_EQ(a.values.size(), b.values.size());
-  EXPECT_EQ(std::memcmp(a.keys.data(), b.keys.data(), a.keys.size() * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)), 0);
-}
 
 int32_t Draw(std::mt19937_64& rng, int32_t lo, int32_t hi) {
   return lo + static_cast<int32_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
@@ -78,7 +68,7 @@ bool ExpectSameAsReference(const ClusterEngine& engine, const DrawnJob& job) {
   EXPECT_TRUE(expected.ok()) << expected.status();
   EXPECT_TRUE(actual.ok()) << actual.status();
   if (!expected.ok() || !actual.ok()) return false;
-  ExpectIdentical(*actual, *expected);
+  ExpectBitIdentical(*expected, *actual);
   return expected->passes_run > 0;
 }
 
@@ -152,7 +142,7 @@ TEST(HostPipelineTest, ABatchGivesEachJobItsOwnResult) {
       SCOPED_TRACE("job " + std::to_string(i));
       absl::StatusOr<CompressResult> expected = reference.Compress(views[i], options);
       ASSERT_TRUE(expected.ok()) << expected.status();
-      ExpectIdentical(results[i], *expected);
+      ExpectBitIdentical(*expected, results[i]);
     }
   }
 }

@@ -2,31 +2,26 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/dtype.h"
 #include "centroidkv/common/npy.h"
+#include "centroidkv/common/synthetic_kv.h"
 
 namespace centroidkv::bench {
 namespace {
 
+// One head of one tensor, widened from the shared generator and rounded to fp16.
 void FillHead(const WorkloadSpec& spec, uint64_t stream, uint16_t* out) {
-  // splitmix-style spreading so that neighbouring streams get unrelated generators.
-  std::mt19937_64 rng(spec.seed * 0x9E3779B97F4A7C15ull + stream * 0xBF58476D1CE4E5B9ull + 1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  std::uniform_int_distribution<int32_t> pick(0, spec.topics - 1);
-  std::vector<float> topics(static_cast<size_t>(spec.topics) * spec.dim);
-  for (float& x : topics) x = normal(rng);
-  const float noise = static_cast<float>(spec.noise);
-  int32_t topic = pick(rng);
-  for (int32_t t = 0; t < spec.tokens; ++t) {
-    if (uniform(rng) > spec.stay) topic = pick(rng);
-    const float* direction = &topics[static_cast<size_t>(topic) * spec.dim];
-    uint16_t* row = out + static_cast<size_t>(t) * spec.dim;
-    for (int32_t j = 0; j < spec.dim; ++j) row[j] = FloatToHalf(direction[j] + noise * normal(rng));
-  }
+  SyntheticKvSpec synthetic;
+  synthetic.tokens = spec.tokens;
+  synthetic.seed = spec.seed;
+  synthetic.topics = spec.topics;
+  synthetic.noise = spec.noise;
+  synthetic.stay = spec.stay;
+  std::vector<float> rows(static_cast<size_t>(spec.tokens) * spec.dim);
+  SynthesizeHead(synthetic, spec.dim, stream, rows.data());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = FloatToHalf(rows[i]);
 }
 
 }  // namespace

@@ -33,9 +33,9 @@ struct Workload {
   int64_t KvBytes() const { return static_cast<int64_t>(keys.size() + values.size()) * 2; }
 };
 
-// Synthetic clustered data in the manner of `centroidkv generate`: each head has `topics`
-// random Gaussian directions; tokens come in runs that stay near one direction (probability
-// `stay` per step) plus noise. Deterministic in the seed (one generator per head and tensor).
+// Synthetic clustered data from SynthesizeHead (centroidkv/common/synthetic_kv.h, the same
+// generator as `centroidkv generate`), rounded to fp16: stream 2h for head h's keys, 2h + 1
+// for its values.
 Workload MakeWorkload(const WorkloadSpec& spec);
 
 // One chunk of the compressible range: entries [begin, begin + length) of a head.

@@ -5,12 +5,12 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "centroidkv/common/dtype.h"
 #include "centroidkv/common/npy.h"
+#include "centroidkv/common/synthetic_kv.h"
 #include "client/cli/commands.h"
 
 namespace centroidkv::cli {
@@ -28,25 +28,17 @@ struct GenerateFlags {
   std::string out_dir;
 };
 
-// Fills [heads, tokens, dim]: each token continues the previous token's topic with
-// probability 0.9 (runs of related tokens), else jumps to a random topic.
-std::vector<float> Synthesize(const GenerateFlags& flags, int32_t dim, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  std::uniform_int_distribution<int32_t> pick(0, flags.topics - 1);
+// [heads, tokens, dim] from the shared generator: stream 2h for keys, 2h + 1 for values.
+std::vector<float> Synthesize(const GenerateFlags& flags, int32_t dim, int tensor_index) {
+  SyntheticKvSpec spec;
+  spec.tokens = flags.tokens;
+  spec.seed = flags.seed;
+  spec.topics = flags.topics;
+  spec.noise = flags.noise;
   std::vector<float> out(static_cast<size_t>(flags.heads) * flags.tokens * dim);
-  std::vector<float> topics(static_cast<size_t>(flags.topics) * dim);
   for (int32_t h = 0; h < flags.heads; ++h) {
-    for (float& x : topics) x = normal(rng);
-    int32_t topic = pick(rng);
-    for (int32_t t = 0; t < flags.tokens; ++t) {
-      if (uniform(rng) > 0.9) topic = pick(rng);
-      float* row = &out[(static_cast<size_t>(h) * flags.tokens + t) * dim];
-      for (int32_t j = 0; j < dim; ++j) {
-        row[j] = topics[static_cast<size_t>(topic) * dim + j] +
-                 static_cast<float>(flags.noise) * normal(rng);
-      }
-    }
+    SynthesizeHead(spec, dim, 2 * static_cast<uint64_t>(h) + tensor_index,
+                   &out[static_cast<size_t>(h) * flags.tokens * dim]);
   }
   return out;
 }
@@ -59,14 +51,15 @@ int RunGenerate(const GenerateFlags& flags) {
     std::cerr << "centroidkv generate: " << flags.out_dir << ": " << error.message() << "\n";
     return 1;
   }
-  std::mt19937_64 rng(flags.seed);
   const bool half = flags.dtype == "float16";
   struct Tensor {
     const char* name;
     int32_t dim;
+    int index;  // 0 keys, 1 values
   };
-  for (const Tensor& tensor : {Tensor{"keys.npy", flags.key_dim}, Tensor{"values.npy", flags.value_dim}}) {
-    std::vector<float> data = Synthesize(flags, tensor.dim, rng);
+  for (const Tensor& tensor : {Tensor{"keys.npy", flags.key_dim, 0},
+                               Tensor{"values.npy", flags.value_dim, 1}}) {
+    std::vector<float> data = Synthesize(flags, tensor.dim, tensor.index);
     const std::vector<int64_t> shape = {flags.heads, flags.tokens, tensor.dim};
     const std::string path = (fs::path(flags.out_dir) / tensor.name).string();
     absl::Status written;

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/workload.h"
@@ -51,28 +52,34 @@ struct Flags {
   std::string out = "docs/gpu/bench.json";
 };
 
+// Exits (as CLI11 does) on --help or a bad flag.
 Flags ParseFlags(int argc, char** argv) {
   Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* name) -> std::optional<std::string> {
-      const std::string prefix = std::string(name) + "=";
-      if (arg.rfind(prefix, 0) != 0) return std::nullopt;
-      return arg.substr(prefix.size());
-    };
-    if (auto v = value("--tokens")) flags.tokens = std::stoi(*v);
-    else if (auto v = value("--layer-heads")) flags.layer_heads = std::stoi(*v);
-    else if (auto v = value("--heads-per-job")) flags.heads_per_job = std::stoi(*v);
-    else if (auto v = value("--reps")) flags.reps = std::max(1, std::stoi(*v));
-    else if (auto v = value("--out")) flags.out = *v;
-    else if (auto v = value("--chunks")) flags.chunks = {std::stoi(*v)};
-    else if (arg == "--no-cpu") flags.cpu = false;
-    else {
-      std::cerr << "usage: centroidkv-gpu-bench [--tokens=N] [--layer-heads=N] "
-                   "[--heads-per-job=N] [--reps=N] [--chunks=C] [--no-cpu] [--out=PATH]\n";
-      std::exit(2);
-    }
+  int32_t chunk = 0;
+  CLI::App app{"centroidkv-gpu-bench: the CUDA backend against the card's copy and upload "
+               "bandwidth, and the CPU backend on the same data"};
+  app.add_option("--tokens", flags.tokens, "Tokens per layer-head")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--layer-heads", flags.layer_heads, "Layer-heads in all")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--heads-per-job", flags.heads_per_job, "Heads per layer job")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--reps", flags.reps, "Timed repetitions (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--chunks", chunk, "One chunk size instead of 64, 256 and 1024")
+      ->check(CLI::Range(2, 1 << 20));
+  app.add_flag("!--no-cpu", flags.cpu, "Skip the CPU backend rows");
+  app.add_option("--out", flags.out, "JSON rows")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    std::exit(app.exit(error));
   }
+  if (chunk > 0) flags.chunks = {chunk};
   return flags;
 }
 

@@ -23,6 +23,7 @@
 #include "centroidkv/client/client.h"
 #include "centroidkv/client/replica_pool.h"
 #include "centroidkv/common/dtype.h"
+#include "centroidkv/common/status_macros.h"
 #include "service/executor.h"
 
 namespace centroidkv::bench {
@@ -222,6 +223,14 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
   app->add_flag("--quiet,-q", c.quiet, "No progress bar");
 }
 
+// "--flag: 5000 is not in [1, 1024]", with an optional note after the range.
+absl::Status CheckRange(const char* flag, int64_t value, int64_t lo, int64_t hi,
+                        const char* note = "") {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": ", value, " is not in [", lo, ", ",
+                                                 hi, "]", *note != '\0' ? " " : "", note));
+}
+
 absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
   LoadConfig config = flags.config;
   absl::StatusOr<ModelPreset> preset = FindPreset(flags.preset);
@@ -259,14 +268,8 @@ absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
     return absl::InvalidArgumentError(
         absl::StrCat("--format: '", config.format, "' is not text, json or csv"));
   }
-  if (config.concurrency < 1 || config.concurrency > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--concurrency: ", config.concurrency, " is not in [1, 1024]"));
-  }
-  if (config.pipeline < 1 || config.pipeline > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--pipeline: ", config.pipeline, " is not in [1, 64]"));
-  }
+  CKV_RETURN_IF_ERROR(CheckRange("--concurrency", config.concurrency, 1, 1024));
+  CKV_RETURN_IF_ERROR(CheckRange("--pipeline", config.pipeline, 1, 64));
   if (config.jobs < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--jobs: ", config.jobs, " is negative"));
   }
@@ -290,18 +293,9 @@ absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
   if (config.distinct_layers < 1) {
     return absl::InvalidArgumentError("--distinct-layers: needs at least 1");
   }
-  if (config.rounds < 1 || config.rounds > 100) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--rounds: ", config.rounds, " is not in [1, 100]"));
-  }
-  if (config.threads < 0 || config.threads > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--threads: ", config.threads, " is not in [0, 1024] (0: the server's)"));
-  }
-  if (config.slab_kib < 4 || config.slab_kib > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--slab-kib: ", config.slab_kib, " is not in [4, 4096]"));
-  }
+  CKV_RETURN_IF_ERROR(CheckRange("--rounds", config.rounds, 1, 100));
+  CKV_RETURN_IF_ERROR(CheckRange("--threads", config.threads, 0, 1024, "(0: the server's)"));
+  CKV_RETURN_IF_ERROR(CheckRange("--slab-kib", config.slab_kib, 4, 4096));
   auto* target_tokens_flag = static_cast<CLI::Option*>(flags.target_tokens_flag);
   auto* target_ratio_flag = static_cast<CLI::Option*>(flags.target_ratio_flag);
   auto* min_similarity_flag = static_cast<CLI::Option*>(flags.min_similarity_flag);

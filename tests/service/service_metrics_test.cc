@@ -168,9 +168,13 @@ TEST(ServiceMetricsTest, CountersMoveWithJobsWhileAndAfterTheyRun) {
     output_bytes += result.keys.size() + result.values.size() + 4 * result.counts.size() +
                     4 * result.assignment.size();
   }
-  // Streams end (OnDone) just after the client sees the final status.
+  // Streams end (OnDone) just after the client sees the final status, and a pool task
+  // returns (jobs_in_flight drops) just after it hands its result to the stream: wait for
+  // both before reading the final values.
   Families after = Scrape(*server);
-  for (int i = 0; i < 200 && Value(after, "centroidkv_streams_open", "centroidkv_streams_open") != 0;
+  for (int i = 0;
+       i < 200 && (Value(after, "centroidkv_streams_open", "centroidkv_streams_open") != 0 ||
+                   Value(after, "centroidkv_jobs_in_flight", "centroidkv_jobs_in_flight") != 0);
        ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     after = Scrape(*server);

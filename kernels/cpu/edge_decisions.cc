@@ -12,25 +12,51 @@ bool Precedes(const Edge& x, const Edge& y) {
   return x.source < y.source;
 }
 
-// The exact best destination of source `i` among those whose float score is within
-// 2 * bound of its float best.
-void ResolveNearTie(int32_t i, ChunkMatcher* matcher, int64_t first, double bound,
-                    const ExactScorer& scorer, Edge* edge) {
-  const std::span<const float> scores = matcher->Rescore(i);
-  const double top = *std::max_element(scores.begin(), scores.end());
-  int32_t best = -1;
-  double best_score = 0.0;
-  for (int32_t k = 0; k < static_cast<int32_t>(scores.size()); ++k) {
-    if (static_cast<double>(scores[k]) < top - 2.0 * bound) continue;
-    const double score = scorer(edge->source, first + 2 * k + 1);
-    if (best < 0 || score > best_score) {  // ties keep the lowest destination
-      best = k;
-      best_score = score;
+// The exact best of the destinations offered (in increasing order; ties keep the lowest),
+// written to `edge` by Finish().
+class ExactBest {
+ public:
+  ExactBest(int64_t first, const ExactScorer& scorer, Edge* edge)
+      : first_(first), scorer_(scorer), edge_(edge) {}
+
+  void Offer(int32_t k) {
+    const double score = scorer_(edge_->source, first_ + 2 * k + 1);
+    if (best_ < 0 || score > best_score_) {
+      best_ = k;
+      best_score_ = score;
     }
   }
-  edge->destination = static_cast<int32_t>(first + 2 * best + 1);
-  edge->score = best_score;
-  edge->exact = true;
+
+  void Finish() {
+    edge_->destination = static_cast<int32_t>(first_ + 2 * best_ + 1);
+    edge_->score = best_score_;
+    edge_->exact = true;
+  }
+
+ private:
+  int64_t first_;
+  const ExactScorer& scorer_;
+  Edge* edge_;
+  int32_t best_ = -1;
+  double best_score_ = 0.0;
+};
+
+// The exact best destination of source `i` among those whose float score is within
+// 2 * bound of its float best: the matcher's near-tie list when it kept one, else a rescan.
+void ResolveNearTie(int32_t i, ChunkMatcher* matcher, int64_t first, double bound,
+                    const ExactScorer& scorer, Edge* edge) {
+  ExactBest best(first, scorer, edge);
+  const NearTies* ties = matcher->near_ties(i);
+  if (ties != nullptr && ties->count >= 1 && ties->count <= NearTies::kMax) {
+    for (int32_t t = 0; t < ties->count; ++t) best.Offer(ties->destinations[t]);
+  } else {
+    const std::span<const float> scores = matcher->Rescore(i);
+    const double top = *std::max_element(scores.begin(), scores.end());
+    for (int32_t k = 0; k < static_cast<int32_t>(scores.size()); ++k) {
+      if (static_cast<double>(scores[k]) >= top - 2.0 * bound) best.Offer(k);
+    }
+  }
+  best.Finish();
 }
 
 }  // namespace

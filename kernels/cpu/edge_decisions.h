@@ -1,9 +1,11 @@
 // From float32 matches to exactly the reference engine's decisions (SPEC.md section 2 steps
 // 3, 4 and 6, and the order of step 7's sums). Every float score is within `bound` =
-// MatchErrorBound(dim) of the reference's float64 score (soft_match.h), so:
+// MatchErrorBound(kernels, dim) of the reference's float64 score (soft_match.h), so:
 // - argmax: when a source's float top two differ by more than 2 * bound, the float best is
 //   the reference's best. Otherwise every destination whose float score is within 2 * bound
-//   of the top is rescored exactly, and the exact best wins (the lowest destination on ties).
+//   of the top is rescored exactly, and the exact best wins (the lowest destination on ties);
+//   on a matrix engine the matcher lists those destinations (NearTies), elsewhere they are
+//   found by rescoring the source's row in float.
 // - floor: a float score more than `bound` from the floor decides; otherwise it is rescored.
 // - top r: with tau the r-th highest score, a score above tau + 2 * bound is surely kept and
 //   one below tau - 2 * bound surely not (each scores above/below at least r others); only

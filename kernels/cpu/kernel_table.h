@@ -43,6 +43,16 @@ struct PrefetchRanges {
   int64_t bytes[2];
 };
 
+// The near ties of one source on a matrix engine (KernelTable::match_bf16x3): when its second
+// score is within the tie window of its best, every destination scoring within the window
+// of the best, in increasing order; count 0 when there is no near tie, and kMax + 1 when
+// more than kMax destinations qualify (the list is then not kept).
+struct NearTies {
+  static constexpr int32_t kMax = 8;
+  int32_t count;
+  int32_t destinations[kMax];
+};
+
 // One term of a count-weighted merge: row `row` of a RowBlock weighted by `count`.
 struct MergeTerm {
   int64_t row;
@@ -104,14 +114,32 @@ struct KernelTable {
   // Copies `count` floats to `out`, which will not be read again soon: non-temporal stores
   // where `out` is aligned (no read-for-ownership of the destination), then a store fence.
   void (*stream_floats)(const float* in, int64_t count, float* out);
+
+  // Matching on a matrix engine (AMX), null where the level has none; ChunkMatcher then uses
+  // widen_rows + pack_panels + match_rows instead. One chunk, already widened: row i of the
+  // chunk at tile + i * dim with its inverse norm inverse_norms[i] (widen_rows' output);
+  // sources are the even rows, destinations the odd rows. Each row is normalised in float
+  // and split into two bfloat16 parts, x = hi + lo + (below 2^-16 |x|), and the score is
+  // hi.hi' + hi.lo' + lo.hi' accumulated in float32 (three bf16 products per element, the
+  // "bf16x3" scheme): within MatchErrorBound(kernels, dim) of the exact cosine (soft_match.h).
+  // out[i] as match_rows gives it (scores already normalised), and ties[i] for the window
+  // `tie_window` (a destination qualifies when its score >= best - tie_window, in double).
+  // Scratch, each at least RoundUp(length, 64) * RoundUp(3 * dim, 32) elements and 64-byte
+  // aligned: a_split, b_split; `scores` at least 32 * RoundUp(length, 64) floats, aligned.
+  // `prefetch` (may be null) is brought into L2 meanwhile.
+  void (*match_bf16x3)(const float* tile, const float* inverse_norms, int32_t length,
+                       int32_t dim, uint16_t* a_split, uint16_t* b_split, float* scores,
+                       const PrefetchRanges* prefetch, double tie_window, RowMatch* out,
+                       NearTies* ties);
 };
 
 namespace internal {
 // The tables, one per SIMD level, defined in kernels_scalar.cc, simd/kernels_avx2.cc and
-// simd/kernels_avx512.cc. Use KernelsFor() (simd_dispatch.h), which checks the CPU first.
+// simd/kernels_avx512.cc, simd/kernels_amx.cc. Use KernelsFor() (simd_dispatch.h), which checks the CPU first.
 const KernelTable& ScalarKernels();
 const KernelTable& Avx2Kernels();
 const KernelTable& Avx512Kernels();
+const KernelTable& AmxKernels();
 }  // namespace internal
 
 }  // namespace centroidkv::cpu

@@ -162,7 +162,8 @@ const KernelTable& ScalarKernels() {
                                  WidenRows,         PackPanels,         MatchRows,
                                  ScoreRow,          MergeRow<float>,    MergeRow<double>,
                                  ConvertRow<float>, ConvertRow<double>, ConvertRows,
-                                 RowsFinite,        StreamFloats};
+                                 RowsFinite,        StreamFloats,
+                                 nullptr};
   return table;
 }
 

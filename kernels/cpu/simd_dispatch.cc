@@ -1,8 +1,30 @@
 #include "kernels/cpu/simd_dispatch.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cassert>
 
 namespace centroidkv::cpu {
+namespace {
+
+// Linux (5.16+) hands the AMX tile data state to a process only on request; without it the
+// first tile instruction faults. Asked once; any failure (an older kernel, a hypervisor that
+// hides the state, a signal stack too small for it) means no AMX.
+bool AmxTilesPermitted() {
+  static const bool permitted = [] {
+    constexpr long kArchGetXcompPerm = 0x1022;
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureTileData = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureTileData) != 0) return false;
+    unsigned long features = 0;
+    if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &features) != 0) return false;
+    return (features & (1ul << kXfeatureTileData)) != 0;
+  }();
+  return permitted;
+}
+
+}  // namespace
 
 std::string_view SimdLevelName(SimdLevel level) {
   switch (level) {
@@ -12,6 +34,8 @@ std::string_view SimdLevelName(SimdLevel level) {
       return "avx2";
     case SimdLevel::kAvx512:
       return "avx512";
+    case SimdLevel::kAmx:
+      return "amx";
   }
   return "unknown";
 }
@@ -27,6 +51,10 @@ bool SimdLevelSupported(SimdLevel level) {
       return SimdLevelSupported(SimdLevel::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vl");
+    case SimdLevel::kAmx:
+      return SimdLevelSupported(SimdLevel::kAvx512) && __builtin_cpu_supports("avx512bf16") &&
+             __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+             AmxTilesPermitted();
   }
   return false;
 }
@@ -34,6 +62,7 @@ bool SimdLevelSupported(SimdLevel level) {
 SimdLevel DetectSimdLevel() {
   static const SimdLevel level = [] {
     __builtin_cpu_init();
+    if (SimdLevelSupported(SimdLevel::kAmx)) return SimdLevel::kAmx;
     if (SimdLevelSupported(SimdLevel::kAvx512)) return SimdLevel::kAvx512;
     if (SimdLevelSupported(SimdLevel::kAvx2)) return SimdLevel::kAvx2;
     return SimdLevel::kScalar;
@@ -43,7 +72,7 @@ SimdLevel DetectSimdLevel() {
 
 std::vector<SimdLevel> SupportedSimdLevels() {
   std::vector<SimdLevel> levels;
-  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAmx}) {
     if (SimdLevelSupported(level)) levels.push_back(level);
   }
   return levels;
@@ -52,6 +81,8 @@ std::vector<SimdLevel> SupportedSimdLevels() {
 const KernelTable& KernelsFor(SimdLevel level) {
   assert(SimdLevelSupported(level));
   switch (level) {
+    case SimdLevel::kAmx:
+      return internal::AmxKernels();
     case SimdLevel::kAvx512:
       return internal::Avx512Kernels();
     case SimdLevel::kAvx2:

@@ -7,13 +7,26 @@ namespace centroidkv::cpu {
 namespace {
 
 // Grows `buffer` to at least `size` elements (never shrinks: buffers are reused).
-void Reserve(std::vector<float>* buffer, int64_t size) {
+template <typename T>
+void Reserve(std::vector<T>* buffer, int64_t size) {
   if (static_cast<int64_t>(buffer->size()) < size) buffer->resize(static_cast<size_t>(size));
+}
+
+// The first 64-byte aligned element of `p` (at most 60 bytes on).
+template <typename T>
+T* AlignToLine(T* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<T*>((address + 63) & ~uintptr_t{63});
 }
 
 }  // namespace
 
 double MatchErrorBound(int32_t dim) { return std::ldexp(static_cast<double>(dim) + 8.0, -23); }
+
+double MatchErrorBound(const KernelTable& kernels, int32_t dim) {
+  if (kernels.match_bf16x3 == nullptr) return MatchErrorBound(dim);
+  return std::ldexp(1.0, -14) + std::ldexp(7.0 * dim + 64.0, -24);
+}
 
 void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64_t first,
                          int32_t length, int32_t dim, RowMatch* out,
@@ -34,8 +47,27 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
       kernels.widen_rows(&rows, first, length, dim, tile_.data(), inverse_norms_.data());
   tile_exact_ = exact && rows.type != ElemType::kF64;
   const int64_t pair_stride = 2 * static_cast<int64_t>(dim);
+  if (kernels.match_bf16x3 != nullptr) {
+    // Scratch sizes as KernelTable::match_bf16x3 asks.
+    const int64_t rows = (static_cast<int64_t>(length) + 63) / 64 * 64;
+    const int64_t depth = (3 * static_cast<int64_t>(dim) + 31) / 32 * 32;
+    // Tile rows are loaded 64 bytes at a time: start every buffer on a cache line.
+    Reserve(&split_a_, rows * depth + 32);
+    Reserve(&split_b_, rows * depth + 32);
+    Reserve(&score_block_, 32 * rows + 16);
+    Reserve(&near_ties_, sources_);
+    kernels.match_bf16x3(tile_.data(), inverse_norms_.data(), length, dim,
+                         AlignToLine(split_a_.data()), AlignToLine(split_b_.data()),
+                         AlignToLine(score_block_.data()), prefetch,
+                         2.0 * MatchErrorBound(kernels, dim), out, near_ties_.data());
+    near_ties_valid_ = true;
+    panels_packed_ = false;  // packed on demand, for Rescore()
+    return;
+  }
   kernels.pack_panels(tile_.data() + dim, pair_stride, inverse_norms_.data() + 1, 2, destinations_,
                       dim, panels_.data());
+  panels_packed_ = true;
+  near_ties_valid_ = false;
   kernels.match_rows(tile_.data(), pair_stride, inverse_norms_.data(), 2, sources_, panels_.data(),
                      destinations_, dim, prefetch, out);
 }
@@ -43,6 +75,11 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
 std::span<const float> ChunkMatcher::Rescore(int32_t source) {
   assert(kernels_ != nullptr && source >= 0 && source < sources_);
   Reserve(&scores_, destinations_);
+  if (!panels_packed_) {
+    kernels_->pack_panels(tile_.data() + dim_, 2 * static_cast<int64_t>(dim_),
+                          inverse_norms_.data() + 1, 2, destinations_, dim_, panels_.data());
+    panels_packed_ = true;
+  }
   kernels_->score_row(tile_.data() + 2 * static_cast<int64_t>(source) * dim_,
                       inverse_norms_[2 * source], panels_.data(), destinations_, dim_,
                       scores_.data());

@@ -1,4 +1,5 @@
-// SPEC.md section 2 step 3 for one chunk, in float32 SIMD: cosine similarity of every source
+// SPEC.md section 2 step 3 for one chunk, in float32 SIMD (or on the AMX matrix engine in
+// bf16x3, see KernelTable::match_bf16x3): cosine similarity of every source
 // (even local offset) with every destination (odd offset) fused with the per-source argmax,
 // so the sources x destinations score matrix is never stored. The chunk's keys are widened
 // once (fp16 with F16C, bf16 by shifting) into a float tile with each row's inverse norm;
@@ -22,7 +23,8 @@
 
 namespace centroidkv::cpu {
 
-// A bound on |float score - reference score| for keys of `dim` elements:
+// A bound on |float score - reference score| of the kernels' match_rows / score_row, for
+// keys of `dim` elements:
 //   (dim + 8) * 2^-23 = (2 dim + 16) u, with u = 2^-24 the float unit roundoff.
 // Derivation: the score of source x and destination y is
 //   RN(dot(x', y^) * s_x),  y^_j = RN(y'_j s_y),
@@ -41,6 +43,23 @@ namespace centroidkv::cpu {
 // every dim >= 1 up to EngineLimits::max_dim.
 double MatchErrorBound(int32_t dim);
 
+// The bound for the scores `kernels` gives: MatchErrorBound(dim), or with a matrix engine
+// (KernelTable::match_bf16x3)
+//   2^-14 + (7 dim + 64) u.
+// Derivation: both rows are normalised in float, x^_j = RN(x'_j s_x), a relative error below
+// (dim/32 + 6) u per element against x_j / N_x (as above), i.e. (dim/16 + 12) u on the
+// cosine. Splitting, hi = RN_bf16(x^) errs by at most 2^-8 |x^| (bf16 keeps 8 bits), the rest
+// x^ - hi is exact in float, and lo = RN_bf16(x^ - hi) leaves tau with |tau| <= 2^-16 |x^|.
+// Against x^_j y^_j the three products hi hi' + hi lo' + lo hi' miss lo lo' and the tau
+// terms: at most (2^-16 (1 + 2^-8)^2 + 2 * 2^-16 (1 + 2^-16) + 2^-32) |x^_j y^_j|, below
+// 3.02 * 2^-16 |x^_j y^_j|, which sums (Cauchy-Schwarz again) to below 3.03 * 2^-16 < 2^-14.
+// Each bf16 product is exact in float; the 3 dim of them are accumulated in float32, with at
+// most one rounding per addition; allowing twice that (the hardware's internal order is not
+// documented), gamma_{6 dim} * sum |terms| <= 6.07 dim u for dim <= 4096. bf16 conversion
+// flushes subnormals: at most 2^-126 per element, dim * 2^-125 in all, far below u. Sum:
+// 3.03 * 2^-16 + (6.07 dim + dim/16 + 12) u + O(u^2) < 2^-14 + (7 dim + 64) u.
+double MatchErrorBound(const KernelTable& kernels, int32_t dim);
+
 class ChunkMatcher {
  public:
   // Matches the chunk of rows first .. first + length - 1 of `rows` (dim elements each):
@@ -52,13 +71,20 @@ class ChunkMatcher {
              int32_t dim, RowMatch* out, const PrefetchRanges* prefetch = nullptr);
 
   // After Match(): the float scores of source i against every destination (index k), with
-  // the same arithmetic as Match(). Valid until the next call.
+  // the arithmetic of match_rows (on a matrix engine too: those scores are within
+  // MatchErrorBound(dim), inside the engine's wider bound). Valid until the next call.
   std::span<const float> Rescore(int32_t source);
 
   // After Match(): the chunk's rows as float (row i of the chunk at element i * dim) when
   // they hold the input's exact values (fp32, fp16 or bf16 rows, and no norm overflowed),
   // so merging may read them instead of the input; otherwise null.
   const float* ExactRows() const { return tile_exact_ ? tile_.data() : nullptr; }
+
+  // After Match() on a matrix engine: source i's near ties for twice the kernels' bound
+  // (NearTies), so that only they need exact rescoring; null on the other levels.
+  const NearTies* near_ties(int32_t source) const {
+    return near_ties_valid_ ? &near_ties_[static_cast<size_t>(source)] : nullptr;
+  }
 
   int32_t sources() const { return sources_; }
   int32_t destinations() const { return destinations_; }
@@ -73,6 +99,12 @@ class ChunkMatcher {
   std::vector<float> inverse_norms_;  // length
   std::vector<float> panels_;         // ceil(destinations / W) x dim x W
   std::vector<float> scores_;         // destinations
+  bool panels_packed_ = false;        // panels_ holds this chunk's destinations
+  std::vector<uint16_t> split_a_;     // matrix engine: split rows (match_bf16x3's scratch)
+  std::vector<uint16_t> split_b_;
+  std::vector<float> score_block_;
+  std::vector<NearTies> near_ties_;   // sources
+  bool near_ties_valid_ = false;
 };
 
 }  // namespace centroidkv::cpu

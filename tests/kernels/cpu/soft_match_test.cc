@@ -1,9 +1,9 @@
 // Tests of kernels/cpu/soft_match.cc and the kernel tables behind it (kernels_scalar.cc,
-// simd/kernels_avx2.cc, simd/kernels_avx512.cc): every kernel of every SIMD level this CPU
+// simd/kernels_avx2.cc, simd/kernels_avx512.cc, simd/kernels_amx.cc): every kernel of every SIMD level this CPU
 // supports (the scalar fallback included) against plain scalar loops, on random shapes
 // (head dims 1 to 256 with odd ones, chunks of 2 to 4096 rows), all three wire dtypes and
 // float64 rows. Similarity scores must lie within MatchErrorBound of the exact (reference)
-// cosine and agree exactly with the kernel's own rescoring; widening, packing, conversion and
+// cosine and, where matching and rescoring share their arithmetic, agree exactly; widening, packing, conversion and
 // merging must be bit-exact.
 #include "kernels/cpu/soft_match.h"
 
@@ -154,17 +154,32 @@ struct MatchCase {
 
 // Matches one chunk and checks every source against the exact cosines. Raises *worst to the
 // largest |float score - exact score| seen, as a fraction of the bound.
+// Counts the sources that were near ties, and those whose near-tie list was kept.
 void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64& rng,
-                double* worst) {
+                double* worst, int* near_tie_sources, int* listed_sources) {
   const Rows rows = RandomRows(c.type, c.chunk, c.dim, c.shape, c.scale, rng, c.dim % 3);
   ChunkMatcher matcher;
   std::vector<RowMatch> matches(static_cast<size_t>(c.chunk + 1) / 2);
   matcher.Match(kernels, rows.Block(), 0, c.chunk, c.dim, matches.data());
-  const double bound = MatchErrorBound(c.dim);
+  // Match() scores within the kernels' bound (wider on a matrix engine); Rescore() scores are
+  // match_rows' arithmetic on every level, so within the float bound.
+  const double bound = MatchErrorBound(kernels, c.dim);
+  const double rescore_bound = MatchErrorBound(c.dim);
+  ASSERT_LE(rescore_bound, bound);
+  const bool same_arithmetic = kernels.match_bf16x3 == nullptr;
   const int32_t destinations = c.chunk / 2;
   EXPECT_EQ(matcher.sources(), (c.chunk + 1) / 2);
   EXPECT_EQ(matcher.destinations(), destinations);
   int reported = 0;
+  auto check_error = [&](const char* what, int32_t i, int32_t k, double score, double exact_score,
+                         double limit) {
+    const double error = std::fabs(score - exact_score);
+    *worst = std::max(*worst, error / limit);
+    if (error > limit && ++reported <= 5) {
+      ADD_FAILURE() << what << ": source " << i << ", destination " << k << ": float " << score
+                    << ", exact " << exact_score << ", error " << error << " > bound " << limit;
+    }
+  };
   for (int32_t i = 0; i < matcher.sources(); ++i) {
     std::vector<double> exact(static_cast<size_t>(destinations));
     for (int32_t k = 0; k < destinations; ++k) {
@@ -172,33 +187,70 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
       ASSERT_EQ(exact[k], ExactCosine(rows.Block(), 2 * i, 2 * k + 1, c.dim))
           << "ExactCosine must be the reference's cosine bit for bit";
     }
+    const RowMatch& match = matches[i];
+    ASSERT_GE(match.best, 0);
+    ASSERT_LT(match.best, destinations);
+    // The best and its score, and the second: each the float score of a destination, so
+    // within the bound of that destination's exact score, and the top two of all of them.
+    check_error("match", i, match.best, match.first, exact[match.best], bound);
+    double exact_top = -std::numeric_limits<double>::infinity();
+    double exact_second = -std::numeric_limits<double>::infinity();
+    for (int32_t k = 0; k < destinations; ++k) {
+      exact_top = std::max(exact_top, exact[k]);
+      if (k != match.best) exact_second = std::max(exact_second, exact[k]);
+    }
+    EXPECT_GE(match.first + bound, exact_top) << "source " << i;
+    if (destinations >= 2) {
+      EXPECT_LE(std::fabs(match.second - exact_second), bound) << "source " << i;
+    } else {
+      EXPECT_EQ(match.second, -std::numeric_limits<float>::infinity());
+    }
+    EXPECT_GE(match.first, match.second) << "source " << i;
+
     const std::span<const float> scores = matcher.Rescore(i);
     ASSERT_EQ(scores.size(), static_cast<size_t>(destinations));
     for (int32_t k = 0; k < destinations; ++k) {
-      const double error = std::fabs(scores[k] - exact[k]);
-      *worst = std::max(*worst, error / bound);
-      if (error > bound && ++reported <= 5) {
-        ADD_FAILURE() << "source " << i << ", destination " << k << ": float " << scores[k]
-                      << ", exact " << exact[k] << ", error " << error << " > bound " << bound;
+      check_error("rescore", i, k, scores[k], exact[k], rescore_bound);
+    }
+    if (same_arithmetic) {
+      // The match and the rescore are the same arithmetic: the same top two, and the best is
+      // a destination with the top score (scaling by the inverse norm may round two unequal
+      // dot products to one score, so not necessarily the lowest such destination).
+      const float top = *std::max_element(scores.begin(), scores.end());
+      EXPECT_EQ(scores[match.best], top) << "source " << i;
+      EXPECT_EQ(match.first, top) << "source " << i;
+      float second = -std::numeric_limits<float>::infinity();
+      for (int32_t k = 0; k < destinations; ++k) {
+        if (k != match.best) second = std::max(second, scores[k]);
+      }
+      EXPECT_EQ(match.second, second) << "source " << i;
+    }
+    // And the float best is the exact best unless the two are within twice the bound.
+    EXPECT_GE(exact[match.best], exact_top - 2 * bound) << "source " << i;
+    // A matrix engine lists the near ties: every exact best is among them.
+    if (const NearTies* ties = matcher.near_ties(i); ties != nullptr) {
+      const bool near_tie = destinations >= 2 && static_cast<double>(match.second) >=
+                                                     static_cast<double>(match.first) - 2 * bound;
+      if (!near_tie) continue;
+      ++*near_tie_sources;
+      ASSERT_GE(ties->count, 2) << "source " << i;
+      if (ties->count > NearTies::kMax) continue;  // overflow: the engine rescans the row
+      ++*listed_sources;
+      for (int32_t t = 0; t < ties->count; ++t) {
+        ASSERT_GE(ties->destinations[t], 0);
+        ASSERT_LT(ties->destinations[t], destinations);
+        if (t > 0) {
+          ASSERT_LT(ties->destinations[t - 1], ties->destinations[t]);
+        }
+      }
+      const int32_t* listed_end = ties->destinations + ties->count;
+      for (int32_t k = 0; k < destinations; ++k) {
+        if (exact[k] != exact_top && k != match.best) continue;
+        EXPECT_NE(std::find(ties->destinations, listed_end, k), listed_end)
+            << "source " << i << ": destination " << k << " (an exact best or the float best) "
+            << "is missing from the near-tie list";
       }
     }
-    // The match and the rescore are the same arithmetic: the same top two, and the best is
-    // a destination with the top score (scaling by the inverse norm may round two unequal
-    // dot products to one score, so not necessarily the lowest such destination).
-    const RowMatch& match = matches[i];
-    const float top = *std::max_element(scores.begin(), scores.end());
-    ASSERT_GE(match.best, 0);
-    ASSERT_LT(match.best, destinations);
-    EXPECT_EQ(scores[match.best], top) << "source " << i;
-    EXPECT_EQ(match.first, top) << "source " << i;
-    float second = -std::numeric_limits<float>::infinity();
-    for (int32_t k = 0; k < destinations; ++k) {
-      if (k != match.best) second = std::max(second, scores[k]);
-    }
-    EXPECT_EQ(match.second, second) << "source " << i;
-    // And the float best is the exact best unless the two are within twice the bound.
-    const double exact_top = *std::max_element(exact.begin(), exact.end());
-    EXPECT_GE(exact[match.best], exact_top - 2 * bound) << "source " << i;
   }
 }
 
@@ -222,10 +274,11 @@ TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
       {ElemType::kBF16, 24, 12, Shape::kNearDuplicates, 1e30},
   };
   double worst = 0.0;
+  int near_ties = 0, listed = 0;
   for (const MatchCase& c : cases) {
     SCOPED_TRACE(ElemTypeName(c.type) + " dim " + std::to_string(c.dim) + " chunk " +
                  std::to_string(c.chunk) + " seed " + std::to_string(kSeed));
-    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels(), c, rng, &worst));
+    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels(), c, rng, &worst, &near_ties, &listed));
   }
   // Random shapes.
   for (int n = 0; n < 12; ++n) {
@@ -233,10 +286,15 @@ TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
                 static_cast<int32_t>(2 + rng() % 300), static_cast<Shape>(rng() % 3)};
     SCOPED_TRACE("drawn: " + ElemTypeName(c.type) + " dim " + std::to_string(c.dim) + " chunk " +
                  std::to_string(c.chunk) + " seed " + std::to_string(kSeed));
-    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels(), c, rng, &worst));
+    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels(), c, rng, &worst, &near_ties, &listed));
   }
   RecordProperty("worst_error_over_bound", std::to_string(worst));
   EXPECT_LE(worst, 1.0);
+  if (kernels().match_bf16x3 != nullptr) {
+    // Both ways of resolving a near tie were taken: the list and the rescan.
+    EXPECT_GT(listed, 0);
+    EXPECT_GT(near_ties, listed);
+  }
 }
 
 // Long rows at the largest head dim: the bound still holds where it is tightest relative to
@@ -246,8 +304,9 @@ TEST_P(SoftMatchTest, BoundHoldsForLongNearParallelRows) {
   for (int32_t dim : {1024, 4096}) {
     SCOPED_TRACE("dim " + std::to_string(dim));
     double worst = 0.0;
-    ASSERT_NO_FATAL_FAILURE(
-        CheckChunk(kernels(), {ElemType::kF32, dim, 6, Shape::kNearDuplicates}, rng, &worst));
+    int near_ties = 0, listed = 0;
+    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels(), {ElemType::kF32, dim, 6, Shape::kNearDuplicates},
+                                       rng, &worst, &near_ties, &listed));
     EXPECT_LE(worst, 1.0);
   }
 }

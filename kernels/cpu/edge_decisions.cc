@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace centroidkv::cpu {
 namespace {
@@ -12,54 +13,78 @@ bool Precedes(const Edge& x, const Edge& y) {
   return x.source < y.source;
 }
 
-// The exact best of the destinations offered (in increasing order; ties keep the lowest),
-// written to `edge` by Finish().
-class ExactBest {
- public:
-  ExactBest(int64_t first, const ExactScorer& scorer, Edge* edge)
-      : first_(first), scorer_(scorer), edge_(edge) {}
-
-  void Offer(int32_t k) {
-    const double score = scorer_(edge_->source, first_ + 2 * k + 1);
-    if (best_ < 0 || score > best_score_) {
-      best_ = k;
-      best_score_ = score;
-    }
-  }
-
-  void Finish() {
-    edge_->destination = static_cast<int32_t>(first_ + 2 * best_ + 1);
-    edge_->score = best_score_;
-    edge_->exact = true;
-  }
-
- private:
-  int64_t first_;
-  const ExactScorer& scorer_;
-  Edge* edge_;
-  int32_t best_ = -1;
-  double best_score_ = 0.0;
+// Per-thread buffers of the scorer: widened rows and the scores of one batch.
+struct ScorerBuffers {
+  std::vector<double> rows;
+  std::vector<const double*> row_pointers;
+  std::vector<double> scores;
+  std::vector<int64_t> candidates;
 };
 
+ScorerBuffers& Buffers() {
+  thread_local ScorerBuffers buffers;
+  return buffers;
+}
+
 // The exact best destination of source `i` among those whose float score is within
-// 2 * bound of its float best: the matcher's near-tie list when it kept one, else a rescan.
+// 2 * bound of its float best (the lowest destination on exact ties): the matcher's
+// near-tie list when it kept one, else those a rescan of the row in float finds.
 void ResolveNearTie(int32_t i, ChunkMatcher* matcher, int64_t first, double bound,
                     const ExactScorer& scorer, Edge* edge) {
-  ExactBest best(first, scorer, edge);
+  std::vector<int64_t>& candidates = Buffers().candidates;
+  candidates.clear();
   const NearTies* ties = matcher->near_ties(i);
   if (ties != nullptr && ties->count >= 1 && ties->count <= NearTies::kMax) {
-    for (int32_t t = 0; t < ties->count; ++t) best.Offer(ties->destinations[t]);
+    for (int32_t t = 0; t < ties->count; ++t) {
+      candidates.push_back(first + 2 * ties->destinations[t] + 1);
+    }
   } else {
     const std::span<const float> scores = matcher->Rescore(i);
     const double top = *std::max_element(scores.begin(), scores.end());
     for (int32_t k = 0; k < static_cast<int32_t>(scores.size()); ++k) {
-      if (static_cast<double>(scores[k]) >= top - 2.0 * bound) best.Offer(k);
+      if (static_cast<double>(scores[k]) >= top - 2.0 * bound) candidates.push_back(first + 2 * k + 1);
     }
   }
-  best.Finish();
+  std::vector<double>& exact = Buffers().scores;
+  exact.resize(candidates.size());
+  scorer.Scores(edge->source, candidates, exact.data());
+  size_t best = 0;
+  for (size_t c = 1; c < candidates.size(); ++c) {
+    if (exact[c] > exact[best]) best = c;  // candidates increase: ties keep the lowest
+  }
+  edge->destination = static_cast<int32_t>(candidates[best]);
+  edge->score = exact[best];
+  edge->exact = true;
 }
 
 }  // namespace
+
+double ExactScorer::operator()(int64_t a, int64_t b) const {
+  double score = 0.0;
+  Scores(a, {&b, 1}, &score);
+  return score;
+}
+
+void ExactScorer::Scores(int64_t a, std::span<const int64_t> bs, double* out) const {
+  ScorerBuffers& buffers = Buffers();
+  const size_t dim = static_cast<size_t>(dim_);
+  // Candidates are scored a few at a time so the widened rows stay in L1.
+  constexpr size_t kBatch = 8;
+  if (buffers.rows.size() < (kBatch + 1) * dim) buffers.rows.resize((kBatch + 1) * dim);
+  buffers.row_pointers.resize(kBatch);
+  double* x = buffers.rows.data();
+  kernels_->convert_row_f64(&keys_, a, dim_, x);
+  for (size_t begin = 0; begin < bs.size(); begin += kBatch) {
+    const size_t count = std::min(kBatch, bs.size() - begin);
+    for (size_t k = 0; k < count; ++k) {
+      double* y = x + (k + 1) * dim;
+      kernels_->convert_row_f64(&keys_, bs[begin + k], dim_, y);
+      buffers.row_pointers[k] = y;
+    }
+    CosinesOfWidened(x, buffers.row_pointers.data(), static_cast<int32_t>(count), dim_,
+                     out + begin);
+  }
+}
 
 void MakeExact(Edge* edge, const ExactScorer& scorer) {
   if (edge->exact) return;

@@ -38,11 +38,22 @@ struct Edge {
   bool kept = false;       // among the r edges merged this pass
 };
 
-// Exact (reference) scores of the current keys of one head.
-struct ExactScorer {
-  RowBlock keys;
-  int32_t dim;
-  double operator()(int64_t a, int64_t b) const { return ExactCosine(keys, a, b, dim); }
+// Exact (reference) scores of the current keys of one head: rows widened to double by the
+// SIMD kernels (exact), then the reference's loop (exact_cosine.h).
+class ExactScorer {
+ public:
+  ExactScorer(const KernelTable& kernels, const RowBlock& keys, int32_t dim)
+      : kernels_(&kernels), keys_(keys), dim_(dim) {}
+
+  double operator()(int64_t a, int64_t b) const;
+
+  // out[k] = (*this)(a, bs[k]) for every k, several pairs at once.
+  void Scores(int64_t a, std::span<const int64_t> bs, double* out) const;
+
+ private:
+  const KernelTable* kernels_;
+  RowBlock keys_;
+  int32_t dim_;
 };
 
 // Replaces a float score by the exact one.

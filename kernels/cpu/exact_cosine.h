@@ -14,4 +14,10 @@ namespace centroidkv::cpu {
 // cos(row a, row b) of `rows`, each `dim` elements widened exactly to double.
 double ExactCosine(const RowBlock& rows, int64_t a, int64_t b, int32_t dim);
 
+// The same cosine of rows already widened to double: x against each of ys[0 .. count-1]
+// into out[k]. The pairs' loops run interleaved (independent accumulators, so the additions'
+// latency overlaps); each result is bit for bit the reference's.
+void CosinesOfWidened(const double* x, const double* const* ys, int32_t count, int32_t dim,
+                      double* out);
+
 }  // namespace centroidkv::cpu

@@ -145,7 +145,9 @@ RowBlock LayerJob::Values(const Head& head) const {
   return RowBlock{base, input_type_, value_stride_};
 }
 
-ExactScorer LayerJob::Scorer(const Head& head) const { return ExactScorer{Keys(head), key_dim_}; }
+ExactScorer LayerJob::Scorer(const Head& head) const {
+  return ExactScorer(kernels_, Keys(head), key_dim_);
+}
 
 int32_t LayerJob::ChunkLength(const Head& head, int32_t chunk) const {
   const int64_t first = head.begin + int64_t{chunk} * chunk_size_;

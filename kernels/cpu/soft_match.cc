@@ -23,6 +23,10 @@ T* AlignToLine(T* p) {
 
 double MatchErrorBound(int32_t dim) { return std::ldexp(static_cast<double>(dim) + 8.0, -23); }
 
+bool UsesMatrixEngine(const KernelTable& kernels, int32_t length) {
+  return kernels.match_bf16x3 != nullptr && length >= kMatrixEngineMinChunk;
+}
+
 double MatchErrorBound(const KernelTable& kernels, int32_t dim) {
   if (kernels.match_bf16x3 == nullptr) return MatchErrorBound(dim);
   return std::ldexp(1.0, -14) + std::ldexp(7.0 * dim + 64.0, -24);
@@ -47,7 +51,7 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
       kernels.widen_rows(&rows, first, length, dim, tile_.data(), inverse_norms_.data());
   tile_exact_ = exact && rows.type != ElemType::kF64;
   const int64_t pair_stride = 2 * static_cast<int64_t>(dim);
-  if (kernels.match_bf16x3 != nullptr) {
+  if (UsesMatrixEngine(kernels, length)) {
     // Scratch sizes as KernelTable::match_bf16x3 asks.
     const int64_t rows = (static_cast<int64_t>(length) + 63) / 64 * 64;
     const int64_t depth = (3 * static_cast<int64_t>(dim) + 31) / 32 * 32;

@@ -109,6 +109,20 @@ std::vector<Job> Jobs() {
   select.options.target_ratio.reset();
   select.options.target_tokens = 500;
   jobs.push_back(select);
+  // The same decisions with chunks long enough for a matrix engine (its wider bound, its
+  // near-tie lists): clustered keys, a floor, top r across chunks, several passes.
+  Job long_floor{"FloorChunk256", Spec(3, 1500, 64, 16, 12, kF16), Options(256, 4, 8, 0.2)};
+  long_floor.spec.prototypes = 5;
+  long_floor.spec.noise = 0.01;
+  long_floor.options.min_similarity = 0.99;
+  long_floor.options.tighten_per_pass = 0.0005;
+  jobs.push_back(long_floor);
+  Job long_select{"TopRChunk512", Spec(2, 2100, 32, 8, 13, kBF16), Options(512, 8, 16, 0.1)};
+  long_select.spec.prototypes = 3;
+  long_select.spec.noise = 0.003;
+  long_select.options.target_ratio.reset();
+  long_select.options.target_tokens = 900;
+  jobs.push_back(long_select);
   return jobs;
 }
 

@@ -19,6 +19,7 @@
 
 #include "centroidkv/common/dtype.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/edge_decisions.h"
 #include "kernels/cpu/exact_cosine.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/simd_dispatch.h"
@@ -166,7 +167,7 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
   const double bound = MatchErrorBound(kernels, c.dim);
   const double rescore_bound = MatchErrorBound(c.dim);
   ASSERT_LE(rescore_bound, bound);
-  const bool same_arithmetic = kernels.match_bf16x3 == nullptr;
+  const bool same_arithmetic = !UsesMatrixEngine(kernels, c.chunk);
   const int32_t destinations = c.chunk / 2;
   EXPECT_EQ(matcher.sources(), (c.chunk + 1) / 2);
   EXPECT_EQ(matcher.destinations(), destinations);
@@ -266,6 +267,8 @@ TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
       {ElemType::kF64, 16, 77, Shape::kNearDuplicates},
       {ElemType::kF64, 256, 65, Shape::kIndependent},
       {ElemType::kF16, 8, 4096, Shape::kIndependent},
+      {ElemType::kF32, 16, 256, Shape::kNearDuplicates},  // long enough for a matrix engine
+      {ElemType::kF16, 64, 200, Shape::kDuplicates},
       {ElemType::kBF16, 1, 9, Shape::kIndependent},
       {ElemType::kF32, 2, 2, Shape::kIndependent},
       {ElemType::kF32, 3, 3, Shape::kDuplicates},
@@ -294,6 +297,31 @@ TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
     // Both ways of resolving a near tie were taken: the list and the rescan.
     EXPECT_GT(listed, 0);
     EXPECT_GT(near_ties, listed);
+  }
+}
+
+// The engine's exact scorer (rows widened by the level's kernels, pairs scored together in
+// groups of 4, 2 and 1, batches of 8) gives the reference's cosine bit for bit, for every
+// batch size and dtype.
+TEST_P(SoftMatchTest, ExactScorerIsTheReferenceCosineInEveryBatch) {
+  std::mt19937_64 rng(kSeed + 7);
+  for (ElemType type : {ElemType::kF16, ElemType::kBF16, ElemType::kF32, ElemType::kF64}) {
+    for (int32_t dim : {1, 7, 128, 129}) {
+      SCOPED_TRACE(ElemTypeName(type) + " dim " + std::to_string(dim));
+      const Rows rows = RandomRows(type, 24, dim, Shape::kNearDuplicates, 3.0, rng, 1);
+      const ExactScorer scorer(kernels(), rows.Block(), dim);
+      for (size_t count = 1; count <= 19; ++count) {
+        std::vector<int64_t> others;
+        for (size_t k = 0; k < count; ++k) others.push_back(static_cast<int64_t>(1 + k));
+        std::vector<double> scores(count, -2.0);
+        scorer.Scores(0, others, scores.data());
+        for (size_t k = 0; k < count; ++k) {
+          ASSERT_EQ(scores[k], ReferenceCosine(rows, 0, static_cast<int32_t>(others[k])))
+              << "batch of " << count << ", pair " << k;
+        }
+      }
+      EXPECT_EQ(scorer(5, 6), ReferenceCosine(rows, 5, 6));
+    }
   }
 }
 

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "kernels/cpu/simd_dispatch.h"
+
 namespace centroidkv::bench {
 namespace {
 
@@ -98,6 +100,41 @@ float FmaLoopScalar(int64_t iterations, float seed) {
 #undef CKV_REPEAT_24
 #undef CKV_REPEAT_12
 
+// AMX: 4 accumulator tiles (16 x 16 fp32), each TDPBF16PS 16 x 16 x 32 products. The
+// configuration lives in static storage (GCC 12 may drop stores to a stack copy that only
+// LDTILECFG reads; see kernels/cpu/simd/kernels_amx.cc).
+struct alignas(64) AmxConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+};
+constexpr AmxConfig kAmxConfig = {1, 0, {}, {64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16}};
+constexpr int64_t kAmxFlopsPerIteration = 4 * 16 * 16 * 32 * 2;
+
+__attribute__((target("amx-tile,amx-bf16"))) float AmxLoop(int64_t iterations, float seed) {
+  alignas(64) uint16_t operand[16 * 32];
+  for (uint16_t& x : operand) x = 0x3c00;  // bf16 1/128: sums stay finite
+  _tile_loadconfig(&kAmxConfig);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  for (int64_t i = 0; i < iterations; ++i) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  alignas(64) float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0] + seed;
+}
+
 struct Kernel {
   float (*loop)(int64_t, float) = nullptr;
   int64_t flops_per_iteration = 0;  // chains x lanes x 2
@@ -149,14 +186,11 @@ std::vector<std::string> AvailablePeakIsas() {
   return isas;
 }
 
-PeakResult MeasureFp32Peak(const PeakOptions& options) {
+namespace {
+
+PeakResult Measure(const Kernel& kernel, const std::string& isa, const PeakOptions& options) {
   PeakResult result;
-  const std::vector<std::string> isas = AvailablePeakIsas();
-  result.isa = options.isa.empty() ? isas.front() : options.isa;
-  if (std::find(isas.begin(), isas.end(), result.isa) == isas.end()) {
-    throw std::invalid_argument("cpu_peak: this CPU cannot run ISA " + result.isa);
-  }
-  const Kernel kernel = KernelFor(result.isa);
+  result.isa = isa;
   result.threads = options.threads > 0
                        ? options.threads
                        : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
@@ -184,6 +218,23 @@ PeakResult MeasureFp32Peak(const PeakOptions& options) {
     result.gflops = std::max(result.gflops, gflops);
   }
   return result;
+}
+
+}  // namespace
+
+PeakResult MeasureFp32Peak(const PeakOptions& options) {
+  const std::vector<std::string> isas = AvailablePeakIsas();
+  const std::string isa = options.isa.empty() ? isas.front() : options.isa;
+  if (std::find(isas.begin(), isas.end(), isa) == isas.end()) {
+    throw std::invalid_argument("cpu_peak: this CPU cannot run ISA " + isa);
+  }
+  return Measure(KernelFor(isa), isa, options);
+}
+
+std::optional<PeakResult> MeasureAmxBf16Peak(const PeakOptions& options) {
+  // The same check (and request to the OS for the tile state) as the cpu backend's.
+  if (!cpu::SimdLevelSupported(cpu::SimdLevel::kAmx)) return std::nullopt;
+  return Measure(Kernel{&AmxLoop, kAmxFlopsPerIteration}, "amx-bf16", options);
 }
 
 }  // namespace centroidkv::bench

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,5 +31,12 @@ std::vector<std::string> AvailablePeakIsas();
 
 // Runs the measurement (blocks for about repetitions * min_seconds).
 PeakResult MeasureFp32Peak(const PeakOptions& options = {});
+
+// Not an fp32 peak: the AMX matrix engine's rate of bf16 products accumulated in fp32
+// (TDPBF16PS on four independent accumulator tiles, 2 flops per product), all threads at
+// once; isa "amx-bf16". Context for the cpu backend's matrix-engine level, which spends three
+// bf16 products per fp32-equivalent product (kernels/cpu/simd/kernels_amx.cc). nullopt where
+// the CPU or the OS offers no AMX. options.isa is ignored.
+std::optional<PeakResult> MeasureAmxBf16Peak(const PeakOptions& options = {});
 
 }  // namespace centroidkv::bench

@@ -36,6 +36,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -48,6 +49,7 @@
 #include "bench/workload.h"
 #include "centroidkv/common/npy.h"
 #include "centroidkv/kernels/engine_factory.h"
+#include "kernels/cpu/simd_dispatch.h"
 
 #ifdef CKV_HAVE_FAISS
 #include "bench/faiss_peer.h"
@@ -300,6 +302,8 @@ int Main(int argc, char** argv) {
   if (!selected.ok()) Die(selected.status().ToString());
   const ClusterEngine& engine = **selected;
   const std::string engine_name(engine.name());
+  // The cpu backend's kernels on this CPU (simd_dispatch.h): scalar, avx2, avx512 or amx.
+  const std::string kernel_level(cpu::SimdLevelName(cpu::DetectSimdLevel()));
 
   PeakOptions peak_options;
   peak_options.threads = flags.threads;
@@ -460,6 +464,13 @@ int Main(int argc, char** argv) {
   const double peak_gflops = std::max(peak_before.gflops, peak_after.gflops);
   std::cout << "fp32 FMA peak after the runs: " << peak_after.gflops
             << " GFLOP/s; using the best: " << peak_gflops << "\n";
+  // Context only (fraction_of_peak stays against the fp32 FMA peak): the matrix engine the
+  // cpu backend's "amx" level matches on, where the CPU has one.
+  const std::optional<PeakResult> amx_peak = MeasureAmxBf16Peak(peak_options);
+  if (amx_peak.has_value()) {
+    std::cout << "AMX bf16 peak (context; the amx level spends 3 bf16 products per fp32 one): "
+              << amx_peak->gflops << " GFLOP/s\n";
+  }
 
   // The summary, from the medians.
   std::ostringstream json;
@@ -471,7 +482,9 @@ int Main(int argc, char** argv) {
        << ", \"threads\": " << flags.threads << ", \"peak\": {\"isa\": \"" << peak_before.isa
        << "\", \"before_gflops\": " << peak_before.gflops
        << ", \"after_gflops\": " << peak_after.gflops << ", \"gflops\": " << peak_gflops
-       << "}, \"faiss_built\": "
+       << "}, \"kernel_level\": \"" << kernel_level << "\", \"amx_bf16_peak_gflops\": "
+       << (amx_peak.has_value() ? std::to_string(amx_peak->gflops) : std::string("null"))
+       << ", \"faiss_built\": "
 #ifdef CKV_HAVE_FAISS
        << "true"
 #else

@@ -161,6 +161,13 @@ def main():
         f"- fp32 FMA peak: {peak['gflops']:.4g} GFLOP/s ({peak['isa']}, {summary['threads']} "
         f"threads; best of the measurements before ({peak['before_gflops']:.4g}) and after "
         f"({peak['after_gflops']:.4g}) the runs, each the best of several repetitions).",
+        f"- Kernel level: `{summary.get('kernel_level', 'n/a')}` (kernels/cpu/simd_dispatch.h)."
+        + (f" On `amx`, chunks of 192 and more are matched on the AMX matrix engine in bf16x3"
+           f" (three bf16 products per fp32-equivalent one, exact decisions kept by a rigorous"
+           f" error bound); its own bf16 peak here, for context: "
+           f"{summary['amx_bf16_peak_gflops']:.4g} GFLOP/s. The fraction of peak below stays"
+           f" against the fp32 FMA peak, as SPEC section 5 defines it."
+           if summary.get('amx_bf16_peak_gflops') else ""),
         f"- Workload: {summary['heads']} heads x {summary['tokens']} tokens, head dim "
         f"{summary['dim']} (keys and values), {summary['dtype']}, head-major, one layer job; "
         f"one pass (max_passes 1) at target_ratio {summary['ratio']}, sink {summary['sink']}, "

@@ -124,7 +124,7 @@ struct KernelTable {
   // "bf16x3" scheme): within MatchErrorBound(kernels, dim) of the exact cosine (soft_match.h).
   // out[i] as match_rows gives it (scores already normalised), and ties[i] for the window
   // `tie_window` (a destination qualifies when its score >= best - tie_window, in double).
-  // Scratch, each at least RoundUp(length, 64) * RoundUp(3 * dim, 32) elements and 64-byte
+  // Scratch, each at least RoundUp(length, 64) * 2 * RoundUp(dim, 32) elements and 64-byte
   // aligned: a_split, b_split; `scores` at least 32 * RoundUp(length, 64) floats, aligned.
   // `prefetch` (may be null) is brought into L2 meanwhile.
   void (*match_bf16x3)(const float* tile, const float* inverse_norms, int32_t length,

@@ -54,7 +54,7 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
   if (UsesMatrixEngine(kernels, length)) {
     // Scratch sizes as KernelTable::match_bf16x3 asks.
     const int64_t rows = (static_cast<int64_t>(length) + 63) / 64 * 64;
-    const int64_t depth = (3 * static_cast<int64_t>(dim) + 31) / 32 * 32;
+    const int64_t depth = 2 * ((static_cast<int64_t>(dim) + 31) / 32 * 32);
     // Tile rows are loaded 64 bytes at a time: start every buffer on a cache line.
     Reserve(&split_a_, rows * depth + 32);
     Reserve(&split_b_, rows * depth + 32);

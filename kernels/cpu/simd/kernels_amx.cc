@@ -5,14 +5,15 @@
 // registers.
 //
 // Layout ("bf16x3"): each chunk row is normalised in float (x^ = x * inverse norm) and split
-// into bf16 parts hi = RN(x^), lo = RN(x^ - hi). A source row becomes [hi | hi | lo] and a
-// destination row [hi | lo | hi] (depth K = RoundUp(3 dim, 32) bf16, zero padded), so one
-// matrix product over K gives hi.hi' + hi.lo' + lo.hi' for every pair. Sources stay
+// into bf16 parts hi = RN(x^), lo = RN(x^ - hi), stored as [hi | lo], each part zero padded
+// to P = RoundUp(dim, 32) elements. The score of a pair is three matrix products over the
+// parts, hi.hi' + hi.lo' + lo.hi', accumulated in the same float32 tiles. Sources stay
 // row-major (the A operand); destinations are re-laid into the VNNI blocks the B operand
-// wants: per block of 16 destinations and per 32 elements of K, 16 rows of 16 element pairs.
-// The product runs 32 sources x 32 destinations at a time in the four accumulator tiles; the
-// 32 x b_count scores of a source block go to a cache-sized buffer and are folded into each
-// source's top two right after, so the full score matrix is never stored.
+// wants: per block of 16 destinations and per 32 elements of [hi | lo], 16 rows of 16
+// element pairs. The product runs 32 sources x 32 destinations at a time in the four
+// accumulator tiles; the 32 x b_count scores of a source block go to a cache-sized buffer
+// and are folded into each source's top two right after, so the full score matrix is never
+// stored.
 #include "kernels/cpu/simd/vec_avx512.h"
 // The templates below use the traits above.
 #include "kernels/cpu/simd/make_table.h"
@@ -53,67 +54,62 @@ __m512 FromBf16(__m256i bits) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
-// One row, scaled and split: out = [hi | hi | lo] (sources) or [hi | lo | hi]
-// (destinations), then zeros up to `depth`. 32 elements per step (two float vectors to one
-// bf16 vector), then a masked step of 16 for the rest.
-void SplitRow(const float* row, float inverse_norm, int32_t dim, int32_t depth,
-              bool destination, uint16_t* out) {
-  uint16_t* first = out;
-  uint16_t* second = out + dim;
-  uint16_t* third = out + 2 * static_cast<int64_t>(dim);
+// One row, scaled and split: out = [hi | lo], each part `part` elements (zero padded). 32
+// elements per step (two float vectors to one bf16 vector), then masked steps of 16.
+void SplitRow(const float* row, float inverse_norm, int32_t dim, int32_t part, uint16_t* out) {
+  uint16_t* hi_out = out;
+  uint16_t* lo_out = out + part;
   const __m512 scale = _mm512_set1_ps(inverse_norm);
   int32_t j = 0;
   for (; j + 32 <= dim; j += 32) {
     const __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(row + j), scale);
     const __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(row + j + 16), scale);
     const __m512i hi = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0));  // [x0 | x1]
-    const __m512 r0 = _mm512_sub_ps(x0, FromBf16(_mm512_castsi512_si256(hi)));
+    const __m512 r0 = _mm512_sub_ps(x0, FromBf16(_mm512_castsi512_si256(hi)));  // exact
     const __m512 r1 = _mm512_sub_ps(x1, FromBf16(_mm512_extracti64x4_epi64(hi, 1)));
-    const __m512i lo = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0));
-    _mm512_storeu_si512(first + j, hi);
-    _mm512_storeu_si512(second + j, destination ? lo : hi);
-    _mm512_storeu_si512(third + j, destination ? hi : lo);
+    _mm512_storeu_si512(hi_out + j, hi);
+    _mm512_storeu_si512(lo_out + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0)));
   }
-  for (; j < dim; j += 16) {
-    const __mmask16 lanes = j + 16 <= dim ? 0xffff : static_cast<__mmask16>((1u << (dim - j)) - 1);
+  for (; j < part; j += 16) {  // the rest of the row, then zeros up to `part`
+    const int32_t valid = dim - j;
+    const __mmask16 lanes = valid >= 16  ? static_cast<__mmask16>(0xffff)
+                            : valid <= 0 ? static_cast<__mmask16>(0)
+                                         : static_cast<__mmask16>((1u << valid) - 1);
     const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, row + j), scale);
     const __m256i hi = ToBf16(x);
-    const __m256i lo = ToBf16(_mm512_sub_ps(x, FromBf16(hi)));  // x - hi is exact
-    _mm256_mask_storeu_epi16(first + j, lanes, hi);
-    _mm256_mask_storeu_epi16(second + j, lanes, destination ? lo : hi);
-    _mm256_mask_storeu_epi16(third + j, lanes, destination ? hi : lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi_out + j), hi);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo_out + j),
+                        ToBf16(_mm512_sub_ps(x, FromBf16(hi))));
   }
-  for (int32_t k = 3 * dim; k < depth; ++k) out[k] = 0;
 }
 
 // Rows parity, parity + 2, ... of the chunk split into `rows` (count of them, then zero rows
-// up to `padded`), row-major with stride `depth`.
+// up to `padded`), row-major with stride 2 * part.
 void SplitRows(const float* tile, const float* inverse_norms, int32_t parity, int32_t count,
-               int32_t padded, int32_t dim, int32_t depth, bool destination, uint16_t* rows) {
+               int32_t padded, int32_t dim, int32_t part, uint16_t* rows) {
+  const int64_t stride = 2 * static_cast<int64_t>(part);
   for (int32_t i = 0; i < count; ++i) {
     const int32_t r = 2 * i + parity;
-    SplitRow(tile + static_cast<int64_t>(r) * dim, inverse_norms[r], dim, depth, destination,
-             rows + static_cast<int64_t>(i) * depth);
+    SplitRow(tile + static_cast<int64_t>(r) * dim, inverse_norms[r], dim, part,
+             rows + i * stride);
   }
   // A plain loop, not std::fill: no library template may be instantiated in this unit
   // (kernel_table.h says why).
-  for (int64_t k = static_cast<int64_t>(count) * depth; k < static_cast<int64_t>(padded) * depth;
-       ++k) {
-    rows[k] = 0;
-  }
+  for (int64_t k = count * stride; k < padded * stride; ++k) rows[k] = 0;
 }
 
-// Row-major split destinations (padded rows, a multiple of 16) into VNNI blocks: block
-// (n, k) = 16 rows (element pairs 2t, 2t+1 of K-slice k) x 16 destinations x 2, at
-// vnni + (n * depth / 32 + k) * 512. A 16 x 16 transpose of 32-bit pairs per block.
-void ToVnni(const uint16_t* rows, int32_t padded, int32_t depth, uint16_t* vnni) {
-  const int32_t slices = depth / kTileDepth;
+// Row-major split destinations (padded rows, a multiple of 16; `slices` = 2 * part / 32)
+// into VNNI blocks: block (n, k) = 16 rows (element pairs 2t, 2t+1 of slice k) x 16
+// destinations x 2, at vnni + (n * slices + k) * 512. A 16 x 16 transpose of 32-bit pairs
+// per block.
+void ToVnni(const uint16_t* rows, int32_t padded, int32_t slices, uint16_t* vnni) {
+  const int64_t stride = static_cast<int64_t>(slices) * kTileDepth;
   for (int32_t n = 0; n < padded / kTileRows; ++n) {
     for (int32_t k = 0; k < slices; ++k) {
       __m512 r[16];
       for (int c = 0; c < 16; ++c) {
         r[c] = _mm512_loadu_ps(reinterpret_cast<const float*>(
-            rows + (static_cast<int64_t>(n) * kTileRows + c) * depth + k * kTileDepth));
+            rows + (static_cast<int64_t>(n) * kTileRows + c) * stride + k * kTileDepth));
       }
       Avx512::Transpose(r);
       float* block = reinterpret_cast<float*>(
@@ -123,14 +119,18 @@ void ToVnni(const uint16_t* rows, int32_t padded, int32_t depth, uint16_t* vnni)
   }
 }
 
-// Scores of sources s0 .. s0 + 31 against every (padded) destination into scores[32][b_pad].
-void ScoreBlock(const uint16_t* a_rows, const uint16_t* vnni, int32_t b_pad, int32_t depth,
+// Scores of sources s0 .. s0 + 31 against every (padded) destination into scores[32][b_pad]:
+// for each 32 x 32 block, the products hi.hi', hi.lo', lo.hi' over the parts' slices.
+void ScoreBlock(const uint16_t* a_rows, const uint16_t* vnni, int32_t b_pad, int32_t part,
                 float* scores, LinePrefetcher* prefetcher) {
-  const int32_t slices = depth / kTileDepth;
-  const int64_t a_stride = static_cast<int64_t>(depth) * 2;  // bytes
-  const int64_t s_stride = static_cast<int64_t>(b_pad) * 4;  // bytes
+  const int32_t part_slices = part / kTileDepth;
+  const int32_t slices = 2 * part_slices;                    // per destination block
+  const int64_t a_stride = 2 * static_cast<int64_t>(part) * 2;  // bytes
+  const int64_t s_stride = static_cast<int64_t>(b_pad) * 4;     // bytes
   const uint16_t* a0 = a_rows;
-  const uint16_t* a1 = a_rows + static_cast<int64_t>(kTileRows) * depth;
+  const uint16_t* a1 = a_rows + static_cast<int64_t>(kTileRows) * 2 * part;
+  // (source part, destination part): hi.hi', hi.lo', lo.hi'.
+  constexpr int32_t kPasses[3][2] = {{0, 0}, {0, 1}, {1, 0}};
   for (int32_t d0 = 0; d0 < b_pad; d0 += kBlock) {
     const uint16_t* b0 = vnni + static_cast<int64_t>(d0 / kTileRows) * slices * 512;
     const uint16_t* b1 = b0 + static_cast<int64_t>(slices) * 512;
@@ -138,16 +138,20 @@ void ScoreBlock(const uint16_t* a_rows, const uint16_t* vnni, int32_t b_pad, int
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int32_t k = 0; k < slices; ++k) {
-      _tile_loadd(4, a0 + k * kTileDepth, a_stride);
-      _tile_loadd(5, a1 + k * kTileDepth, a_stride);
-      _tile_loadd(6, b0 + k * 512, 64);
-      _tile_loadd(7, b1 + k * 512, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      prefetcher->Step();
+    for (const auto& pass : kPasses) {
+      const int64_t a_offset = static_cast<int64_t>(pass[0]) * part;
+      const int64_t b_offset = static_cast<int64_t>(pass[1]) * part_slices * 512;
+      for (int32_t k = 0; k < part_slices; ++k) {
+        _tile_loadd(4, a0 + a_offset + k * kTileDepth, a_stride);
+        _tile_loadd(5, a1 + a_offset + k * kTileDepth, a_stride);
+        _tile_loadd(6, b0 + b_offset + k * 512, 64);
+        _tile_loadd(7, b1 + b_offset + k * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        prefetcher->Step();
+      }
     }
     float* top = scores + d0;
     float* bottom = scores + static_cast<int64_t>(kTileRows) * b_pad + d0;
@@ -205,19 +209,18 @@ void MatchBf16x3(const float* tile, const float* inverse_norms, int32_t length, 
                  NearTies* ties) {
   const int32_t sources = (length + 1) / 2, destinations = length / 2;
   const int32_t a_pad = RoundUp(sources, kBlock), b_pad = RoundUp(destinations, kBlock);
-  const int32_t depth = RoundUp(3 * dim, kTileDepth);
-  SplitRows(tile, inverse_norms, 0, sources, a_pad, dim, depth, false, a_split);
+  const int32_t part = RoundUp(dim, kTileDepth);
+  SplitRows(tile, inverse_norms, 0, sources, a_pad, dim, part, a_split);
   // Destinations split row-major into `a_split` past the sources, then re-laid into b_split.
-  uint16_t* b_rows = a_split + static_cast<int64_t>(a_pad) * depth;
-  SplitRows(tile, inverse_norms, 1, destinations, b_pad, dim, depth, true, b_rows);
-  ToVnni(b_rows, b_pad, depth, b_split);
+  uint16_t* b_rows = a_split + static_cast<int64_t>(a_pad) * 2 * part;
+  SplitRows(tile, inverse_norms, 1, destinations, b_pad, dim, part, b_rows);
+  ToVnni(b_rows, b_pad, 2 * part / kTileDepth, b_split);
 
   ConfigureTiles();
-  LinePrefetcher prefetcher(prefetch,
-                            static_cast<int64_t>(a_pad / kBlock) * (b_pad / kBlock) * depth /
-                                kTileDepth);
+  LinePrefetcher prefetcher(prefetch, static_cast<int64_t>(a_pad / kBlock) * (b_pad / kBlock) *
+                                          3 * part / kTileDepth);
   for (int32_t s0 = 0; s0 < sources; s0 += kBlock) {
-    ScoreBlock(a_split + static_cast<int64_t>(s0) * depth, b_split, b_pad, depth, scores,
+    ScoreBlock(a_split + static_cast<int64_t>(s0) * 2 * part, b_split, b_pad, part, scores,
                &prefetcher);
     for (int32_t i = 0; i < kBlock && s0 + i < sources; ++i) {
       out[s0 + i] =

@@ -18,6 +18,9 @@
 //   faiss_ratio       tokens_per_s / FAISS tokens_per_s (FAISS: search only, best threading)
 //   cpu_seconds       CPU time of the whole process per layer job (all threads): divided by
 //                     threads * T, how busy the threads were
+//   memory_floor      (top level) seconds to read the job's input once and write its result
+//                     once, nothing else, and the bytes moved; per chunk,
+//                     fraction_of_memory_floor = memory floor seconds / T
 //
 // Own flags (--name=value, after Google Benchmark's --benchmark_* flags):
 //   --tokens --heads --dim --chunks=64,256,1024 --ratio --sink --recent --seed
@@ -26,9 +29,12 @@
 //   --dump_dir=DIR  (keys.npy, values.npy, meta.json, assignment_C<chunk>.npy for the
 //                    PyTorch peer)  --summary_out=FILE (the JSON summary)
 #include <benchmark/benchmark.h>
+#include <emmintrin.h>
+#include <tbb/parallel_for.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -348,6 +354,8 @@ int Main(int argc, char** argv) {
   }
 
   // Ours first, then the peers: OpenMP threads that spin after FAISS cannot slow us down.
+  std::shared_ptr<CompressResult> first_result;  // for the memory floor's result size
+  double memory_floor_bytes = 0.0;
   for (int32_t chunk : flags.chunks) {
     const CompressOptions options = OptionsFor(flags, chunk);
     const double flops = flops_per_job[chunk];
@@ -358,6 +366,7 @@ int Main(int argc, char** argv) {
     if (absl::Status status = engine.CompressInto(view, options, reused.get()); !status.ok()) {
       Die(status.ToString());
     }
+    if (first_result == nullptr) first_result = reused;
     benchmark::RegisterBenchmark(
         PipelineName(chunk).c_str(),
         [&engine, view, options, tokens, kv_bytes, flops, peak, reused](benchmark::State& state) {
@@ -398,6 +407,53 @@ int Main(int argc, char** argv) {
           ->MinTime(flags.min_time)
           ->Repetitions(flags.reps);
     }
+  }
+
+  // The memory floor of one job: read every input key and value once and write a result's
+  // worth of float32 keys and values, counts and assignment once (non-temporal stores, as
+  // the engine writes), over all threads with oneTBB like the engine, and nothing else. No
+  // implementation that reads its input and writes this result can be faster on this
+  // machine; at small chunks the pipeline is measured against it too.
+  {
+    const CompressResult& sizes = *first_result;
+    const int64_t out_bytes =
+        static_cast<int64_t>(sizes.keys.size() + sizes.values.size()) * 4 +
+        static_cast<int64_t>(sizes.counts.size()) * static_cast<int64_t>(sizeof(sizes.counts[0])) +
+        static_cast<int64_t>(sizes.assignment.size()) * 4;
+    memory_floor_bytes = static_cast<double>(out_bytes) + kv_bytes;
+    // 16-byte aligned (operator new's alignment), as _mm_stream_si128 needs.
+    auto out = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(out_bytes / 8 + 2));
+    const int64_t in_bytes = static_cast<int64_t>(kv_bytes) / 2;  // keys, then values
+    benchmark::RegisterBenchmark(
+        "memory_floor", [view, in_bytes, out](benchmark::State& state) {
+          constexpr int64_t kBlocks = 1024;
+          const int64_t out_vectors = static_cast<int64_t>(out->size()) / 2;
+          auto* out_data = reinterpret_cast<__m128i*>(out->data());
+          for (auto _ : state) {
+            std::atomic<uint64_t> sink{0};
+            tbb::parallel_for(int64_t{0}, kBlocks, [&](int64_t b) {
+              uint64_t x = 0;
+              for (const void* data : {view.keys, view.values}) {
+                const auto* words = static_cast<const uint64_t*>(data);
+                const int64_t begin = in_bytes / 8 * b / kBlocks;
+                const int64_t end = in_bytes / 8 * (b + 1) / kBlocks;
+                for (int64_t i = begin; i < end; ++i) x ^= words[i];
+              }
+              const __m128i zero = _mm_set1_epi64x(static_cast<int64_t>(x & 1));
+              for (int64_t i = out_vectors * b / kBlocks; i < out_vectors * (b + 1) / kBlocks; ++i) {
+                _mm_stream_si128(out_data + i, zero);
+              }
+              sink.fetch_xor(x, std::memory_order_relaxed);
+            });
+            _mm_sfence();
+            benchmark::DoNotOptimize(sink.load());
+          }
+        })
+        ->MeasureProcessCPUTime()
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(flags.min_time)
+        ->Repetitions(flags.reps);
   }
 
 #ifdef CKV_HAVE_FAISS
@@ -473,6 +529,7 @@ int Main(int argc, char** argv) {
   }
 
   // The summary, from the medians.
+  const double memory_floor_seconds = reporter.MedianSeconds("memory_floor");
   std::ostringstream json;
   json << std::setprecision(6);
   json << "{\"engine\": \"" << engine_name << "\", \"heads\": " << spec.heads
@@ -484,7 +541,10 @@ int Main(int argc, char** argv) {
        << ", \"after_gflops\": " << peak_after.gflops << ", \"gflops\": " << peak_gflops
        << "}, \"kernel_level\": \"" << kernel_level << "\", \"amx_bf16_peak_gflops\": "
        << (amx_peak.has_value() ? std::to_string(amx_peak->gflops) : std::string("null"))
-       << ", \"faiss_built\": "
+       << ", \"memory_floor\": {\"seconds\": " << memory_floor_seconds
+       << ", \"bytes\": " << memory_floor_bytes << ", \"gb_per_s\": "
+       << (memory_floor_seconds > 0.0 ? memory_floor_bytes / memory_floor_seconds / 1e9 : 0.0)
+       << "}, \"faiss_built\": "
 #ifdef CKV_HAVE_FAISS
        << "true"
 #else
@@ -492,6 +552,8 @@ int Main(int argc, char** argv) {
 #endif
        << ", \"chunks\": [";
   std::cout << "\nsummary (medians; engine " << engine_name << ")\n"
+            << "memory floor: " << memory_floor_seconds * 1e3 << " ms per job ("
+            << memory_floor_bytes / 1e6 << " MB read and written)\n"
             << "chunk  ms/layer  Mtok/s  GB/s    GFLOP/s  of_peak  faiss_ratio\n";
   bool first = true;
   for (int32_t chunk : flags.chunks) {
@@ -514,7 +576,8 @@ int Main(int argc, char** argv) {
          << ", \"similarity_flops\": " << flops_per_job[chunk] << ", \"gflops\": " << gflops
          << ", \"peak_gflops\": " << peak_gflops
          << ", \"fraction_of_peak\": " << gflops / peak_gflops;
-    json << ", \"cpu_seconds\": " << reporter.MedianCpuSeconds(PipelineName(chunk));
+    json << ", \"cpu_seconds\": " << reporter.MedianCpuSeconds(PipelineName(chunk))
+         << ", \"fraction_of_memory_floor\": " << memory_floor_seconds / seconds;
     if (const double fresh = reporter.MedianSeconds(FreshName(chunk)); fresh > 0.0) {
       json << ", \"fresh_result_seconds\": " << fresh;
     }

@@ -168,6 +168,14 @@ def main():
            f"{summary['amx_bf16_peak_gflops']:.4g} GFLOP/s. The fraction of peak below stays"
            f" against the fp32 FMA peak, as SPEC section 5 defines it."
            if summary.get('amx_bf16_peak_gflops') else ""),
+        (f"- Memory floor: {summary['memory_floor']['seconds'] * 1e3:.3g} ms per job: reading"
+         f" the input once and writing the float32 result once"
+         f" ({summary['memory_floor']['bytes'] / 1e6:.0f} MB) at"
+         f" {summary['memory_floor']['gb_per_s']:.3g} GB/s, all threads, nothing else. Per"
+         f" chunk size: " + ", ".join(
+             f"C={c['chunk']}: {c['fraction_of_memory_floor']:.0%} of it"
+             for c in summary['chunks'] if 'fraction_of_memory_floor' in c)
+         + " (floor / our time)." if summary.get('memory_floor') else "- Memory floor: n/a."),
         f"- Workload: {summary['heads']} heads x {summary['tokens']} tokens, head dim "
         f"{summary['dim']} (keys and values), {summary['dtype']}, head-major, one layer job; "
         f"one pass (max_passes 1) at target_ratio {summary['ratio']}, sink {summary['sink']}, "

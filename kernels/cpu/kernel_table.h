@@ -116,21 +116,22 @@ struct KernelTable {
   void (*stream_floats)(const float* in, int64_t count, float* out);
 
   // Matching on a matrix engine (AMX), null where the level has none; ChunkMatcher then uses
-  // widen_rows + pack_panels + match_rows instead. One chunk, already widened: row i of the
-  // chunk at tile + i * dim with its inverse norm inverse_norms[i] (widen_rows' output);
-  // sources are the even rows, destinations the odd rows. Each row is normalised in float
-  // and split into two bfloat16 parts, x = hi + lo + (below 2^-16 |x|), and the score is
-  // hi.hi' + hi.lo' + lo.hi' accumulated in float32 (three bf16 products per element, the
-  // "bf16x3" scheme): within MatchErrorBound(kernels, dim) of the exact cosine (soft_match.h).
+  // widen_rows + pack_panels + match_rows instead. One chunk: rows first .. first + length - 1
+  // of `rows` (dim elements each), sources the even rows, destinations the odd rows. Rows
+  // are widened (as widen_rows does) kGroup = 32 at a time into `group` (at least 32 * dim
+  // floats; `group_norms` at least 32), normalised in float and split into two bfloat16
+  // parts, x = hi + lo + (below 2^-16 |x|); the score is hi.hi' + hi.lo' + lo.hi'
+  // accumulated in float32 (three bf16 products per element, the "bf16x3" scheme): within
+  // MatchErrorBound(kernels, dim) of the exact cosine (soft_match.h).
   // out[i] as match_rows gives it (scores already normalised), and ties[i] for the window
   // `tie_window` (a destination qualifies when its score >= best - tie_window, in double).
   // Scratch, each at least RoundUp(length, 64) * 2 * RoundUp(dim, 32) elements and 64-byte
   // aligned: a_split, b_split; `scores` at least 32 * RoundUp(length, 64) floats, aligned.
   // `prefetch` (may be null) is brought into L2 meanwhile.
-  void (*match_bf16x3)(const float* tile, const float* inverse_norms, int32_t length,
-                       int32_t dim, uint16_t* a_split, uint16_t* b_split, float* scores,
-                       const PrefetchRanges* prefetch, double tie_window, RowMatch* out,
-                       NearTies* ties);
+  void (*match_bf16x3)(const RowBlock* rows, int64_t first, int32_t length, int32_t dim,
+                       float* group, float* group_norms, uint16_t* a_split, uint16_t* b_split,
+                       float* scores, const PrefetchRanges* prefetch, double tie_window,
+                       RowMatch* out, NearTies* ties);
 };
 
 namespace internal {

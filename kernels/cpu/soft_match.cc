@@ -47,27 +47,35 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
   Reserve(&inverse_norms_, length);
   Reserve(&panels_, static_cast<int64_t>(num_panels) * dim * width);
 
-  const bool exact =
-      kernels.widen_rows(&rows, first, length, dim, tile_.data(), inverse_norms_.data());
-  tile_exact_ = exact && rows.type != ElemType::kF64;
+  rows_ = rows;
+  first_ = first;
+  length_ = length;
   const int64_t pair_stride = 2 * static_cast<int64_t>(dim);
   if (UsesMatrixEngine(kernels, length)) {
-    // Scratch sizes as KernelTable::match_bf16x3 asks.
-    const int64_t rows = (static_cast<int64_t>(length) + 63) / 64 * 64;
+    // Scratch sizes as KernelTable::match_bf16x3 asks; tile_ and inverse_norms_ (sized above
+    // for Rescore(), length >= 32 here) serve as its group buffers, so the chunk is not
+    // widened whole.
+    const int64_t rows_padded = (static_cast<int64_t>(length) + 63) / 64 * 64;
     const int64_t depth = 2 * ((static_cast<int64_t>(dim) + 31) / 32 * 32);
     // Tile rows are loaded 64 bytes at a time: start every buffer on a cache line.
-    Reserve(&split_a_, rows * depth + 32);
-    Reserve(&split_b_, rows * depth + 32);
-    Reserve(&score_block_, 32 * rows + 16);
+    Reserve(&split_a_, rows_padded * depth + 32);
+    Reserve(&split_b_, rows_padded * depth + 32);
+    Reserve(&score_block_, 32 * rows_padded + 16);
     Reserve(&near_ties_, sources_);
-    kernels.match_bf16x3(tile_.data(), inverse_norms_.data(), length, dim,
+    kernels.match_bf16x3(&rows, first, length, dim, tile_.data(), inverse_norms_.data(),
                          AlignToLine(split_a_.data()), AlignToLine(split_b_.data()),
                          AlignToLine(score_block_.data()), prefetch,
                          2.0 * MatchErrorBound(kernels, dim), out, near_ties_.data());
     near_ties_valid_ = true;
-    panels_packed_ = false;  // packed on demand, for Rescore()
+    tile_widened_ = false;  // widened and packed on demand, for Rescore()
+    tile_exact_ = false;
+    panels_packed_ = false;
     return;
   }
+  const bool exact =
+      kernels.widen_rows(&rows, first, length, dim, tile_.data(), inverse_norms_.data());
+  tile_exact_ = exact && rows.type != ElemType::kF64;
+  tile_widened_ = true;
   kernels.pack_panels(tile_.data() + dim, pair_stride, inverse_norms_.data() + 1, 2, destinations_,
                       dim, panels_.data());
   panels_packed_ = true;
@@ -80,6 +88,10 @@ std::span<const float> ChunkMatcher::Rescore(int32_t source) {
   assert(kernels_ != nullptr && source >= 0 && source < sources_);
   Reserve(&scores_, destinations_);
   if (!panels_packed_) {
+    if (!tile_widened_) {
+      kernels_->widen_rows(&rows_, first_, length_, dim_, tile_.data(), inverse_norms_.data());
+      tile_widened_ = true;
+    }
     kernels_->pack_panels(tile_.data() + dim_, 2 * static_cast<int64_t>(dim_),
                           inverse_norms_.data() + 1, 2, destinations_, dim_, panels_.data());
     panels_packed_ = true;

@@ -85,7 +85,8 @@ class ChunkMatcher {
 
   // After Match(): the chunk's rows as float (row i of the chunk at element i * dim) when
   // they hold the input's exact values (fp32, fp16 or bf16 rows, and no norm overflowed),
-  // so merging may read them instead of the input; otherwise null.
+  // so merging may read them instead of the input; otherwise null (always on the matrix
+  // engine, which never widens a chunk whole).
   const float* ExactRows() const { return tile_exact_ ? tile_.data() : nullptr; }
 
   // After Match() on the matrix engine (UsesMatrixEngine): source i's near ties for twice the kernels' bound
@@ -107,7 +108,11 @@ class ChunkMatcher {
   std::vector<float> inverse_norms_;  // length
   std::vector<float> panels_;         // ceil(destinations / W) x dim x W
   std::vector<float> scores_;         // destinations
+  bool tile_widened_ = false;         // tile_ holds this chunk's rows, widened
   bool panels_packed_ = false;        // panels_ holds this chunk's destinations
+  RowBlock rows_{};                   // the chunk last matched, for Rescore()
+  int64_t first_ = 0;
+  int32_t length_ = 0;
   std::vector<uint16_t> split_a_;     // matrix engine: split rows (match_bf16x3's scratch)
   std::vector<uint16_t> split_b_;
   std::vector<float> score_block_;

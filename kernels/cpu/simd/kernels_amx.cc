@@ -83,18 +83,11 @@ void SplitRow(const float* row, float inverse_norm, int32_t dim, int32_t part, u
   }
 }
 
-// Rows parity, parity + 2, ... of the chunk split into `rows` (count of them, then zero rows
-// up to `padded`), row-major with stride 2 * part.
-void SplitRows(const float* tile, const float* inverse_norms, int32_t parity, int32_t count,
-               int32_t padded, int32_t dim, int32_t part, uint16_t* rows) {
-  const int64_t stride = 2 * static_cast<int64_t>(part);
-  for (int32_t i = 0; i < count; ++i) {
-    const int32_t r = 2 * i + parity;
-    SplitRow(tile + static_cast<int64_t>(r) * dim, inverse_norms[r], dim, part,
-             rows + i * stride);
-  }
+// Rows count .. padded - 1 of split rows (stride 2 * part) set to zero.
+void ZeroRows(int32_t count, int32_t padded, int32_t part, uint16_t* rows) {
   // A plain loop, not std::fill: no library template may be instantiated in this unit
   // (kernel_table.h says why).
+  const int64_t stride = 2 * static_cast<int64_t>(part);
   for (int64_t k = count * stride; k < padded * stride; ++k) rows[k] = 0;
 }
 
@@ -203,17 +196,31 @@ RowMatch TopTwo(const float* scores, int32_t b_count, double tie_window, NearTie
   return match;
 }
 
-void MatchBf16x3(const float* tile, const float* inverse_norms, int32_t length, int32_t dim,
-                 uint16_t* a_split, uint16_t* b_split, float* scores,
+// Rows are widened kGroup at a time into `group` (L1-sized: the widened chunk is never
+// stored whole) and split from there, sources into a_split, destinations row-major past them.
+constexpr int32_t kGroup = 32;  // even: a row's parity is its row number's
+
+void MatchBf16x3(const RowBlock* rows, int64_t first, int32_t length, int32_t dim, float* group,
+                 float* group_norms, uint16_t* a_split, uint16_t* b_split, float* scores,
                  const PrefetchRanges* prefetch, double tie_window, RowMatch* out,
                  NearTies* ties) {
   const int32_t sources = (length + 1) / 2, destinations = length / 2;
   const int32_t a_pad = RoundUp(sources, kBlock), b_pad = RoundUp(destinations, kBlock);
   const int32_t part = RoundUp(dim, kTileDepth);
-  SplitRows(tile, inverse_norms, 0, sources, a_pad, dim, part, a_split);
-  // Destinations split row-major into `a_split` past the sources, then re-laid into b_split.
-  uint16_t* b_rows = a_split + static_cast<int64_t>(a_pad) * 2 * part;
-  SplitRows(tile, inverse_norms, 1, destinations, b_pad, dim, part, b_rows);
+  const int64_t stride = 2 * static_cast<int64_t>(part);
+  uint16_t* b_rows = a_split + a_pad * stride;
+  for (int32_t g = 0; g < length; g += kGroup) {
+    const int32_t count = length - g < kGroup ? length - g : kGroup;
+    // Rows whose float sum of squares overflows come back normalised, with inverse norm 1.
+    WidenRows<Avx512>(rows, first + g, count, dim, group, group_norms);
+    for (int32_t i = 0; i < count; ++i) {
+      const int32_t r = g + i;
+      uint16_t* split = (r % 2 == 0 ? a_split : b_rows) + (r / 2) * stride;
+      SplitRow(group + static_cast<int64_t>(i) * dim, group_norms[i], dim, part, split);
+    }
+  }
+  ZeroRows(sources, a_pad, part, a_split);
+  ZeroRows(destinations, b_pad, part, b_rows);
   ToVnni(b_rows, b_pad, 2 * part / kTileDepth, b_split);
 
   ConfigureTiles();

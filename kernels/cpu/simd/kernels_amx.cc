@@ -122,29 +122,40 @@ void ScoreBlock(const uint16_t* a_rows, const uint16_t* vnni, int32_t b_pad, int
   const int64_t s_stride = static_cast<int64_t>(b_pad) * 4;     // bytes
   const uint16_t* a0 = a_rows;
   const uint16_t* a1 = a_rows + static_cast<int64_t>(kTileRows) * 2 * part;
-  // (source part, destination part): hi.hi', hi.lo', lo.hi'.
-  constexpr int32_t kPasses[3][2] = {{0, 0}, {0, 1}, {1, 0}};
   for (int32_t d0 = 0; d0 < b_pad; d0 += kBlock) {
     const uint16_t* b0 = vnni + static_cast<int64_t>(d0 / kTileRows) * slices * 512;
     const uint16_t* b1 = b0 + static_cast<int64_t>(slices) * 512;
+    const int64_t lo = part_slices * 512;  // the destinations' lo slices, after their hi ones
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (const auto& pass : kPasses) {
-      const int64_t a_offset = static_cast<int64_t>(pass[0]) * part;
-      const int64_t b_offset = static_cast<int64_t>(pass[1]) * part_slices * 512;
-      for (int32_t k = 0; k < part_slices; ++k) {
-        _tile_loadd(4, a0 + a_offset + k * kTileDepth, a_stride);
-        _tile_loadd(5, a1 + a_offset + k * kTileDepth, a_stride);
-        _tile_loadd(6, b0 + b_offset + k * 512, 64);
-        _tile_loadd(7, b1 + b_offset + k * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-        prefetcher->Step();
-      }
+    // Per slice k: hi.hi', then hi.lo' (the source tiles stay), then lo.hi': 10 tile loads
+    // for 12 products.
+    for (int32_t k = 0; k < part_slices; ++k) {
+      _tile_loadd(4, a0 + k * kTileDepth, a_stride);
+      _tile_loadd(5, a1 + k * kTileDepth, a_stride);
+      _tile_loadd(6, b0 + k * 512, 64);
+      _tile_loadd(7, b1 + k * 512, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+      _tile_loadd(6, b0 + lo + k * 512, 64);
+      _tile_loadd(7, b1 + lo + k * 512, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+      _tile_loadd(4, a0 + part + k * kTileDepth, a_stride);
+      _tile_loadd(5, a1 + part + k * kTileDepth, a_stride);
+      _tile_loadd(6, b0 + k * 512, 64);
+      _tile_loadd(7, b1 + k * 512, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+      prefetcher->Step();
     }
     float* top = scores + d0;
     float* bottom = scores + static_cast<int64_t>(kTileRows) * b_pad + d0;
@@ -225,7 +236,7 @@ void MatchBf16x3(const RowBlock* rows, int64_t first, int32_t length, int32_t di
 
   ConfigureTiles();
   LinePrefetcher prefetcher(prefetch, static_cast<int64_t>(a_pad / kBlock) * (b_pad / kBlock) *
-                                          3 * part / kTileDepth);
+                                          part / kTileDepth);
   for (int32_t s0 = 0; s0 < sources; s0 += kBlock) {
     ScoreBlock(a_split + static_cast<int64_t>(s0) * 2 * part, b_split, b_pad, part, scores,
                &prefetcher);

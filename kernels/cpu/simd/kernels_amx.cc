@@ -130,31 +130,33 @@ void ScoreBlock(const uint16_t* a_rows, const uint16_t* vnni, int32_t b_pad, int
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
+    // Tiles 4-5: 32 sources' slice at `offset`; 6-7: 32 destinations' VNNI blocks at
+    // `offset`; then the four 16 x 16 products into tiles 0-3.
+    auto load_sources = [&](int64_t offset) {
+      _tile_loadd(4, a0 + offset, a_stride);
+      _tile_loadd(5, a1 + offset, a_stride);
+    };
+    auto load_destinations = [&](int64_t offset) {
+      _tile_loadd(6, b0 + offset, 64);
+      _tile_loadd(7, b1 + offset, 64);
+    };
+    auto multiply = [] {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    };
     // Per slice k: hi.hi', then hi.lo' (the source tiles stay), then lo.hi': 10 tile loads
     // for 12 products.
     for (int32_t k = 0; k < part_slices; ++k) {
-      _tile_loadd(4, a0 + k * kTileDepth, a_stride);
-      _tile_loadd(5, a1 + k * kTileDepth, a_stride);
-      _tile_loadd(6, b0 + k * 512, 64);
-      _tile_loadd(7, b1 + k * 512, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_loadd(6, b0 + lo + k * 512, 64);
-      _tile_loadd(7, b1 + lo + k * 512, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_loadd(4, a0 + part + k * kTileDepth, a_stride);
-      _tile_loadd(5, a1 + part + k * kTileDepth, a_stride);
-      _tile_loadd(6, b0 + k * 512, 64);
-      _tile_loadd(7, b1 + k * 512, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      load_sources(k * kTileDepth);
+      load_destinations(k * 512);
+      multiply();
+      load_destinations(lo + k * 512);
+      multiply();
+      load_sources(part + k * kTileDepth);
+      load_destinations(k * 512);
+      multiply();
       prefetcher->Step();
     }
     float* top = scores + d0;

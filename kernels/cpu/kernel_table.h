@@ -102,8 +102,12 @@ struct KernelTable {
   bool (*rows_finite)(const RowBlock* rows, int64_t first, int32_t count, int32_t dim);
 
   // Copies `count` floats to `out`, which will not be read again soon: non-temporal stores
-  // where `out` is aligned (no read-for-ownership of the destination), then a store fence.
+  // where `out` is aligned (no read-for-ownership of the destination), plain stores for the
+  // unaligned ends. No fence: the caller calls store_fence before others read `out`.
   void (*stream_floats)(const float* in, int64_t count, float* out);
+
+  // Orders the non-temporal stores before it before every later store (sfence).
+  void (*store_fence)();
 };
 
 namespace internal {

@@ -153,6 +153,8 @@ void ConvertRows(const RowBlock* rows, int64_t first, int32_t count, int32_t dim
 
 void StreamFloats(const float* in, int64_t count, float* out) { std::copy(in, in + count, out); }
 
+void StoreFence() {}  // plain stores: nothing to order
+
 }  // namespace
 
 namespace internal {
@@ -162,7 +164,7 @@ const KernelTable& ScalarKernels() {
                                  WidenRows,         PackPanels,         MatchRows,
                                  ScoreRow,          MergeRow<float>,    MergeRow<double>,
                                  ConvertRow<float>, ConvertRow<double>, ConvertRows,
-                                 RowsFinite,        StreamFloats};
+                                 RowsFinite,        StreamFloats,       StoreFence};
   return table;
 }
 

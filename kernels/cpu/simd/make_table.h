@@ -25,7 +25,8 @@ constexpr KernelTable MakeKernelTable() {
                      ConvertRow<V, double>,
                      ConvertRows<V>,
                      RowsFinite,
-                     V::StreamFloats};
+                     V::StreamFloats,
+                     V::StoreFence};
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ namespace centroidkv::cpu {
 // stores drain to memory while the next rows are computed, and no read-for-ownership of the
 // result lines. The first and last partial lines of the block (which it may share with a
 // block another thread writes) get plain stores. The caller fences (store_fence) before the
-// block is read.
+// block is read. On the way it notes whether every float written is finite.
 class BlockWriter {
  public:
   // `buffer`: 64-byte aligned, Capacity(dim) floats.
@@ -46,6 +46,8 @@ class BlockWriter {
   }
   // Writes out every staged row.
   void Finish() { Flush(/*final=*/true); }
+  // Whether every float written since Start is finite (no Inf or NaN).
+  bool finite() const { return finite_; }
 
  private:
   void Flush(bool final);
@@ -57,6 +59,7 @@ class BlockWriter {
   float* out_ = nullptr;  // where stage_[0] goes
   float* stage_ = nullptr;
   int64_t staged_ = 0;
+  bool finite_ = true;
 };
 
 // Buffers of one worker thread, grown on demand and reused across chunks and jobs. A chunk
@@ -88,7 +91,7 @@ class LayerJob {
   };
 
   // The state of one head across the passes of a job. Reused across jobs (HeadPool), so
-  // Reset() keeps the vectors' memory.
+  // Reset() keeps the vectors' memory (and some of their contents, see Reset).
   struct Head {
     void Reset();
 
@@ -153,7 +156,7 @@ class LayerJob {
   bool LoadHeads();  // false: a zero count, or a head's counts overflow uint32
   absl::Status BadInput() const;
   void CheckInputRows(bool (*chunked)(const Head&));
-  bool ChunkFinite(const Head& head, int32_t chunk) const;
+  bool ChunkFinite(const Head& head, int32_t chunk, bool with_values) const;
   bool SetUpPass(int32_t pass);
   void PredictMerges();
   void CountMerges();
@@ -203,6 +206,9 @@ class LayerJob {
   // The input check (the engine's ChecksLayerData): set by CheckInputRows, the first
   // RunChunks then checks each chunk's rows before using them.
   bool check_chunks_ = false;
+  // Set while the chunk tasks of a fused last pass check their input values through the
+  // rows they write (MergeChunk) instead of before matching (ChunkFinite).
+  bool check_output_values_ = false;
   std::atomic<bool> bad_input_{false};
 };
 

@@ -68,6 +68,7 @@ void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, 
   stage_ = buffer + LineOffset(out);
   capacity_ = Capacity(dim) - (stage_ - buffer);
   staged_ = 0;
+  finite_ = true;
 }
 
 // Writes out the staged floats up to the last line boundary of the block (all of them when
@@ -76,7 +77,7 @@ void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, 
 void BlockWriter::Flush(bool final) {
   int64_t count = staged_;
   if (!final) count -= LineOffset(out_ + staged_);
-  kernels_->stream_floats(stage_, count, out_);
+  finite_ &= kernels_->stream_floats(stage_, count, out_);
   const int64_t rest = staged_ - count;
   std::memmove(buffer_, stage_ + count, sizeof(float) * rest);
   out_ += count;
@@ -183,6 +184,7 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
     scratch.key_writer.Finish();
     scratch.value_writer.Finish();
     kernels_.store_fence();
+    if (check_output_values_ && !scratch.value_writer.finite()) bad_input_.store(true);
   }
   if (head.sink == Sink::kInPlace) {  // back into the chunk's own rows; ShiftInPlace moves them
     std::memcpy(head.keys.data() + first * key_dim_, rows.staged_keys,

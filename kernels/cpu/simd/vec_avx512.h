@@ -85,15 +85,28 @@ struct Avx512 {
     return bad != 0;
   }
 
-  // Copies with non-temporal stores on the 64-byte aligned middle of `out` (no fence).
-  static void StreamFloats(const float* in, int64_t count, float* out) {
+  // Copies with non-temporal stores on the 64-byte aligned middle of `out` (no fence);
+  // whether every float is finite (its exponent field not all ones).
+  static bool StreamFloats(const float* in, int64_t count, float* out) {
+    constexpr uint32_t kExponent = 0x7f800000u;
+    uint32_t any_exponent_ones = 0;
     int64_t i = 0;
-    while (i < count && (reinterpret_cast<uintptr_t>(out + i) & 63) != 0) {
-      out[i] = in[i];
-      ++i;
+    auto copy_one = [&](int64_t k) {
+      out[k] = in[k];
+      uint32_t bits;
+      __builtin_memcpy(&bits, in + k, sizeof(bits));
+      any_exponent_ones |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+    };
+    for (; i < count && (reinterpret_cast<uintptr_t>(out + i) & 63) != 0; ++i) copy_one(i);
+    const __m512i exponent = _mm512_set1_epi32(static_cast<int>(kExponent));
+    __mmask16 non_finite = 0;
+    for (; i + 16 <= count; i += 16) {
+      const __m512i x = _mm512_loadu_si512(in + i);
+      non_finite |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, exponent), exponent);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i), x);
     }
-    for (; i + 16 <= count; i += 16) _mm512_stream_ps(out + i, _mm512_loadu_ps(in + i));
-    for (; i < count; ++i) out[i] = in[i];
+    for (; i < count; ++i) copy_one(i);
+    return non_finite == 0 && any_exponent_ones == 0;
   }
   static void StoreFence() { _mm_sfence(); }
 

@@ -485,11 +485,28 @@ TEST_P(SoftMatchTest, ConvertAndStreamCopyExactly) {
   for (int64_t shift : {0, 1, 3, 16, 17}) {
     for (int64_t count : {0, 1, 15, 16, 33, 999}) {
       std::fill(out.begin(), out.end(), -1.0f);
-      kernels().stream_floats(in.data(), count, out.data() + shift);
+      EXPECT_TRUE(kernels().stream_floats(in.data(), count, out.data() + shift));
+      kernels().store_fence();
       for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[shift + i], in[i]) << shift << " " << i;
       EXPECT_EQ(out[shift + count], -1.0f) << "wrote past the end";
+      // An Inf or NaN anywhere (the unaligned head, the streamed middle, the tail) is noticed.
+      for (int64_t at : {int64_t{0}, count / 2, count - 1}) {
+        if (at < 0 || at >= count) continue;
+        for (float bad : {std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), std::nanf("")}) {
+          const float kept = in[at];
+          in[at] = bad;
+          EXPECT_FALSE(kernels().stream_floats(in.data(), count, out.data() + shift))
+              << "shift " << shift << ", count " << count << ", at " << at;
+          in[at] = kept;
+        }
+      }
+      // The largest finite floats are finite.
+      std::vector<float> big(static_cast<size_t>(count), -std::numeric_limits<float>::max());
+      EXPECT_TRUE(kernels().stream_floats(big.data(), count, out.data() + shift));
     }
   }
+  kernels().store_fence();
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, SoftMatchTest, ::testing::ValuesIn(SupportedSimdLevels()),

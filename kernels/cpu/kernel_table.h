@@ -103,12 +103,9 @@ struct KernelTable {
 
   // Copies `count` floats to `out`, which will not be read again soon: non-temporal stores
   // where `out` is aligned (no read-for-ownership of the destination), plain stores for the
-  // unaligned ends. No fence: the caller calls store_fence before others read `out`.
+  // unaligned ends. No fence: the caller fences (sfence) before others read `out`.
   // Returns whether every float copied is finite (no Inf or NaN).
   bool (*stream_floats)(const float* in, int64_t count, float* out);
-
-  // Orders the non-temporal stores before it before every later store (sfence).
-  void (*store_fence)();
 };
 
 namespace internal {

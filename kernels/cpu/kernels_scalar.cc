@@ -158,8 +158,6 @@ bool StreamFloats(const float* in, int64_t count, float* out) {
   return finite;
 }
 
-void StoreFence() {}  // plain stores: nothing to order
-
 }  // namespace
 
 namespace internal {
@@ -169,7 +167,7 @@ const KernelTable& ScalarKernels() {
                                  WidenRows,         PackPanels,         MatchRows,
                                  ScoreRow,          MergeRow<float>,    MergeRow<double>,
                                  ConvertRow<float>, ConvertRow<double>, ConvertRows,
-                                 RowsFinite,        StreamFloats,       StoreFence};
+                                 RowsFinite,        StreamFloats};
   return table;
 }
 

@@ -30,8 +30,8 @@ namespace centroidkv::cpu {
 // complete goes out at once with a non-temporal store (KernelTable::stream_floats), so the
 // stores drain to memory while the next rows are computed, and no read-for-ownership of the
 // result lines. The first and last partial lines of the block (which it may share with a
-// block another thread writes) get plain stores. The caller fences (store_fence) before the
-// block is read. On the way it notes whether every float written is finite.
+// block another thread writes) get plain stores. The caller fences (sfence) before the block
+// is read. On the way it notes whether every float written is finite.
 class BlockWriter {
  public:
   // `buffer`: 64-byte aligned, Capacity(dim) floats.

@@ -1,8 +1,13 @@
 // LayerJob, second half: SPEC.md section 2 step 7 (merging a chunk's kept edges and
 // writing its surviving rows where the pass puts them) and the end of a pass for a head.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include "kernels/cpu/layer_job.h"
 
@@ -43,6 +48,16 @@ constexpr int64_t kStageFloats = 1024;
 float* AlignToLine(float* p) {
   const auto address = reinterpret_cast<uintptr_t>(p);
   return p + ((64 - (address & 63)) & 63) / sizeof(float);
+}
+
+// Orders the non-temporal stores of KernelTable::stream_floats before every later store
+// (the end of the task, after which other threads read the rows). sfence is baseline x86-64.
+void FenceStreamedStores() {
+#if defined(__SSE__)
+  _mm_sfence();
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
 }
 
 // Floats from the 64-byte line boundary at or before p to p (p is float-aligned).
@@ -183,7 +198,7 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
   if (head.sink == Sink::kOutput) {
     scratch.key_writer.Finish();
     scratch.value_writer.Finish();
-    kernels_.store_fence();
+    FenceStreamedStores();
     if (check_output_values_ && !scratch.value_writer.finite()) bad_input_.store(true);
   }
   if (head.sink == Sink::kInPlace) {  // back into the chunk's own rows; ShiftInPlace moves them

@@ -25,8 +25,7 @@ constexpr KernelTable MakeKernelTable() {
                      ConvertRow<V, double>,
                      ConvertRows<V>,
                      RowsFinite,
-                     V::StreamFloats,
-                     V::StoreFence};
+                     V::StreamFloats};
 }
 
 }  // namespace

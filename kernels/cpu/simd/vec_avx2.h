@@ -123,7 +123,6 @@ struct Avx2 {
     for (; i < count; ++i) copy_one(i);
     return _mm256_testz_si256(non_finite, non_finite) != 0 && any_exponent_ones == 0;
   }
-  static void StoreFence() { _mm_sfence(); }
 
   static F LoadF32(const float* p) { return _mm256_loadu_ps(p); }
   static F LoadF16(const uint16_t* p) {

@@ -108,7 +108,6 @@ struct Avx512 {
     for (; i < count; ++i) copy_one(i);
     return non_finite == 0 && any_exponent_ones == 0;
   }
-  static void StoreFence() { _mm_sfence(); }
 
   // kW consecutive elements of each type, widened to float.
   static F LoadF32(const float* p) { return _mm512_loadu_ps(p); }

@@ -41,7 +41,6 @@ TEST_P(BlockWriterTest, WritesEveryRowExactlyAndNothingElse) {
           for (int32_t j = 0; j < dim; ++j) row[j] = static_cast<float>(r * 10000 + j);
         }
         writer.Finish();
-        kernels.store_fence();
         for (float* p = storage.data(); p < block; ++p) ASSERT_EQ(*p, kUntouched) << "before";
         for (int32_t r = 0; r < rows; ++r) {
           for (int32_t j = 0; j < dim; ++j) {

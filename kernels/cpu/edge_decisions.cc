@@ -33,22 +33,6 @@ void ResolveNearTie(int32_t i, ChunkMatcher* matcher, int64_t first, double boun
   edge->exact = true;
 }
 
-// Sorts by `less`, a strict total order (so any sort gives the same order). A destination
-// has a few kept sources, mostly one to three: insertion sort, without std::sort's set-up.
-template <typename Less>
-void SortSmall(std::span<int32_t> slots, Less less) {
-  if (slots.size() > 16) {
-    std::sort(slots.begin(), slots.end(), less);
-    return;
-  }
-  for (size_t i = 1; i < slots.size(); ++i) {
-    const int32_t slot = slots[i];
-    size_t k = i;
-    for (; k > 0 && less(slot, slots[k - 1]); --k) slots[k] = slots[k - 1];
-    slots[k] = slot;
-  }
-}
-
 }  // namespace
 
 void MakeExact(Edge* edge, const ExactScorer& scorer) {
@@ -112,6 +96,26 @@ void KeepBest(std::span<Edge> edges, int64_t r, double bound, const ExactScorer&
                     [&](int32_t x, int32_t y) { return Precedes(edges[x], edges[y]); });
   for (auto it = undecided; it != undecided + needed; ++it) edges[*it].kept = true;
 }
+
+namespace {
+
+// Sorts by `less`, a strict total order (so any sort gives the same order). A destination
+// has a few kept sources, mostly one to three: insertion sort, without std::sort's set-up.
+template <typename Less>
+void SortSmall(std::span<int32_t> slots, Less less) {
+  if (slots.size() > 16) {
+    std::sort(slots.begin(), slots.end(), less);
+    return;
+  }
+  for (size_t i = 1; i < slots.size(); ++i) {
+    const int32_t slot = slots[i];
+    size_t k = i;
+    for (; k > 0 && less(slot, slots[k - 1]); --k) slots[k] = slots[k - 1];
+    slots[k] = slot;
+  }
+}
+
+}  // namespace
 
 void OrderSources(Edge* edges, std::span<int32_t> slots, double bound, const ExactScorer& scorer) {
   if (slots.size() < 2) return;

@@ -17,8 +17,10 @@
 // pool (HeadPool), and CompressInto() overwrites the caller's result in place.
 //
 // Memory: a chunk task checks its input rows for Inf/NaN (ChecksLayerData: no separate
-// sweep over the job) and, while its match kernel runs, prefetches the next task's rows into
-// L2, so the input is read from memory once and mostly overlapped with arithmetic.
+// sweep over the job; in a fused last pass the values are checked in the float rows it
+// writes, see LayerJob::RunChunks) and, while its match kernel runs, prefetches the next
+// task's rows into L2, so the input is read from memory once and mostly overlapped with
+// arithmetic. Result rows go out a few at a time with non-temporal stores (BlockWriter).
 //
 // Thread-safe: Compress() may run concurrently from many threads.
 #pragma once

@@ -148,10 +148,30 @@ void KeepBest(std::span<Edge> edges, int64_t r, double bound, const ExactScorer&
   for (auto it = undecided; it != undecided + needed; ++it) edges[*it].kept = true;
 }
 
+namespace {
+
+// Sorts by `less`, a strict total order (so any sort gives the same order). A destination
+// has a few kept sources, mostly one to three: insertion sort, without std::sort's set-up.
+template <typename Less>
+void SortSmall(std::span<int32_t> slots, Less less) {
+  if (slots.size() > 16) {
+    std::sort(slots.begin(), slots.end(), less);
+    return;
+  }
+  for (size_t i = 1; i < slots.size(); ++i) {
+    const int32_t slot = slots[i];
+    size_t k = i;
+    for (; k > 0 && less(slot, slots[k - 1]); --k) slots[k] = slots[k - 1];
+    slots[k] = slot;
+  }
+}
+
+}  // namespace
+
 void OrderSources(Edge* edges, std::span<int32_t> slots, double bound, const ExactScorer& scorer) {
   if (slots.size() < 2) return;
   auto precedes = [&](int32_t x, int32_t y) { return Precedes(edges[x], edges[y]); };
-  std::sort(slots.begin(), slots.end(), precedes);
+  SortSmall(slots, precedes);
   bool ambiguous = false;
   for (size_t k = 0; k + 1 < slots.size() && !ambiguous; ++k) {
     const Edge& x = edges[slots[k]];
@@ -160,7 +180,7 @@ void OrderSources(Edge* edges, std::span<int32_t> slots, double bound, const Exa
   }
   if (!ambiguous) return;
   for (int32_t slot : slots) MakeExact(&edges[slot], scorer);
-  std::sort(slots.begin(), slots.end(), precedes);
+  SortSmall(slots, precedes);
 }
 
 }  // namespace centroidkv::cpu

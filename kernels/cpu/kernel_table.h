@@ -112,8 +112,10 @@ struct KernelTable {
   bool (*rows_finite)(const RowBlock* rows, int64_t first, int32_t count, int32_t dim);
 
   // Copies `count` floats to `out`, which will not be read again soon: non-temporal stores
-  // where `out` is aligned (no read-for-ownership of the destination), then a store fence.
-  void (*stream_floats)(const float* in, int64_t count, float* out);
+  // where `out` is aligned (no read-for-ownership of the destination), plain stores for the
+  // unaligned ends. No fence: the caller fences (sfence) before others read `out`.
+  // Returns whether every float copied is finite (no Inf or NaN).
+  bool (*stream_floats)(const float* in, int64_t count, float* out);
 
   // Matching on a matrix engine (AMX), null where the level has none; ChunkMatcher then uses
   // widen_rows + pack_panels + match_rows instead. One chunk: rows first .. first + length - 1

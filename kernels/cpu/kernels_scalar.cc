@@ -151,7 +151,12 @@ void ConvertRows(const RowBlock* rows, int64_t first, int32_t count, int32_t dim
   }
 }
 
-void StreamFloats(const float* in, int64_t count, float* out) { std::copy(in, in + count, out); }
+bool StreamFloats(const float* in, int64_t count, float* out) {
+  std::copy(in, in + count, out);
+  bool finite = true;
+  for (int64_t i = 0; i < count; ++i) finite &= std::isfinite(in[i]);
+  return finite;
+}
 
 }  // namespace
 

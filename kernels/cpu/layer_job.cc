@@ -66,19 +66,19 @@ void LayerJob::Head::Reset() {
   owned = false;
   keys.clear();
   values.clear();
-  counts.clear();
-  next_counts.clear();
-  owner.clear();
-  remap.clear();
+  owner.clear();  // empty means the identity
   written = false;
   active = false;
   begin = end = 0;
   num_chunks = 0;
   candidates = merges = 0;
   sink = Sink::kOutput;
-  edges.clear();
   chunk_start.clear();
   order.clear();
+  // counts, next_counts, remap and edges keep their size and stale contents: a job writes
+  // every element it reads (LoadHeads, WriteCount, MergeChunk and WriteProtectedRows,
+  // MatchChunk), so resizing them to the same size again costs nothing rather than
+  // value-initialising megabytes per job.
 }
 
 std::vector<LayerJob::Head> HeadPool::Take() {
@@ -402,6 +402,12 @@ void LayerJob::AllocateOutput() {
 void LayerJob::RunChunks(bool match, bool merge, bool fused) {
   const bool check = check_chunks_;  // the first pass checks each chunk's input rows
   check_chunks_ = false;
+  // Fused, the chunk task that matches a chunk also writes all of its rows; into the result
+  // (float), a row is finite exactly when every input row merged into it is (a count-weighted
+  // mean of finite floats is finite; an Inf or NaN term makes it Inf or NaN). So the values,
+  // which the matching does not read, are checked in the rows written (BlockWriter) rather
+  // than in an extra sweep over the input. The keys are checked before they are matched.
+  check_output_values_ = check && match && merge && fused;
   std::vector<Task> tasks;
   for (const Head& head : heads_) {
     const bool wanted = merge ? head.merges > 0 : head.active;
@@ -413,7 +419,9 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                       ChunkScratch& scratch = scratch_->local();
                       for (size_t i = range.begin(); i != range.end(); ++i) {
                         Head& head = heads_[tasks[i].head];
-                        if (check && !ChunkFinite(head, tasks[i].chunk)) {
+                        const bool values_in_output =
+                            check_output_values_ && head.sink == Sink::kOutput;
+                        if (check && !ChunkFinite(head, tasks[i].chunk, !values_in_output)) {
                           bad_input_.store(true);
                           continue;
                         }
@@ -431,12 +439,12 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                     });
 }
 
-bool LayerJob::ChunkFinite(const Head& head, int32_t chunk) const {
+bool LayerJob::ChunkFinite(const Head& head, int32_t chunk, bool with_values) const {
   const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
   const int32_t length = ChunkLength(head, chunk);
   const RowBlock keys = Keys(head), values = Values(head);
   return kernels_.rows_finite(&keys, first, length, key_dim_) &&
-         kernels_.rows_finite(&values, first, length, value_dim_);
+         (!with_values || kernels_.rows_finite(&values, first, length, value_dim_));
 }
 
 // Steps 3-4 for one chunk; with `fused`, every edge is kept (step 6 keeps all candidates).

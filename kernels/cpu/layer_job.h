@@ -5,8 +5,8 @@
 // and is read from there until its first merge; a pass that is not the last writes the
 // compacted head in float64 (like the reference), later passes compact it in place. The last
 // pass writes float32 rows into the CompressResult: each chunk's rows are staged in cache,
-// then streamed to the result as one block (non-temporal stores: no read of the fresh,
-// zero-filled result memory).
+// then streamed to the result a few rows at a time (non-temporal stores: no read of the
+// result memory; BlockWriter).
 //
 // Thread-compatible: one LayerJob per call; its tasks share the per-thread ChunkScratch pool.
 #pragma once
@@ -25,6 +25,43 @@
 
 namespace centroidkv::cpu {
 
+// Writes rows, one after another, to one contiguous block of floats of the CompressResult
+// through a small staging buffer that stays in L1: every 64-byte line of the block that is
+// complete goes out at once with a non-temporal store (KernelTable::stream_floats), so the
+// stores drain to memory while the next rows are computed, and no read-for-ownership of the
+// result lines. The first and last partial lines of the block (which it may share with a
+// block another thread writes) get plain stores. The caller fences (sfence) before the block
+// is read. On the way it notes whether every float written is finite.
+class BlockWriter {
+ public:
+  // `buffer`: 64-byte aligned, Capacity(dim) floats.
+  static int64_t Capacity(int32_t dim);
+  void Start(const KernelTable& kernels, float* buffer, int32_t dim, float* out);
+  // Where to put the next row (dim floats): valid until the next call.
+  float* Next() {
+    if (staged_ + dim_ > capacity_) Flush(/*final=*/false);
+    float* row = stage_ + staged_;
+    staged_ += dim_;
+    return row;
+  }
+  // Writes out every staged row.
+  void Finish() { Flush(/*final=*/true); }
+  // Whether every float written since Start is finite (no Inf or NaN).
+  bool finite() const { return finite_; }
+
+ private:
+  void Flush(bool final);
+
+  const KernelTable* kernels_ = nullptr;
+  float* buffer_ = nullptr;
+  int64_t capacity_ = 0;  // floats from stage_ (stage_ - buffer_ < 16)
+  int32_t dim_ = 0;
+  float* out_ = nullptr;  // where stage_[0] goes
+  float* stage_ = nullptr;
+  int64_t staged_ = 0;
+  bool finite_ = true;
+};
+
 // Buffers of one worker thread, grown on demand and reused across chunks and jobs. A chunk
 // task runs to completion without waiting on other tasks, so no two tasks share them.
 struct ChunkScratch {
@@ -36,7 +73,8 @@ struct ChunkScratch {
   std::vector<MergeTerm> terms;
   std::vector<float> value_tile;  // the chunk's values as float (fused passes on the input)
   std::vector<double> staged;     // in-place passes: the chunk's surviving rows, keys then values
-  std::vector<float> staged_output;  // last passes: the same in float, streamed to the result
+  std::vector<float> output_stage;  // last passes: the BlockWriters' buffers
+  BlockWriter key_writer, value_writer;
 };
 
 using ScratchPool = tbb::enumerable_thread_specific<ChunkScratch>;
@@ -53,7 +91,7 @@ class LayerJob {
   };
 
   // The state of one head across the passes of a job. Reused across jobs (HeadPool), so
-  // Reset() keeps the vectors' memory.
+  // Reset() keeps the vectors' memory (and some of their contents, see Reset).
   struct Head {
     void Reset();
 
@@ -98,15 +136,15 @@ class LayerJob {
   };
 
   // The rows of one chunk as MergeChunk reads them (row 0 = the chunk's first row), and
-  // where it stages the surviving rows: float for the result (streamed there as one block),
-  // double for an in-place pass.
+  // where it puts the surviving rows: float into the result (through BlockWriters), double
+  // staged for an in-place pass.
   struct ChunkRows {
     RowBlock keys;
     RowBlock values;
     double* staged_keys;
     double* staged_values;
-    float* output_keys;
-    float* output_values;
+    BlockWriter* output_keys;
+    BlockWriter* output_values;
   };
 
   // Row sources of a head's current rows.
@@ -118,7 +156,7 @@ class LayerJob {
   bool LoadHeads();  // false: a zero count, or a head's counts overflow uint32
   absl::Status BadInput() const;
   void CheckInputRows(bool (*chunked)(const Head&));
-  bool ChunkFinite(const Head& head, int32_t chunk) const;
+  bool ChunkFinite(const Head& head, int32_t chunk, bool with_values) const;
   bool SetUpPass(int32_t pass);
   void PredictMerges();
   void CountMerges();
@@ -168,6 +206,9 @@ class LayerJob {
   // The input check (the engine's ChecksLayerData): set by CheckInputRows, the first
   // RunChunks then checks each chunk's rows before using them.
   bool check_chunks_ = false;
+  // Set while the chunk tasks of a fused last pass check their input values through the
+  // rows they write (MergeChunk) instead of before matching (ChunkFinite).
+  bool check_output_values_ = false;
   std::atomic<bool> bad_input_{false};
 };
 

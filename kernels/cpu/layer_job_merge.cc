@@ -1,8 +1,13 @@
 // LayerJob, second half: SPEC.md section 2 step 7 (merging a chunk's kept edges and
 // writing its surviving rows where the pass puts them) and the end of a pass for a head.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include "kernels/cpu/layer_job.h"
 
@@ -34,7 +39,67 @@ void Grow(std::vector<T>* buffer, size_t size) {
   if (buffer->size() < size) buffer->resize(size);
 }
 
+constexpr int64_t kLineFloats = 64 / sizeof(float);
+// How much a BlockWriter stages before it writes out its complete lines: a few rows, well
+// inside L1 with everything else a merge reads.
+constexpr int64_t kStageFloats = 1024;
+
+// The first 64-byte boundary at or after p.
+float* AlignToLine(float* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  return p + ((64 - (address & 63)) & 63) / sizeof(float);
+}
+
+// Orders the non-temporal stores of KernelTable::stream_floats before every later store
+// (the end of the task, after which other threads read the rows). sfence is baseline x86-64.
+void FenceStreamedStores() {
+#if defined(__SSE__)
+  _mm_sfence();
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+
+// Floats from the 64-byte line boundary at or before p to p (p is float-aligned).
+int64_t LineOffset(const float* p) {
+  return static_cast<int64_t>((reinterpret_cast<uintptr_t>(p) & 63) / sizeof(float));
+}
+
 }  // namespace
+
+// Rounded up to whole lines, so that buffers placed one after another stay aligned.
+int64_t BlockWriter::Capacity(int32_t dim) {
+  const int64_t floats = std::max<int64_t>(kStageFloats, dim) + 2 * kLineFloats;
+  return (floats + kLineFloats - 1) / kLineFloats * kLineFloats;
+}
+
+// The staged rows sit at out's offset within a line, so each whole line of the block is a
+// whole, aligned line of the buffer.
+void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, float* out) {
+  kernels_ = &kernels;
+  buffer_ = buffer;
+  dim_ = dim;
+  out_ = out;
+  stage_ = buffer + LineOffset(out);
+  capacity_ = Capacity(dim) - (stage_ - buffer);
+  staged_ = 0;
+  finite_ = true;
+}
+
+// Writes out the staged floats up to the last line boundary of the block (all of them when
+// `final`) and moves the rest, less than a line, to the front of the buffer. Not final, it
+// runs only when a row does not fit, so more than a line is staged (Capacity).
+void BlockWriter::Flush(bool final) {
+  int64_t count = staged_;
+  if (!final) count -= LineOffset(out_ + staged_);
+  finite_ &= kernels_->stream_floats(stage_, count, out_);
+  const int64_t rest = staged_ - count;
+  std::memmove(buffer_, stage_ + count, sizeof(float) * rest);
+  out_ += count;
+  stage_ = buffer_;
+  capacity_ = Capacity(dim_);
+  staged_ = rest;
+}
 
 // The kept sources of each destination of the chunk, in the order they are summed.
 void LayerJob::BucketSources(const Head& head, int32_t chunk, ChunkScratch& scratch) const {
@@ -91,12 +156,20 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
     Grow(&scratch.staged, static_cast<size_t>(length) * (key_dim_ + value_dim_));
     rows.staged_keys = scratch.staged.data();
     rows.staged_values = scratch.staged.data() + static_cast<size_t>(length) * key_dim_;
-  } else if (head.sink == Sink::kOutput) {
-    Grow(&scratch.staged_output, static_cast<size_t>(length) * (key_dim_ + value_dim_));
-    rows.output_keys = scratch.staged_output.data();
-    rows.output_values = scratch.staged_output.data() + static_cast<size_t>(length) * key_dim_;
   }
   const int64_t start = head.chunk_start[chunk];
+  if (head.sink == Sink::kOutput) {  // the chunk's rows are one block of the result
+    const int64_t key_capacity = BlockWriter::Capacity(key_dim_);
+    Grow(&scratch.output_stage,
+         static_cast<size_t>(key_capacity + BlockWriter::Capacity(value_dim_) + kLineFloats));
+    float* buffer = AlignToLine(scratch.output_stage.data());
+    const int64_t out_row = out_->offsets[head.index] + start;
+    scratch.key_writer.Start(kernels_, buffer, key_dim_, out_->keys.data() + out_row * key_dim_);
+    scratch.value_writer.Start(kernels_, buffer + key_capacity, value_dim_,
+                               out_->values.data() + out_row * value_dim_);
+    rows.output_keys = &scratch.key_writer;
+    rows.output_values = &scratch.value_writer;
+  }
   int64_t survivors = 0;
   for (int32_t offset = 0; offset < length; ++offset) {
     if (offset % 2 == 0 && edges[offset / 2].kept) continue;  // merged into its destination
@@ -122,12 +195,11 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
       if (edges[i].kept) head.remap[edges[i].source] = head.remap[edges[i].destination];
     }
   }
-  if (head.sink == Sink::kOutput) {  // the chunk's rows are one block of the result
-    const int64_t out_row = out_->offsets[head.index] + start;
-    kernels_.stream_floats(rows.output_keys, survivors * key_dim_,
-                           out_->keys.data() + out_row * key_dim_);
-    kernels_.stream_floats(rows.output_values, survivors * value_dim_,
-                           out_->values.data() + out_row * value_dim_);
+  if (head.sink == Sink::kOutput) {
+    scratch.key_writer.Finish();
+    scratch.value_writer.Finish();
+    FenceStreamedStores();
+    if (check_output_values_ && !scratch.value_writer.finite()) bad_input_.store(true);
   }
   if (head.sink == Sink::kInPlace) {  // back into the chunk's own rows; ShiftInPlace moves them
     std::memcpy(head.keys.data() + first * key_dim_, rows.staged_keys,
@@ -145,8 +217,8 @@ void LayerJob::WriteRow(Head& head, const ChunkRows& rows, int64_t offset, int64
   double* value_dst = nullptr;
   switch (head.sink) {
     case Sink::kOutput: {
-      float* key_out = rows.output_keys + staged_row * key_dim_;
-      float* value_out = rows.output_values + staged_row * value_dim_;
+      float* key_out = rows.output_keys->Next();
+      float* value_out = rows.output_values->Next();
       if (terms.empty()) {
         kernels_.convert_row_f32(&rows.keys, offset, key_dim_, key_out);
         kernels_.convert_row_f32(&rows.values, offset, value_dim_, value_out);

@@ -1,7 +1,8 @@
 // The exact merge and row conversion kernels (kernel_table.h) as templates over a vector
 // traits class V: count-weighted sums in float64 with the reference engine's operation order
-// (every lane is one element j, so vectorising over j changes no rounding), and the division
-// by the total count through V::DivideExact. Internal linkage (see vec_avx512.h).
+// (every lane is one element j, so vectorising over j changes no rounding), and a quotient
+// by the total count that is the correctly rounded one (see MergeTermsInDouble). Internal
+// linkage (see vec_avx512.h).
 #pragma once
 
 #include <cstdint>
@@ -49,9 +50,14 @@ void MeanOfPairToFloat(const Storage<T>* x0, const Storage<T>* x1, int32_t dim, 
   }
 }
 
-// The general float64 merge. kPowerOfTwo: the total is a power of two, so dividing by it is
-// multiplying by its exact reciprocal.
-template <class V, ElemType T, typename Out, bool kPowerOfTwo>
+// The general float64 merge. kUnitCounts: every count is 1, and 1 * x is x exactly, so the
+// products are skipped. kPowerOfTwo: the total is a power of two, so dividing by it is
+// multiplying by its exact reciprocal. Otherwise, into float, the quotient is s * RN(1/t),
+// within three ulps of the correctly rounded s / t, which rounds to the same float unless it
+// lies next to a rounding boundary of float (V::MayRoundToFloatOtherwise): only such a vector
+// (a few in 10^7 on random data) takes the exact division. Into double, the division is
+// V::DivideExact.
+template <class V, ElemType T, typename Out, bool kPowerOfTwo, bool kUnitCounts>
 void MergeTermsInDouble(const RowBlock& rows, const MergeTerm* terms, int32_t num_terms,
                         double total, int32_t dim, Out* out) {
   using D = typename V::D;
@@ -60,29 +66,33 @@ void MergeTermsInDouble(const RowBlock& rows, const MergeTerm* terms, int32_t nu
   const D y = V::Set1D(1.0 / total);
   const D half_t = V::Set1D(0.5 * total);
   auto quotient = [&](D sum) {
-    return kPowerOfTwo ? V::MulD(sum, y) : V::DivideExact(sum, t, y, half_t);
+    if constexpr (kPowerOfTwo) {
+      return V::MulD(sum, y);
+    } else if constexpr (sizeof(Out) == sizeof(float)) {
+      const D q = V::MulD(sum, y);
+      return V::MayRoundToFloatOtherwise(q) ? V::DivideExact(sum, t, y, half_t) : q;
+    } else {
+      return V::DivideExact(sum, t, y, half_t);
+    }
   };
+  auto term = [](double count, D x) { return kUnitCounts ? x : V::MulD(V::Set1D(count), x); };
   int32_t j = 0;
   for (; j + 2 * WD <= dim; j += 2 * WD) {
     const Storage<T>* row = RowPointer<T>(rows, terms[0].row);
-    D c = V::Set1D(terms[0].count);
-    D s0 = V::MulD(c, LoadDoubles<V, T>(row, j));
-    D s1 = V::MulD(c, LoadDoubles<V, T>(row, j + WD));
+    D s0 = term(terms[0].count, LoadDoubles<V, T>(row, j));
+    D s1 = term(terms[0].count, LoadDoubles<V, T>(row, j + WD));
     for (int32_t k = 1; k < num_terms; ++k) {
       row = RowPointer<T>(rows, terms[k].row);
-      c = V::Set1D(terms[k].count);
-      s0 = V::AddD(s0, V::MulD(c, LoadDoubles<V, T>(row, j)));
-      s1 = V::AddD(s1, V::MulD(c, LoadDoubles<V, T>(row, j + WD)));
+      s0 = V::AddD(s0, term(terms[k].count, LoadDoubles<V, T>(row, j)));
+      s1 = V::AddD(s1, term(terms[k].count, LoadDoubles<V, T>(row, j + WD)));
     }
     StoreDoubles<V>(out + j, quotient(s0));
     StoreDoubles<V>(out + j + WD, quotient(s1));
   }
   for (; j + WD <= dim; j += WD) {
-    D s =
-        V::MulD(V::Set1D(terms[0].count), LoadDoubles<V, T>(RowPointer<T>(rows, terms[0].row), j));
+    D s = term(terms[0].count, LoadDoubles<V, T>(RowPointer<T>(rows, terms[0].row), j));
     for (int32_t k = 1; k < num_terms; ++k) {
-      s = V::AddD(s, V::MulD(V::Set1D(terms[k].count),
-                             LoadDoubles<V, T>(RowPointer<T>(rows, terms[k].row), j)));
+      s = V::AddD(s, term(terms[k].count, LoadDoubles<V, T>(RowPointer<T>(rows, terms[k].row), j)));
     }
     StoreDoubles<V>(out + j, quotient(s));
   }
@@ -95,9 +105,21 @@ void MergeTermsInDouble(const RowBlock& rows, const MergeTerm* terms, int32_t nu
   }
 }
 
+template <class V, ElemType T, typename Out, bool kPowerOfTwo>
+void MergeTermsWithTotal(const RowBlock& rows, const MergeTerm* terms, int32_t num_terms,
+                         double total, int32_t dim, Out* out) {
+  bool unit_counts = true;
+  for (int32_t k = 0; k < num_terms; ++k) unit_counts &= terms[k].count == 1.0;
+  if (unit_counts) {
+    MergeTermsInDouble<V, T, Out, kPowerOfTwo, true>(rows, terms, num_terms, total, dim, out);
+  } else {
+    MergeTermsInDouble<V, T, Out, kPowerOfTwo, false>(rows, terms, num_terms, total, dim, out);
+  }
+}
+
 // Sums c_k * row_k term by term in float64 (the reference's order), then divides by the
 // total, correctly rounded; every lane is one element j, so vectorising over j changes no
-// rounding. Multiplying by a count of 1 is exact, so the code does it regardless.
+// rounding.
 template <class V, ElemType T, typename Out>
 void MergeRowTyped(const RowBlock& rows, const MergeTerm* terms, int32_t num_terms, double total,
                    int32_t dim, Out* out) {
@@ -109,9 +131,9 @@ void MergeRowTyped(const RowBlock& rows, const MergeTerm* terms, int32_t num_ter
   }
   const auto integer_total = static_cast<uint64_t>(total);
   if ((integer_total & (integer_total - 1)) == 0) {
-    MergeTermsInDouble<V, T, Out, true>(rows, terms, num_terms, total, dim, out);
+    MergeTermsWithTotal<V, T, Out, true>(rows, terms, num_terms, total, dim, out);
   } else {
-    MergeTermsInDouble<V, T, Out, false>(rows, terms, num_terms, total, dim, out);
+    MergeTermsWithTotal<V, T, Out, false>(rows, terms, num_terms, total, dim, out);
   }
 }
 

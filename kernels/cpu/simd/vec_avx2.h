@@ -99,16 +99,29 @@ struct Avx2 {
     return _mm256_movemask_ps(bad) != 0;
   }
 
-  // Copies with non-temporal stores on the 32-byte aligned middle of `out`.
-  static void StreamFloats(const float* in, int64_t count, float* out) {
+  // Copies with non-temporal stores on the 32-byte aligned middle of `out` (no fence);
+  // whether every float is finite (its exponent field not all ones).
+  static bool StreamFloats(const float* in, int64_t count, float* out) {
+    constexpr uint32_t kExponent = 0x7f800000u;
+    uint32_t any_exponent_ones = 0;
     int64_t i = 0;
-    while (i < count && (reinterpret_cast<uintptr_t>(out + i) & 31) != 0) {
-      out[i] = in[i];
-      ++i;
+    auto copy_one = [&](int64_t k) {
+      out[k] = in[k];
+      uint32_t bits;
+      __builtin_memcpy(&bits, in + k, sizeof(bits));
+      any_exponent_ones |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+    };
+    for (; i < count && (reinterpret_cast<uintptr_t>(out + i) & 31) != 0; ++i) copy_one(i);
+    const __m256i exponent = _mm256_set1_epi32(static_cast<int>(kExponent));
+    __m256i non_finite = _mm256_setzero_si256();
+    for (; i + 8 <= count; i += 8) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+      non_finite = _mm256_or_si256(
+          non_finite, _mm256_cmpeq_epi32(_mm256_and_si256(x, exponent), exponent));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), x);
     }
-    for (; i + 8 <= count; i += 8) _mm256_stream_ps(out + i, _mm256_loadu_ps(in + i));
-    for (; i < count; ++i) out[i] = in[i];
-    _mm_sfence();
+    for (; i < count; ++i) copy_one(i);
+    return _mm256_testz_si256(non_finite, non_finite) != 0 && any_exponent_ones == 0;
   }
 
   static F LoadF32(const float* p) { return _mm256_loadu_ps(p); }
@@ -158,6 +171,22 @@ struct Avx2 {
   static D AddD(D a, D b) { return _mm256_add_pd(a, b); }
   static void StoreD(double* p, D x) { _mm256_storeu_pd(p, x); }
   static void StoreDAsFloat(float* p, D x) { _mm_storeu_ps(p, _mm256_cvtpd_ps(x)); }
+
+  // See Avx512::MayRoundToFloatOtherwise.
+  static bool MayRoundToFloatOtherwise(D q) {
+    const __m256i bits = _mm256_castpd_si256(q);
+    const __m256i low = _mm256_and_si256(bits, _mm256_set1_epi64x((int64_t{1} << 29) - 1));
+    const __m256i from_mid = _mm256_sub_epi64(low, _mm256_set1_epi64x((int64_t{1} << 28) - 8));
+    const __m256i near_mid =
+        _mm256_andnot_si256(_mm256_cmpgt_epi64(_mm256_setzero_si256(), from_mid),
+                            _mm256_cmpgt_epi64(_mm256_set1_epi64x(17), from_mid));
+    const __m256i exponent =
+        _mm256_and_si256(_mm256_srli_epi64(bits, 52), _mm256_set1_epi64x(0x7ff));
+    const __m256i inside =
+        _mm256_and_si256(_mm256_cmpgt_epi64(exponent, _mm256_set1_epi64x(1023 - 126)),
+                         _mm256_cmpgt_epi64(_mm256_set1_epi64x(1023 + 128), exponent));
+    return _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_andnot_si256(near_mid, inside))) != 0xf;
+  }
 
   // See Avx512::DivideExact.
   static D DivideExact(D x, D t, D y, D half_t) {

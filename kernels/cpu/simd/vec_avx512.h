@@ -85,19 +85,31 @@ struct Avx512 {
     return bad != 0;
   }
 
-  // kW consecutive elements of each type, widened to float.
-  // Copies with non-temporal stores on the 64-byte aligned middle of `out`.
-  static void StreamFloats(const float* in, int64_t count, float* out) {
+  // Copies with non-temporal stores on the 64-byte aligned middle of `out` (no fence);
+  // whether every float is finite (its exponent field not all ones).
+  static bool StreamFloats(const float* in, int64_t count, float* out) {
+    constexpr uint32_t kExponent = 0x7f800000u;
+    uint32_t any_exponent_ones = 0;
     int64_t i = 0;
-    while (i < count && (reinterpret_cast<uintptr_t>(out + i) & 63) != 0) {
-      out[i] = in[i];
-      ++i;
+    auto copy_one = [&](int64_t k) {
+      out[k] = in[k];
+      uint32_t bits;
+      __builtin_memcpy(&bits, in + k, sizeof(bits));
+      any_exponent_ones |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+    };
+    for (; i < count && (reinterpret_cast<uintptr_t>(out + i) & 63) != 0; ++i) copy_one(i);
+    const __m512i exponent = _mm512_set1_epi32(static_cast<int>(kExponent));
+    __mmask16 non_finite = 0;
+    for (; i + 16 <= count; i += 16) {
+      const __m512i x = _mm512_loadu_si512(in + i);
+      non_finite |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, exponent), exponent);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i), x);
     }
-    for (; i + 16 <= count; i += 16) _mm512_stream_ps(out + i, _mm512_loadu_ps(in + i));
-    for (; i < count; ++i) out[i] = in[i];
-    _mm_sfence();
+    for (; i < count; ++i) copy_one(i);
+    return non_finite == 0 && any_exponent_ones == 0;
   }
 
+  // kW consecutive elements of each type, widened to float.
   static F LoadF32(const float* p) { return _mm512_loadu_ps(p); }
   static F LoadF16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -154,6 +166,22 @@ struct Avx512 {
   static D AddD(D a, D b) { return _mm512_add_pd(a, b); }
   static void StoreD(double* p, D x) { _mm512_storeu_pd(p, x); }
   static void StoreDAsFloat(float* p, D x) { _mm256_storeu_ps(p, _mm512_cvtpd_ps(x)); }
+
+  // Whether a lane of q might round to another float than x does, where q is within three
+  // ulps (double) of x (merge_simd.h: q = s * RN(1/t), x = RN(s / t)): q is zero, NaN,
+  // infinite, below 2^-125 or at least 2^128 in magnitude (float's spacing changes, or the
+  // result overflows), or within 8 ulps of a midpoint between two floats (the low 29 bits of
+  // its significand near 2^28). Else no rounding boundary of float lies between q and x.
+  static bool MayRoundToFloatOtherwise(D q) {
+    const __m512i bits = _mm512_castpd_si512(q);
+    const __m512i low = _mm512_and_si512(bits, _mm512_set1_epi64((int64_t{1} << 29) - 1));
+    const __m512i from_mid = _mm512_sub_epi64(low, _mm512_set1_epi64((int64_t{1} << 28) - 8));
+    const __mmask8 near_mid = _mm512_cmple_epu64_mask(from_mid, _mm512_set1_epi64(16));
+    const __m512i exponent = _mm512_and_si512(_mm512_srli_epi64(bits, 52), _mm512_set1_epi64(0x7ff));
+    const __mmask8 outside = _mm512_cmpgt_epu64_mask(
+        _mm512_sub_epi64(exponent, _mm512_set1_epi64(1023 - 125)), _mm512_set1_epi64(125 + 127));
+    return (near_mid | outside) != 0;
+  }
 
   // x / t correctly rounded (as the division instruction gives it), by one Newton step on
   // the reciprocal y = RN(1/t) with FMA, checked exactly; the division instruction runs only

@@ -240,8 +240,10 @@ TEST_P(CpuEngineTest, RejectsBadDataAsTheReferenceDoes) {
     bool key;
     int32_t head, token, dim;
   };
-  // H=3, n=300, sink 4, recent 8, chunk 32: token 40 is in a chunk, 2 a sink, 297 recent.
+  // H=3, n=300, sink 4, recent 8, chunk 32: token 40 is in a chunk, 2 a sink, 297 recent;
+  // in a chunk, odd offsets (41) are destinations and even ones (44) sources merged into them.
   const Placement placements[] = {{"ChunkKey", true, 1, 40, 3},    {"ChunkValue", false, 0, 41, 5},
+                                  {"ChunkSourceValue", false, 1, 44, 7},
                                   {"LastChunkKey", true, 2, 291, 0}, {"SinkKey", true, 0, 2, 1},
                                   {"RecentValue", false, 2, 297, 6}, {"PassthroughKey", true, 2, 50, 7}};
   const float bad[] = {std::nanf(""), -__builtin_huge_valf()};

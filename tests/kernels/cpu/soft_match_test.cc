@@ -480,6 +480,75 @@ TEST_P(SoftMatchTest, MergeRowIsBitExactAtTheEdgesOfFloat) {
   }
 }
 
+// Every path of the SIMD merge (merge_simd.h), at dims that reach its two-vector loop, its
+// one-vector loop and its scalar tail: unit pairs (the float mean), unit counts with any
+// total (products skipped), power-of-two totals (multiplying by the reciprocal) with unit and
+// mixed counts, other totals (the rounded quotient, checked against float's rounding
+// boundaries), and counts up to 2^32, whose products with float rows are not exact.
+TEST_P(SoftMatchTest, MergeRowIsBitExactOnEveryPath) {
+  std::mt19937_64 rng(kSeed + 6);
+  const std::vector<std::vector<double>> count_sets = {
+      {1, 1},       {1, 1, 1},    {1, 1, 1, 1},        {1, 1, 1, 1, 1},   {1, 1, 1, 1, 1, 1, 1},
+      {1, 3},       {3, 5},       {1, 1, 2},           {2, 2, 4},         {1, 2},
+      {2, 3, 4},    {1, 1, 1, 2}, {4294967295.0, 1.0}, {1, 2147483649.0}, {3, 1073741825.0, 7}};
+  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64}) {
+    for (int32_t dim : {1, 4, 7, 8, 9, 16, 24, 33, 128}) {
+      SCOPED_TRACE(ElemTypeName(type) + " dim " + std::to_string(dim));
+      const Rows rows = RandomRows(type, 16, dim, Shape::kIndependent, 5.0, rng);
+      for (const std::vector<double>& counts : count_sets) {
+        std::vector<MergeTerm> terms;
+        for (double count : counts) terms.push_back({static_cast<int64_t>(rng() % 16), count});
+        ExpectMergeExact<float>(kernels(), rows, terms);
+        ExpectMergeExact<double>(kernels(), rows, terms);
+      }
+    }
+  }
+}
+
+// Quotients s / t on and right next to a midpoint between two floats, where the float
+// rounding of an approximate quotient would differ from that of the correctly rounded one:
+// float64 rows (so any sum s can be made) a, 0, 0, ... with s = a = t * m + k ulps for a
+// float midpoint m. Also float rows whose sum is exactly 3 * m.
+TEST_P(SoftMatchTest, MergeRowIntoFloatRoundsQuotientsNextToFloatMidpoints) {
+  constexpr int32_t kDim = 40;  // both vector loops and the scalar tail at every level
+  std::mt19937_64 rng(kSeed + 7);
+  for (double total : {3.0, 5.0, 6.0, 7.0, 9.0, 11.0, 12.0, 13.0, 100.0, 4294967295.0}) {
+    Rows rows(ElemType::kF64, 2, kDim);  // row 1 stays zero
+    for (int32_t j = 0; j < kDim; ++j) {
+      // A float midpoint m of random magnitude and parity, and a within a few ulps of t * m.
+      const float f = std::ldexp(1.0f + static_cast<float>(rng() % (1u << 23)) * 0x1p-23f,
+                                 static_cast<int>(rng() % 200) - 100);
+      const double m = static_cast<double>(f) + std::ldexp(1.0, std::ilogb(f) - 24);
+      double a = total * m;  // exact: 25 + 32 bits at most
+      for (int32_t k = static_cast<int32_t>(j % 11) - 5; k != 0; k += k > 0 ? -1 : 1) {
+        a = std::nextafter(a, k > 0 ? INFINITY : -INFINITY);
+      }
+      rows.Set(0, j, j % 4 == 3 ? -a : a);
+    }
+    SCOPED_TRACE("total " + std::to_string(total));
+    // Unit counts (total - 1 zero rows) and mixed counts (one zero row of count total - 1).
+    std::vector<MergeTerm> unit(static_cast<size_t>(std::min(total, 13.0)), MergeTerm{1, 1.0});
+    unit[0].row = 0;
+    if (total <= 13.0) ExpectMergeExact<float>(kernels(), rows, unit);
+    ExpectMergeExact<float>(kernels(), rows, {{0, 1.0}, {1, total - 1.0}});
+    ExpectMergeExact<double>(kernels(), rows, {{0, 1.0}, {1, total - 1.0}});
+  }
+  // Float rows: x0 + 2 * x1 = 3 * m exactly, for m = 1 + 2^-24 (halfway between 1 and the
+  // next float) and its multiples by powers of two, so the mean is exactly a tie.
+  for (ElemType type : {ElemType::kF32, ElemType::kF64}) {
+    Rows rows(type, 2, kDim);
+    for (int32_t j = 0; j < kDim; ++j) {
+      const int scale = (j % 9) * 7 - 28;
+      const double sign = j % 2 ? -1.0 : 1.0;
+      rows.Set(0, j, sign * std::ldexp(0.5 + 3 * 0x1p-24, scale));
+      rows.Set(1, j, sign * std::ldexp(1.25, scale));
+    }
+    SCOPED_TRACE(ElemTypeName(type));
+    ExpectMergeExact<float>(kernels(), rows, {{0, 1.0}, {1, 2.0}});
+    ExpectMergeExact<float>(kernels(), rows, {{0, 1.0}, {1, 1.0}, {1, 1.0}});
+  }
+}
+
 TEST_P(SoftMatchTest, ConvertAndStreamCopyExactly) {
   std::mt19937_64 rng(kSeed + 5);
   for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64}) {
@@ -503,9 +572,24 @@ TEST_P(SoftMatchTest, ConvertAndStreamCopyExactly) {
   for (int64_t shift : {0, 1, 3, 16, 17}) {
     for (int64_t count : {0, 1, 15, 16, 33, 999}) {
       std::fill(out.begin(), out.end(), -1.0f);
-      kernels().stream_floats(in.data(), count, out.data() + shift);
+      EXPECT_TRUE(kernels().stream_floats(in.data(), count, out.data() + shift));
       for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[shift + i], in[i]) << shift << " " << i;
       EXPECT_EQ(out[shift + count], -1.0f) << "wrote past the end";
+      // An Inf or NaN anywhere (the unaligned head, the streamed middle, the tail) is noticed.
+      for (int64_t at : {int64_t{0}, count / 2, count - 1}) {
+        if (at < 0 || at >= count) continue;
+        for (float bad : {std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), std::nanf("")}) {
+          const float kept = in[at];
+          in[at] = bad;
+          EXPECT_FALSE(kernels().stream_floats(in.data(), count, out.data() + shift))
+              << "shift " << shift << ", count " << count << ", at " << at;
+          in[at] = kept;
+        }
+      }
+      // The largest finite floats are finite.
+      std::vector<float> big(static_cast<size_t>(count), -std::numeric_limits<float>::max());
+      EXPECT_TRUE(kernels().stream_floats(big.data(), count, out.data() + shift));
     }
   }
 }

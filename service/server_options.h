@@ -29,7 +29,7 @@ struct ServerOptions {
   // so the server's buffers total at most max_total_bytes + max_pooled_result_bytes.
   // 0 results = no pool (every job allocates and zero-fills its result afresh).
   int32_t max_pooled_results = 16;
-  uint64_t max_pooled_result_bytes = uint64_t{1} << 30;
+  uint64_t max_pooled_result_bytes = uint64_t{512} << 20;
   // Input bytes of one job (keys + values + counts); larger jobs get RESOURCE_EXHAUSTED.
   uint64_t max_job_bytes = uint64_t{256} << 20;
   // Largest message accepted (slabs are 64 KiB - 1 MiB; this leaves room for headers).

@@ -27,13 +27,18 @@ uint64_t ResultPool::CapacityBytes(const CompressResult& result) {
 }
 
 uint64_t ResultPool::ResultBytesFor(const LayerView& layer, const CompressOptions& options) {
-  const int64_t n = layer.num_tokens;
-  int64_t t = options.target_tokens.has_value()
-                  ? *options.target_tokens
-                  : static_cast<int64_t>(std::ceil(
-                        options.target_ratio.value_or(CompressOptions::kDefaultTargetRatio) *
-                        static_cast<double>(n)));
-  t = std::clamp<int64_t>(t, 1, std::max<int64_t>(n, 1));
+  // Called before the engine validates the options: clamp in double (NaN -> 1) first.
+  const int64_t n = std::max<int64_t>(layer.num_tokens, 1);
+  double target = options.target_tokens.has_value()
+                      ? static_cast<double>(*options.target_tokens)
+                      : std::ceil(options.target_ratio.value_or(
+                                      CompressOptions::kDefaultTargetRatio) *
+                                  static_cast<double>(n));
+  if (!(target >= 1.0)) target = 1.0;
+  int64_t t = std::min<int64_t>(n, static_cast<int64_t>(std::min<double>(target, n)));
+  const int64_t protected_rows =
+      std::max<int64_t>(options.sink_tokens, 0) + std::max<int64_t>(options.recent_tokens, 0);
+  t = std::max(t, std::min(n, protected_rows));
   int64_t passthrough = 0;
   for (int32_t head = 0; head < layer.num_heads; ++head) {
     if (std::find(options.passthrough_heads.begin(), options.passthrough_heads.end(), head) !=

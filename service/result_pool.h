@@ -53,7 +53,9 @@ class ResultPool : public std::enable_shared_from_this<ResultPool> {
 
   // Bytes the arrays of `result` hold allocated (capacity, not size).
   static uint64_t CapacityBytes(const CompressResult& result);
-  // The bytes of the float32 result of a job of this shape, as the engine sizes it.
+  // The bytes of the float32 result of a job of this shape when each compressed head
+  // reaches its target length t (or keeps its S + W protected rows, if more): what the
+  // engine returns for mergeable data; a head that merges less returns more rows.
   static uint64_t ResultBytesFor(const LayerView& layer, const CompressOptions& options);
 
  private:

@@ -1,12 +1,16 @@
 // ResultPool: leases come back on destruction, idle results stay within both bounds
 // (least recently returned freed first), leasing picks the best-fitting buffer, and
-// concurrent leasing from real threads keeps the books straight.
+// concurrent leasing from real threads keeps the books straight; the size it leases for
+// is the size the engine produces.
 #include "service/result_pool.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 #include <vector>
+
+#include "centroidkv/kernels/engine_factory.h"
+#include "tests/testing/random_layer.h"
 
 namespace centroidkv::service {
 namespace {
@@ -126,6 +130,48 @@ TEST(ResultPoolTest, ConcurrentLeasesKeepTheBooksStraight) {
   EXPECT_LE(stats.created, 6 + stats.trimmed) << "new results only replace freed ones";
   EXPECT_LE(stats.idle_results, 3);
   EXPECT_EQ(stats.created - stats.trimmed, stats.idle_results);
+}
+
+TEST(ResultPoolTest, ResultBytesForIsWhatTheEngineProducesForMergeableData) {
+  const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+  auto engine = engines->Select(BackendKind::kAuto);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  struct Case {
+    int32_t heads, tokens, key_dim, value_dim;
+    double ratio;
+    bool assignment;
+    std::vector<int32_t> passthrough;
+    int32_t sink, recent;
+    bool exact;  // reaches the target (else: protected rows and chunking keep more)
+  };
+  for (const Case& c : std::vector<Case>{{2, 96, 16, 12, 0.4, true, {}, 2, 8, true},
+                                         {3, 130, 8, 24, 0.3, false, {1}, 2, 8, true},
+                                         {1, 300, 32, 32, 0.25, true, {}, 0, 0, true},
+                                         {2, 96, 16, 12, 0.4, true, {}, 16, 64, false}}) {
+    test::RandomLayerSpec spec = test::Spec(c.heads, c.tokens, c.key_dim, c.value_dim, 7);
+    spec.prototypes = 4;  // near-duplicate tokens: every head can merge down to t
+    const test::RandomLayer layer = test::RandomLayer::Generate(spec);
+    CompressOptions options;
+    options.target_ratio = c.ratio;
+    options.chunk_size = 16;
+    options.sink_tokens = c.sink;
+    options.recent_tokens = c.recent;
+    options.compute_assignment = c.assignment;
+    options.passthrough_heads = c.passthrough;
+    auto result = (*engine)->Compress(layer.view(), options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const uint64_t produced = result->offsets.size() * sizeof(int64_t) +
+                              (result->keys.size() + result->values.size()) * sizeof(float) +
+                              result->counts.size() * sizeof(uint32_t) +
+                              result->assignment.size() * sizeof(int32_t);
+    const uint64_t estimate = ResultPool::ResultBytesFor(layer.view(), options);
+    if (c.exact) {
+      EXPECT_EQ(estimate, produced) << spec.ToString();
+    } else {
+      EXPECT_LE(estimate, produced) << spec.ToString();
+      EXPECT_GE(estimate, produced * 9 / 10) << spec.ToString();
+    }
+  }
 }
 
 }  // namespace

@@ -567,15 +567,19 @@ TEST_F(CompressReactorTest, ReusedResultsMatchTheEngineOnSeveralStreamsAtOnce) {
   EXPECT_GT(server->context().results->stats().reused, 0);
 }
 
+// Every job reuses the one buffer all the earlier shapes wrote: the strictest overwrite test.
 TEST_F(CompressReactorTest, OneJobAtATimeReusesOneResultBuffer) {
   const std::vector<ShapedJob> jobs = MixedShapeJobs(700);
   for (int round = 0; round < 3; ++round) {
     for (size_t i = 0; i < jobs.size(); ++i) {
+      SCOPED_TRACE(jobs[i].layer.spec().ToString());
       RawStream stream(stub_.get());
       ASSERT_TRUE(stream.SendJob(1, jobs[i].layer.view(), jobs[i].options));
       std::vector<v1::CompressResponse> responses;
       ASSERT_TRUE(stream.Finish(&responses).ok());
-      ASSERT_EQ(DecodeResults(responses).count(1), 1u);
+      auto results = DecodeResults(responses);
+      ASSERT_EQ(results.count(1), 1u);
+      test::ExpectBitIdentical(Expected(jobs[i].layer.view(), jobs[i].options), results[1]);
       // The buffer is back before the last slab reaches the client.
       ASSERT_EQ(server_->context().results->stats().leased, 0);
     }

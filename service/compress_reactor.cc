@@ -297,11 +297,16 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
   JobTimings timings;
   const double start = NowSeconds();
   timings.queue_seconds = start - enqueue_time;
-  absl::StatusOr<CompressResult> result;
+  // A result buffer from the pool (any earlier shape): CompressInto overwrites it without
+  // faulting in and zero-filling fresh pages for every job.
+  PooledResult result = context_->results->Acquire(
+      ResultPool::ResultBytesFor(job->view(), job->options()));
+  absl::Status status;
   try {
-    result = engine->Compress(job->view(), job->options(), CompressControl{cancelled.get()});
+    status = engine->CompressInto(job->view(), job->options(), result.get(),
+                                  CompressControl{cancelled.get()});
   } catch (const std::bad_alloc&) {
-    result = absl::ResourceExhaustedError(
+    status = absl::ResourceExhaustedError(
         absl::StrCat("job ", job_id, ": out of memory while clustering"));
   }
   timings.compute_seconds = NowSeconds() - start;
@@ -309,11 +314,11 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
   const ResultMeta meta{job->layer_index(), job->output_dtype(), std::string(engine->name()),
                         timings};
   job.reset();  // free the input before the result is queued
-  OnJobComputed(job_id, std::move(result), meta);
+  OnJobComputed(job_id, status, std::move(result), meta);
 }
 
-void CompressReactor::OnJobComputed(uint64_t job_id, absl::StatusOr<CompressResult> result,
-                                    const ResultMeta& meta) {
+void CompressReactor::OnJobComputed(uint64_t job_id, const absl::Status& status,
+                                    PooledResult result, const ResultMeta& meta) {
   ServiceStats& stats = context_->stats;
   Actions actions;
   {
@@ -324,20 +329,20 @@ void CompressReactor::OnJobComputed(uint64_t job_id, absl::StatusOr<CompressResu
     computing_.erase(job_id);
     computing_footprint_.erase(job_id);
     if (finish_requested_ || job_cancelled ||
-        (!result.ok() && result.status().code() == absl::StatusCode::kCancelled)) {
+        status.code() == absl::StatusCode::kCancelled) {
       stats.jobs_dropped.fetch_add(1);
       ReleaseFootprint(footprint, &actions);
-    } else if (!result.ok() && result.status().code() == absl::StatusCode::kInvalidArgument) {
+    } else if (status.code() == absl::StatusCode::kInvalidArgument) {
       // Bad data (NaN, zero counts, ...) is bad input: the stream fails, naming the field.
       stats.jobs_failed.fetch_add(1);
       ReleaseFootprint(footprint, &actions);
       FailStream(absl::InvalidArgumentError(
-                     absl::StrCat("job ", job_id, ": ", result.status().message())),
+                     absl::StrCat("job ", job_id, ": ", status.message())),
                  &actions);
-    } else if (!result.ok()) {
+    } else if (!status.ok()) {
       // A valid job that failed while computing: reported for that job only.
       stats.jobs_failed.fetch_add(1);
-      QueueJobError(job_id, result.status(), footprint, &actions);
+      QueueJobError(job_id, status, footprint, &actions);
     } else {
       // The job's input is gone; the result needs at most the reserved footprint.
       stats.jobs_completed.fetch_add(1);
@@ -346,11 +351,12 @@ void CompressReactor::OnJobComputed(uint64_t job_id, absl::StatusOr<CompressResu
       outgoing_.back().footprint = footprint;
       outgoing_.back().encoder = std::make_unique<ResultEncoder>(
           job_id, meta.layer_index, meta.output_dtype, meta.backend, meta.timings,
-          std::move(*result), context_->options.result_slab_bytes);
+          std::move(result), context_->options.result_slab_bytes);
       PrepareWrite(&actions);
     }
     MaybeFinish(&actions);
   }
+  result.reset();  // a job with no result to send returns its buffer to the pool now
   Perform(actions);
 }
 

@@ -23,6 +23,7 @@
 #include "centroidkv/v1/centroidkv.grpc.pb.h"
 #include "service/incoming_job.h"
 #include "service/result_encoder.h"
+#include "service/result_pool.h"
 #include "service/service_context.h"
 
 namespace centroidkv::service {
@@ -82,7 +83,9 @@ class CompressReactor final
     std::string backend;
     JobTimings timings;
   };
-  void OnJobComputed(uint64_t job_id, absl::StatusOr<CompressResult> result,
+  // `result` is the job's pooled result (valid when `status` is OK); it returns to the
+  // pool when its encoder is done with it, or at once when the job produced no reply.
+  void OnJobComputed(uint64_t job_id, const absl::Status& status, PooledResult result,
                      const ResultMeta& meta);
   void QueueJobError(uint64_t job_id, const absl::Status& status, uint64_t footprint,
                      Actions* actions);

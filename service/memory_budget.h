@@ -1,6 +1,9 @@
 // A byte budget shared by all streams: the server's bound on buffered KV data. A stream
 // that cannot reserve what it needs registers as a waiter and stops reading; it is woken
 // when bytes are released (backpressure instead of unbounded memory).
+// Idle result buffers kept for reuse are not in this budget: ResultPool bounds them
+// separately (ServerOptions::max_pooled_result_bytes); a leased buffer is part of its job's
+// footprint here.
 // Thread-safe. Waiters are called without the budget's lock held.
 #pragma once
 

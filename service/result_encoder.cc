@@ -15,7 +15,7 @@ constexpr v1::Tensor kOutputOrder[] = {v1::TENSOR_OUT_KEYS, v1::TENSOR_OUT_VALUE
 }  // namespace
 
 ResultEncoder::ResultEncoder(uint64_t job_id, uint32_t layer_index, DType output_dtype,
-                             std::string backend, JobTimings timings, CompressResult result,
+                             std::string backend, JobTimings timings, PooledResult result,
                              int32_t slab_bytes)
     : job_id_(job_id),
       layer_index_(layer_index),
@@ -29,52 +29,55 @@ ResultEncoder::ResultEncoder(uint64_t job_id, uint32_t layer_index, DType output
 uint64_t ResultEncoder::TensorBytes(v1::Tensor tensor) const {
   switch (tensor) {
     case v1::TENSOR_OUT_KEYS:
-      return result_.keys.size() * DTypeSize(output_dtype_);
+      return result_->keys.size() * DTypeSize(output_dtype_);
     case v1::TENSOR_OUT_VALUES:
-      return result_.values.size() * DTypeSize(output_dtype_);
+      return result_->values.size() * DTypeSize(output_dtype_);
     case v1::TENSOR_OUT_COUNTS:
-      return result_.counts.size() * sizeof(uint32_t);
+      return result_->counts.size() * sizeof(uint32_t);
     case v1::TENSOR_ASSIGNMENT:
-      return result_.assignment.size() * sizeof(int32_t);
+      return result_->assignment.size() * sizeof(int32_t);
     default:
       return 0;
   }
 }
 
+bool ResultEncoder::SeekData() {
+  while (tensor_index_ < 4 && cursor_ >= TensorBytes(kOutputOrder[tensor_index_])) {
+    ++tensor_index_;
+    cursor_ = 0;
+  }
+  return tensor_index_ < 4;
+}
+
 bool ResultEncoder::Next(v1::CompressResponse* message) {
   message->Clear();
+  if (result_ == nullptr) return false;
   if (!header_sent_) {
     header_sent_ = true;
     v1::JobResult* header = message->mutable_result();
     header->set_job_id(job_id_);
     header->set_layer_index(layer_index_);
-    header->set_num_heads(static_cast<uint32_t>(result_.num_heads));
-    header->set_num_tokens(static_cast<uint32_t>(result_.num_tokens));
-    header->set_key_dim(static_cast<uint32_t>(result_.key_dim));
-    header->set_value_dim(static_cast<uint32_t>(result_.value_dim));
+    header->set_num_heads(static_cast<uint32_t>(result_->num_heads));
+    header->set_num_tokens(static_cast<uint32_t>(result_->num_tokens));
+    header->set_key_dim(static_cast<uint32_t>(result_->key_dim));
+    header->set_value_dim(static_cast<uint32_t>(result_->value_dim));
     header->set_dtype(DTypeToProto(output_dtype_));
-    for (int64_t offset : result_.offsets) header->add_offsets(offset);
-    header->set_has_assignment(!result_.assignment.empty());
+    for (int64_t offset : result_->offsets) header->add_offsets(offset);
+    header->set_has_assignment(!result_->assignment.empty());
     header->set_out_keys_bytes(TensorBytes(v1::TENSOR_OUT_KEYS));
     header->set_out_values_bytes(TensorBytes(v1::TENSOR_OUT_VALUES));
     header->set_out_counts_bytes(TensorBytes(v1::TENSOR_OUT_COUNTS));
     header->set_assignment_bytes(TensorBytes(v1::TENSOR_ASSIGNMENT));
     header->set_backend(backend_);
-    header->set_passes_run(static_cast<uint32_t>(result_.passes_run));
+    header->set_passes_run(static_cast<uint32_t>(result_->passes_run));
     header->set_compute_seconds(timings_.compute_seconds);
     header->set_queue_seconds(timings_.queue_seconds);
-    return true;
+  } else {
+    FillSlab(kOutputOrder[tensor_index_], message->mutable_slab());
   }
-  while (tensor_index_ < 4) {
-    const v1::Tensor tensor = kOutputOrder[tensor_index_];
-    if (cursor_ < TensorBytes(tensor)) {
-      FillSlab(tensor, message->mutable_slab());
-      return true;
-    }
-    ++tensor_index_;
-    cursor_ = 0;
-  }
-  return false;
+  // The float32 arrays are not needed once the last slab holds its copy.
+  if (!SeekData()) result_.reset();
+  return true;
 }
 
 void ResultEncoder::FillSlab(v1::Tensor tensor, v1::TensorSlab* slab) {
@@ -87,7 +90,7 @@ void ResultEncoder::FillSlab(v1::Tensor tensor, v1::TensorSlab* slab) {
   data->resize(length);
   if (tensor == v1::TENSOR_OUT_KEYS || tensor == v1::TENSOR_OUT_VALUES) {
     const std::vector<float>& source =
-        tensor == v1::TENSOR_OUT_KEYS ? result_.keys : result_.values;
+        tensor == v1::TENSOR_OUT_KEYS ? result_->keys : result_->values;
     const int64_t element_size = DTypeSize(output_dtype_);
     const int64_t first = static_cast<int64_t>(cursor_) / element_size;
     const int64_t count = static_cast<int64_t>(length) / element_size;
@@ -95,8 +98,8 @@ void ResultEncoder::FillSlab(v1::Tensor tensor, v1::TensorSlab* slab) {
   } else {
     const uint8_t* source =
         tensor == v1::TENSOR_OUT_COUNTS
-            ? reinterpret_cast<const uint8_t*>(result_.counts.data())
-            : reinterpret_cast<const uint8_t*>(result_.assignment.data());
+            ? reinterpret_cast<const uint8_t*>(result_->counts.data())
+            : reinterpret_cast<const uint8_t*>(result_->assignment.data());
     std::memcpy(data->data(), source + cursor_, length);
   }
   cursor_ += length;

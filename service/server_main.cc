@@ -38,6 +38,14 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
                  "Bytes all streams together may hold in flight")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
+  app.add_option("--max-pooled-results", options.max_pooled_results,
+                 "Finished result buffers kept idle for reuse by later jobs; 0 = no pool")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-pooled-result-bytes", options.max_pooled_result_bytes,
+                 "Bytes the idle result buffers may hold (outside --max-total-bytes)")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-job-bytes", options.max_job_bytes, "Largest input of one layer job")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));

@@ -24,6 +24,12 @@ struct ServerOptions {
   // not yet written) before the server stops reading it, and the same over all streams.
   uint64_t max_stream_bytes = uint64_t{512} << 20;
   uint64_t max_total_bytes = uint64_t{4} << 30;
+  // Finished jobs' float32 result buffers kept idle for reuse by later jobs (ResultPool):
+  // at most this many, holding at most this many bytes. They are outside max_total_bytes,
+  // so the server's buffers total at most max_total_bytes + max_pooled_result_bytes.
+  // 0 results = no pool (every job allocates and zero-fills its result afresh).
+  int32_t max_pooled_results = 16;
+  uint64_t max_pooled_result_bytes = uint64_t{512} << 20;
   // Input bytes of one job (keys + values + counts); larger jobs get RESOURCE_EXHAUSTED.
   uint64_t max_job_bytes = uint64_t{256} << 20;
   // Largest message accepted (slabs are 64 KiB - 1 MiB; this leaves room for headers).

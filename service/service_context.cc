@@ -12,7 +12,9 @@ ServiceContext::ServiceContext(const ServerOptions& server_options)
       engines(EngineSet::CreateAvailable(server_options.engine_limits)),
       executor(std::make_unique<WorkExecutor>(server_options.worker_threads)),
       budget(server_options.max_total_bytes),
-      metrics(streams, *executor, budget, draining, engines->EngineNames()) {}
+      results(ResultPool::Create({server_options.max_pooled_results,
+                                  server_options.max_pooled_result_bytes})),
+      metrics(streams, *executor, budget, *results, draining, engines->EngineNames()) {}
 
 void StreamRegistry::Add(CompressReactor* reactor) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -1,5 +1,5 @@
 // What every stream of one server shares: options, engines, the clustering pool, the
-// memory budget, the registry of live streams (for draining on shutdown) and the metrics.
+// memory budget, the pool of idle result buffers, the registry of live streams (for draining on shutdown) and the metrics.
 // Thread-safe: fields are set once at start-up; the registry has its own lock.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include "centroidkv/kernels/engine_factory.h"
 #include "service/executor.h"
 #include "service/memory_budget.h"
+#include "service/result_pool.h"
 #include "service/server_options.h"
 #include "service/service_metrics.h"
 
@@ -55,6 +56,7 @@ struct ServiceContext {
   std::unique_ptr<EngineSet> engines;
   std::unique_ptr<WorkExecutor> executor;
   MemoryBudget budget;
+  std::shared_ptr<ResultPool> results;  // shared: leases keep it alive
   StreamRegistry streams;
   ServiceStats stats;
   std::atomic<bool> draining{false};

@@ -5,6 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "service/executor.h"
 #include "service/memory_budget.h"
+#include "service/result_pool.h"
 #include "service/service_context.h"
 
 #ifndef CKV_VERSION
@@ -27,7 +28,8 @@ const std::vector<double> kQueueWaitBounds = {0.0001, 0.0005, 0.001, 0.0025, 0.0
 }  // namespace
 
 ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor& executor,
-                               const MemoryBudget& budget, const std::atomic<bool>& draining,
+                               const MemoryBudget& budget, const ResultPool& results,
+                               const std::atomic<bool>& draining,
                                const std::vector<std::string>& backends) {
   registry_
       .AddGauge("centroidkv_build_info",
@@ -74,6 +76,16 @@ ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor
       .AddGauge("centroidkv_buffered_bytes",
                 "Bytes reserved by jobs in flight (inputs and results) in the memory budget")
       ->Add({}, [&budget] { return static_cast<double>(budget.used()); });
+  registry_
+      .AddGauge("centroidkv_result_pool_idle_bytes",
+                "Bytes of finished results kept idle for reuse (outside centroidkv_buffered_bytes)")
+      ->Add({}, [&results] { return static_cast<double>(results.stats().idle_bytes); });
+  registry_.AddGauge("centroidkv_result_pool_idle_results", "Results kept idle for reuse")
+      ->Add({}, [&results] { return static_cast<double>(results.stats().idle_results); });
+  registry_
+      .AddGauge("centroidkv_result_pool_leased_results",
+                "Result buffers held by jobs now (computing, or being sent)")
+      ->Add({}, [&results] { return static_cast<double>(results.stats().leased); });
   errors_ = registry_.AddCounter(
       "centroidkv_errors_total",
       "Errors by gRPC status code; scope=stream: a stream ended with it, scope=job: one job failed",

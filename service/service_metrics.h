@@ -15,6 +15,7 @@
 namespace centroidkv::service {
 
 class MemoryBudget;
+class ResultPool;
 class StreamRegistry;
 class WorkExecutor;
 
@@ -25,7 +26,8 @@ class ServiceMetrics {
  public:
   // Reads the live gauges from the arguments, which must outlive this object.
   ServiceMetrics(const StreamRegistry& streams, const WorkExecutor& executor,
-                 const MemoryBudget& budget, const std::atomic<bool>& draining,
+                 const MemoryBudget& budget, const ResultPool& results,
+                 const std::atomic<bool>& draining,
                  const std::vector<std::string>& backends);
 
   void StreamOpened() { streams_total_->Increment(); }

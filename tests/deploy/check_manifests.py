@@ -162,6 +162,17 @@ def server_flags(server_bin):
     return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
 
 
+# The server's own --max-pooled-result-bytes default (from --help), set by main().
+POOLED_RESULT_BYTES_DEFAULT = "0"
+
+
+def server_default(server_bin, flag):
+    """The default CLI11 prints for `flag` (the last `=VALUE` of its --help line), or None."""
+    out = subprocess.run([server_bin, "--help"], capture_output=True, text=True, check=True).stdout
+    match = re.search(re.escape(flag) + r" [^\n]*=([^ \n=]+)$", out, re.M)
+    return match.group(1) if match else None
+
+
 def live_metric_types(server_bin):
     """Starts the server on loopback with metrics on a free port, scrapes /metrics, sends
     SIGTERM and checks it drains and exits 0. Returns {metric name: type}."""
@@ -269,9 +280,12 @@ def check_container_common(where, container, docker, flags, pod_spec, metric_typ
     check("cpu" in requests and "memory" in requests and "memory" in limits,
           f"{where}: cpu and memory requests, memory limit")
     total = arg_value(args, "--max-total-bytes")
+    # Idle pooled result buffers are outside --max-total-bytes: the limit must hold both.
+    pooled = arg_value(args, "--max-pooled-result-bytes") or POOLED_RESULT_BYTES_DEFAULT
     if total and "memory" in limits:
-        check(quantity(limits["memory"]) > quantity(total),
-              f"{where}: memory limit {limits['memory']} > --max-total-bytes {total}")
+        check(quantity(limits["memory"]) > quantity(total) + quantity(pooled),
+              f"{where}: memory limit {limits['memory']} > --max-total-bytes {total} + "
+              f"--max-pooled-result-bytes {pooled}")
     threads = arg_value(args, "--threads")
     if threads and "cpu" in requests:
         check(quantity(requests["cpu"]) >= int(threads),
@@ -483,6 +497,10 @@ def main():
     for variant, docker in dockers.items():
         check(docker["user"], f"Dockerfile.{variant}: creates a non-root user")
     flags = server_flags(options.server_bin)
+    global POOLED_RESULT_BYTES_DEFAULT
+    pooled_default = server_default(options.server_bin, "--max-pooled-result-bytes")
+    if check(pooled_default is not None, "--help prints the --max-pooled-result-bytes default"):
+        POOLED_RESULT_BYTES_DEFAULT = pooled_default
     cli_bin = os.path.join(os.path.dirname(options.server_bin), "centroidkv")
     check_runtime_packages(os.path.join(deploy, "docker", "Dockerfile.cpu"),
                            [options.server_bin] + ([cli_bin] if os.path.exists(cli_bin) else []))

@@ -1,7 +1,9 @@
 // The Compress stream protocol against a real server on loopback: results equal the
 // in-process engine, several jobs in flight per stream, every malformed input ends the
 // stream with the right code and a message naming the field, the server keeps serving,
-// and cancelled work is dropped.
+// and cancelled work is dropped. Result buffers come from the server's ResultPool: jobs
+// of different shapes reusing one another's buffers still match the engine bit for bit,
+// and every path (result sent, job cancelled, stream failed) gives its buffer back.
 #include "service/compress_reactor.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +17,7 @@
 #include "tests/service/service_test_util.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/random_layer.h"
+#include "tests/testing/result_checks.h"
 
 namespace centroidkv::service {
 namespace {
@@ -95,6 +98,17 @@ class CompressReactorTest : public ::testing::Test {
   }
 
   const ServiceStats& stats() const { return server_->context().stats; }
+
+  // Every result buffer is back in the pool (or freed), within the pool's bounds.
+  void ExpectResultsReturned(const Server& server) {
+    const ResultPool& pool = *server.context().results;
+    EXPECT_TRUE(WaitFor([&] { return pool.stats().leased == 0; }, std::chrono::seconds(20)))
+        << pool.stats().leased << " results still leased";
+    const ResultPool::Stats stats = pool.stats();
+    EXPECT_LE(stats.idle_results, pool.limits().max_idle_results);
+    EXPECT_LE(stats.idle_bytes, pool.limits().max_idle_bytes);
+    EXPECT_EQ(stats.created - stats.trimmed, stats.idle_results) << "a result went missing";
+  }
 
   std::unique_ptr<Server> server_;
   std::unique_ptr<v1::CentroidKV::Stub> stub_;
@@ -348,6 +362,7 @@ TEST_P(BadInputTest, EndsStreamWithCodeNamingFieldAndServerKeepsServing) {
     EXPECT_FALSE(response.has_result()) << "a failed stream returned a result";
   }
   ExpectServerStillServes();
+  ExpectResultsReturned(*server_);
 }
 
 INSTANTIATE_TEST_SUITE_P(Protocol, BadInputTest, ::testing::ValuesIn(BadInputs()),
@@ -421,6 +436,7 @@ TEST_F(CompressReactorTest, CancelledStreamWorkIsDroppedWhileOthersComplete) {
       << "cancelled work still holds " << server_->context().budget.used() << " bytes";
   // One head of one pass at most, far less than the whole job.
   EXPECT_LT(drop_seconds, 10.0);
+  ExpectResultsReturned(*server_);
 }
 
 TEST_F(CompressReactorTest, ExpiredDeadlineDropsWork) {
@@ -430,6 +446,7 @@ TEST_F(CompressReactorTest, ExpiredDeadlineDropsWork) {
   EXPECT_EQ(stream.Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(WaitFor([&] { return stats().jobs_dropped.load() == 1; }, std::chrono::seconds(20)));
   EXPECT_EQ(stats().jobs_completed.load(), 0);
+  ExpectResultsReturned(*server_);
 }
 
 TEST_F(CompressReactorTest, CancelJobDropsThatJobOnly) {
@@ -448,6 +465,143 @@ TEST_F(CompressReactorTest, CancelJobDropsThatJobOnly) {
   ASSERT_EQ(results.count(2), 1u);
   EXPECT_EQ(results[2].counts, Expected(small.view(), SmallOptions()).counts);
   EXPECT_EQ(stats().jobs_dropped.load(), 1);
+  ExpectResultsReturned(*server_);
+}
+
+// ---------------------------------------------------------------------------------------
+// Pooled results: jobs of many shapes, each reusing a buffer an earlier job left behind.
+
+struct ShapedJob {
+  RandomLayer layer;
+  CompressOptions options;
+};
+
+// Shapes that differ in every array's size, largest first, then smaller and larger again,
+// with and without counts and assignment, both layouts and a passthrough head: a reused
+// buffer that is not fully overwritten (stale rows, a stale assignment) shows up.
+std::vector<ShapedJob> MixedShapeJobs(uint64_t seed) {
+  struct Shape {
+    int32_t heads, tokens, key_dim, value_dim;
+    bool counts, assignment;
+    TensorLayout layout;
+    double ratio;
+    std::vector<int32_t> passthrough;
+  };
+  const std::vector<Shape> shapes = {
+      {4, 200, 32, 24, true, true, TensorLayout::kHeadMajor, 0.5, {}},
+      {1, 40, 8, 4, false, true, TensorLayout::kHeadMajor, 0.25, {}},
+      {3, 130, 16, 16, true, false, TensorLayout::kTokenMajor, 0.3, {1}},
+      {2, 96, 16, 12, false, true, TensorLayout::kHeadMajor, 0.4, {}},
+      {4, 256, 24, 32, false, false, TensorLayout::kHeadMajor, 0.2, {}},
+      {2, 64, 32, 8, true, true, TensorLayout::kTokenMajor, 0.75, {0}},
+      {1, 300, 16, 16, false, true, TensorLayout::kHeadMajor, 0.1, {}},
+  };
+  std::vector<ShapedJob> jobs;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& shape = shapes[i];
+    RandomLayerSpec spec = test::Spec(shape.heads, shape.tokens, shape.key_dim,
+                                      shape.value_dim, seed + i, DType::kFloat32, shape.layout);
+    spec.with_counts = shape.counts;
+    spec.prototypes = 5;
+    CompressOptions options = SmallOptions();
+    options.target_ratio = shape.ratio;
+    options.compute_assignment = shape.assignment;
+    options.passthrough_heads = shape.passthrough;
+    jobs.push_back(ShapedJob{RandomLayer::Generate(spec), options});
+  }
+  return jobs;
+}
+
+// Sends `jobs` on one stream (ids first_id, first_id + 1, ...), all in flight at once, and
+// checks each result against the in-process engine, bit for bit.
+void RunMixedShapesOnOneStream(v1::CentroidKV::Stub* stub, const std::vector<ShapedJob>& jobs,
+                               uint64_t first_id, const EngineSet& engines) {
+  RawStream stream(stub);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE(stream.SendJob(first_id + i, jobs[i].layer.view(), jobs[i].options, 4096));
+  }
+  std::vector<v1::CompressResponse> responses;
+  ASSERT_TRUE(stream.Finish(&responses).ok());
+  auto results = DecodeResults(responses);
+  ASSERT_EQ(results.size(), jobs.size());
+  const ClusterEngine* engine = *engines.Select(BackendKind::kAuto);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE(jobs[i].layer.spec().ToString());
+    auto expected = engine->Compress(jobs[i].layer.view(), jobs[i].options);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    test::ExpectBitIdentical(*expected, results[first_id + i]);
+  }
+}
+
+TEST_F(CompressReactorTest, ReusedResultsOfOtherShapesMatchTheEngineOnOneStream) {
+  const std::vector<ShapedJob> jobs = MixedShapeJobs(300);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    RunMixedShapesOnOneStream(stub_.get(), jobs, 1000 * (round + 1), *engines_);
+  }
+  ExpectResultsReturned(*server_);
+  const ResultPool::Stats pool = server_->context().results->stats();
+  EXPECT_EQ(pool.reused + pool.created, 3 * static_cast<int64_t>(jobs.size()));
+  EXPECT_GT(pool.reused, 0) << "later jobs reuse earlier jobs' buffers";
+}
+
+TEST_F(CompressReactorTest, ReusedResultsMatchTheEngineOnSeveralStreamsAtOnce) {
+  ServerOptions options;
+  options.worker_threads = 3;
+  options.max_pooled_results = 2;  // tight bounds: buffers are trimmed as well as reused
+  options.max_pooled_result_bytes = 200 << 10;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  std::vector<std::thread> clients;
+  for (uint64_t s = 0; s < 4; ++s) {
+    clients.emplace_back([&, s] {
+      const std::vector<ShapedJob> jobs = MixedShapeJobs(500 + 10 * s);
+      for (int round = 0; round < 2; ++round) {
+        RunMixedShapesOnOneStream(stub.get(), jobs, 100 * (round + 1), *engines_);
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  ExpectResultsReturned(*server);
+  EXPECT_GT(server->context().results->stats().reused, 0);
+}
+
+// Every job reuses the one buffer all the earlier shapes wrote: the strictest overwrite test.
+TEST_F(CompressReactorTest, OneJobAtATimeReusesOneResultBuffer) {
+  const std::vector<ShapedJob> jobs = MixedShapeJobs(700);
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      SCOPED_TRACE(jobs[i].layer.spec().ToString());
+      RawStream stream(stub_.get());
+      ASSERT_TRUE(stream.SendJob(1, jobs[i].layer.view(), jobs[i].options));
+      std::vector<v1::CompressResponse> responses;
+      ASSERT_TRUE(stream.Finish(&responses).ok());
+      auto results = DecodeResults(responses);
+      ASSERT_EQ(results.count(1), 1u);
+      test::ExpectBitIdentical(Expected(jobs[i].layer.view(), jobs[i].options), results[1]);
+      // The buffer is back before the last slab reaches the client.
+      ASSERT_EQ(server_->context().results->stats().leased, 0);
+    }
+  }
+  const ResultPool::Stats pool = server_->context().results->stats();
+  EXPECT_EQ(pool.created, 1) << "no growth: every job after the first reused the one buffer";
+  EXPECT_EQ(pool.reused, 3 * static_cast<int64_t>(jobs.size()) - 1);
+  EXPECT_EQ(pool.idle_results, 1);
+}
+
+TEST_F(CompressReactorTest, PoolOffStillMatchesTheEngine) {
+  ServerOptions options;
+  options.worker_threads = 2;
+  options.max_pooled_results = 0;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  RunMixedShapesOnOneStream(stub.get(), MixedShapeJobs(900), 1, *engines_);
+  const ResultPool::Stats pool = server->context().results->stats();
+  EXPECT_EQ(pool.reused, 0);
+  EXPECT_EQ(pool.idle_results, 0);
+  ExpectResultsReturned(*server);
 }
 
 }  // namespace

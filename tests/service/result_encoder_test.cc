@@ -1,4 +1,5 @@
-// ResultEncoder: header then slabs in order, sizes add up, fp16 output rounds once.
+// ResultEncoder: header then slabs in order, sizes add up, fp16 output rounds once, and
+// the result goes back to its pool as soon as the last slab holds its copy.
 #include "service/result_encoder.h"
 
 #include <gtest/gtest.h>
@@ -22,9 +23,14 @@ CompressResult MakeResult(int64_t rows, int32_t key_dim, int32_t value_dim) {
   return result;
 }
 
+// A result owned by no pool (deleted when the encoder is done with it).
+PooledResult Unpooled(CompressResult result) {
+  return PooledResult(new CompressResult(std::move(result)));
+}
+
 TEST(ResultEncoderTest, HeaderThenOrderedSlabsCoveringEveryByte) {
   const CompressResult result = MakeResult(1000, 16, 8);
-  ResultEncoder encoder(77, 3, DType::kFloat32, "reference", {}, result, 4096);
+  ResultEncoder encoder(77, 3, DType::kFloat32, "reference", {}, Unpooled(result), 4096);
   v1::CompressResponse message;
   ASSERT_TRUE(encoder.Next(&message));
   ASSERT_TRUE(message.has_result());
@@ -60,7 +66,7 @@ TEST(ResultEncoderTest, HeaderThenOrderedSlabsCoveringEveryByte) {
 
 TEST(ResultEncoderTest, Float16OutputIsTheFloat32ResultRoundedOnce) {
   const CompressResult result = MakeResult(10, 4, 4);
-  ResultEncoder encoder(1, 0, DType::kFloat16, "reference", {}, result, 1 << 20);
+  ResultEncoder encoder(1, 0, DType::kFloat16, "reference", {}, Unpooled(result), 1 << 20);
   v1::CompressResponse message;
   ASSERT_TRUE(encoder.Next(&message));
   EXPECT_EQ(message.result().dtype(), v1::DTYPE_FLOAT16);
@@ -76,11 +82,37 @@ TEST(ResultEncoderTest, Float16OutputIsTheFloat32ResultRoundedOnce) {
 TEST(ResultEncoderTest, NoAssignmentWhenNotComputed) {
   CompressResult result = MakeResult(5, 2, 2);
   result.assignment.clear();
-  ResultEncoder encoder(1, 0, DType::kFloat32, "reference", {}, result, 1 << 20);
+  ResultEncoder encoder(1, 0, DType::kFloat32, "reference", {}, Unpooled(result), 1 << 20);
   v1::CompressResponse message;
   ASSERT_TRUE(encoder.Next(&message));
   EXPECT_FALSE(message.result().has_assignment());
   while (encoder.Next(&message)) EXPECT_NE(message.slab().tensor(), v1::TENSOR_ASSIGNMENT);
+}
+
+TEST(ResultEncoderTest, ReturnsTheResultToItsPoolWithTheLastSlab) {
+  auto pool = ResultPool::Create({4, uint64_t{1} << 30});
+  PooledResult leased = pool->Acquire(0);
+  *leased = MakeResult(300, 8, 8);
+  const uint64_t bytes = ResultPool::CapacityBytes(*leased);
+  ResultEncoder encoder(5, 0, DType::kFloat32, "reference", {}, std::move(leased), 1024);
+  v1::CompressResponse message;
+  int64_t messages = 0;
+  while (encoder.holds_result()) {
+    EXPECT_EQ(pool->stats().leased, 1) << "returned before message " << messages;
+    ASSERT_TRUE(encoder.Next(&message));
+    ++messages;
+  }
+  // The last message was produced (its slab holds the data) and the result is back.
+  EXPECT_TRUE(message.has_slab());
+  EXPECT_EQ(message.slab().tensor(), v1::TENSOR_ASSIGNMENT);
+  EXPECT_EQ(message.slab().byte_offset() + message.slab().data().size(), 600u * 4);
+  EXPECT_EQ(messages, 1 + (300 * 8 * 4 + 1023) / 1024 * 2 + (300 * 4 + 1023) / 1024 +
+                          (600 * 4 + 1023) / 1024);
+  EXPECT_FALSE(encoder.Next(&message));
+  const ResultPool::Stats stats = pool->stats();
+  EXPECT_EQ(stats.leased, 0);
+  EXPECT_EQ(stats.idle_results, 1);
+  EXPECT_EQ(stats.idle_bytes, bytes);
 }
 
 }  // namespace

@@ -67,7 +67,9 @@ TEST(ServiceMetricsTest, DescribesEveryFamilyBeforeAnyJob) {
         "centroidkv_entries_total", "centroidkv_received_bytes_total",
         "centroidkv_sent_bytes_total", "centroidkv_clustering_seconds", kQueueDepthMetric,
         "centroidkv_jobs_in_flight", "centroidkv_queue_wait_seconds",
-        "centroidkv_buffered_bytes", "centroidkv_errors_total"}) {
+        "centroidkv_buffered_bytes", "centroidkv_result_pool_idle_bytes",
+        "centroidkv_result_pool_idle_results", "centroidkv_result_pool_leased_results",
+        "centroidkv_errors_total"}) {
     ASSERT_EQ(families.count(name), 1u) << name;
     EXPECT_FALSE(families.at(name).help.empty()) << name;
     const std::string& type = families.at(name).type;
@@ -202,6 +204,17 @@ TEST(ServiceMetricsTest, CountersMoveWithJobsWhileAndAfterTheyRun) {
   EXPECT_EQ(Value(after, kQueueDepthMetric, kQueueDepthMetric), 0);
   EXPECT_EQ(Value(after, "centroidkv_jobs_in_flight", "centroidkv_jobs_in_flight"), 0);
   EXPECT_EQ(Value(after, "centroidkv_buffered_bytes", "centroidkv_buffered_bytes"), 0);
+  // Every job's result buffer is back in the pool, and the gauges say what it keeps.
+  const ResultPool::Stats pool = server->context().results->stats();
+  EXPECT_EQ(Value(after, "centroidkv_result_pool_leased_results",
+                  "centroidkv_result_pool_leased_results"),
+            0);
+  EXPECT_GE(pool.idle_results, 1);
+  EXPECT_EQ(Value(after, "centroidkv_result_pool_idle_results",
+                  "centroidkv_result_pool_idle_results"),
+            static_cast<double>(pool.idle_results));
+  EXPECT_EQ(Value(after, "centroidkv_result_pool_idle_bytes", "centroidkv_result_pool_idle_bytes"),
+            static_cast<double>(pool.idle_bytes));
   EXPECT_EQ(Value(after, "centroidkv_streams_total", "centroidkv_streams_total"),
             static_cast<double>(server->context().stats.streams_opened.load()));
   EXPECT_EQ(Value(after, "centroidkv_streams_open", "centroidkv_streams_open"), 0);

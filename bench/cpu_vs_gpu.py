@@ -78,7 +78,7 @@ def fmt_rate(x):
 
 def kernel_section(cpu_rows, machine, workload, gpu_rows):
     out = ["## Kernel level", "",
-           "One layer job of SPEC section 5 through `ClusterEngine::Compress` "
+           "One layer job of SPEC section 5 through `ClusterEngine::CompressInto` "
            "(layer-head tokens/s; median). CPU: " + (machine or "this VM") + ". " +
            ("Workload: " + workload if workload else ""), ""]
     gpu_by = {}

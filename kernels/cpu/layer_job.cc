@@ -92,8 +92,8 @@ std::vector<LayerJob::Head> HeadPool::Take() {
 void HeadPool::Give(std::vector<LayerJob::Head> heads) {
   for (LayerJob::Head& head : heads) {
     head.Reset();
-    std::vector<double>().swap(head.keys);
-    std::vector<double>().swap(head.values);
+    RowStore().swap(head.keys);
+    RowStore().swap(head.values);
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (free_.size() < kMaxKept) free_.push_back(std::move(heads));

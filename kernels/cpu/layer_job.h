@@ -13,7 +13,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -81,6 +84,30 @@ using ScratchPool = tbb::enumerable_thread_specific<ChunkScratch>;
 
 class HeadPool;
 
+// std::allocator, except that resize() leaves new elements default-initialised
+// (uninitialised doubles) instead of zeroing them. A head's float64 rows are written in full
+// (sinks, each chunk's survivors, recent rows) before any is read, and zeroing them first
+// would sweep up to tens of megabytes per head per job for nothing.
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() = default;
+  template <typename U>
+  explicit DefaultInitAllocator(const DefaultInitAllocator<U>& /*other*/) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using RowStore = std::vector<double, DefaultInitAllocator<double>>;
+
 class LayerJob {
  public:
   // Where a pass writes the rows of a head.
@@ -99,8 +126,8 @@ class LayerJob {
     bool passthrough = false;
     int64_t length = 0;
     bool owned = false;            // rows are `keys`/`values`, else the input
-    std::vector<double> keys;      // [length, key_dim] when owned
-    std::vector<double> values;    // [length, value_dim] when owned
+    RowStore keys;                 // [length, key_dim] when owned
+    RowStore values;               // [length, value_dim] when owned
     std::vector<uint64_t> counts;  // [length]
     std::vector<uint64_t> next_counts;
     std::vector<int32_t> owner;  // [n]: current row of each input entry; empty = identity

@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -283,6 +284,29 @@ void SetCounters(benchmark::State& state, double tokens, double kv_bytes, double
       Counter(flops / 1e9 / peak_gflops, Counter::kIsIterationInvariantRate);
 }
 
+// Registers benchmark `name`: every iteration runs `job` once (an error ends the run and is
+// reported); wall-clock time per job in milliseconds, process CPU time alongside, over
+// --reps repetitions of at least --min_time. `counters` (may be empty) sets the columns.
+void RegisterJob(const std::string& name, const Flags& flags, std::function<absl::Status()> job,
+                 std::function<void(benchmark::State&)> counters) {
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [job = std::move(job), counters = std::move(counters)](
+                                   benchmark::State& state) {
+                                 for (auto _ : state) {
+                                   if (absl::Status status = job(); !status.ok()) {
+                                     state.SkipWithError(status.ToString().c_str());
+                                     break;
+                                   }
+                                 }
+                                 if (counters) counters(state);
+                               })
+      ->MeasureProcessCPUTime()
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(flags.min_time)
+      ->Repetitions(flags.reps);
+}
+
 void WriteMeta(const Flags& flags, const std::string& engine_name) {
   std::ofstream meta(flags.dump_dir + "/meta.json");
   meta << "{\"heads\": " << flags.workload.heads << ", \"tokens\": " << flags.workload.tokens
@@ -367,45 +391,28 @@ int Main(int argc, char** argv) {
       Die(status.ToString());
     }
     if (first_result == nullptr) first_result = reused;
-    benchmark::RegisterBenchmark(
-        PipelineName(chunk).c_str(),
-        [&engine, view, options, tokens, kv_bytes, flops, peak, reused](benchmark::State& state) {
-          for (auto _ : state) {
-            if (absl::Status status = engine.CompressInto(view, options, reused.get());
-                !status.ok()) {
-              state.SkipWithError(status.ToString().c_str());
-              break;
-            }
-            benchmark::DoNotOptimize(reused->counts.data());
-          }
-          SetCounters(state, tokens, kv_bytes, flops, peak);
-        })
-        ->MeasureProcessCPUTime()
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond)
-        ->MinTime(flags.min_time)
-        ->Repetitions(flags.reps);
+    auto counters = [tokens, kv_bytes, flops, peak](benchmark::State& state) {
+      SetCounters(state, tokens, kv_bytes, flops, peak);
+    };
+    RegisterJob(
+        PipelineName(chunk), flags,
+        [&engine, view, options, reused] {
+          absl::Status status = engine.CompressInto(view, options, reused.get());
+          benchmark::DoNotOptimize(reused->counts.data());
+          return status;
+        },
+        counters);
     // The same job into a fresh result every time (Compress): adds the page faults and
     // zero-fill of the result's memory.
     if (flags.fresh) {
-      benchmark::RegisterBenchmark(
-          FreshName(chunk).c_str(),
-          [&engine, view, options, tokens, kv_bytes, flops, peak](benchmark::State& state) {
-            for (auto _ : state) {
-              absl::StatusOr<CompressResult> result = engine.Compress(view, options);
-              if (!result.ok()) {
-                state.SkipWithError(result.status().ToString().c_str());
-                break;
-              }
-              benchmark::DoNotOptimize(result->counts.data());
-            }
-            SetCounters(state, tokens, kv_bytes, flops, peak);
-          })
-          ->MeasureProcessCPUTime()
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond)
-          ->MinTime(flags.min_time)
-          ->Repetitions(flags.reps);
+      RegisterJob(
+          FreshName(chunk), flags,
+          [&engine, view, options] {
+            absl::StatusOr<CompressResult> result = engine.Compress(view, options);
+            if (result.ok()) benchmark::DoNotOptimize(result->counts.data());
+            return result.status();
+          },
+          counters);
     }
   }
 
@@ -424,36 +431,32 @@ int Main(int argc, char** argv) {
     // 16-byte aligned (operator new's alignment), as _mm_stream_si128 needs.
     auto out = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(out_bytes / 8 + 2));
     const int64_t in_bytes = static_cast<int64_t>(kv_bytes) / 2;  // keys, then values
-    benchmark::RegisterBenchmark(
-        "memory_floor", [view, in_bytes, out](benchmark::State& state) {
+    const int64_t out_vectors = static_cast<int64_t>(out->size()) / 2;
+    RegisterJob(
+        "memory_floor", flags,
+        [view, in_bytes, out, out_vectors] {
           constexpr int64_t kBlocks = 1024;
-          const int64_t out_vectors = static_cast<int64_t>(out->size()) / 2;
           auto* out_data = reinterpret_cast<__m128i*>(out->data());
-          for (auto _ : state) {
-            std::atomic<uint64_t> sink{0};
-            tbb::parallel_for(int64_t{0}, kBlocks, [&](int64_t b) {
-              uint64_t x = 0;
-              for (const void* data : {view.keys, view.values}) {
-                const auto* words = static_cast<const uint64_t*>(data);
-                const int64_t begin = in_bytes / 8 * b / kBlocks;
-                const int64_t end = in_bytes / 8 * (b + 1) / kBlocks;
-                for (int64_t i = begin; i < end; ++i) x ^= words[i];
-              }
-              const __m128i zero = _mm_set1_epi64x(static_cast<int64_t>(x & 1));
-              for (int64_t i = out_vectors * b / kBlocks; i < out_vectors * (b + 1) / kBlocks; ++i) {
-                _mm_stream_si128(out_data + i, zero);
-              }
-              sink.fetch_xor(x, std::memory_order_relaxed);
-            });
-            _mm_sfence();
-            benchmark::DoNotOptimize(sink.load());
-          }
-        })
-        ->MeasureProcessCPUTime()
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond)
-        ->MinTime(flags.min_time)
-        ->Repetitions(flags.reps);
+          std::atomic<uint64_t> sink{0};
+          tbb::parallel_for(int64_t{0}, kBlocks, [&](int64_t b) {
+            uint64_t x = 0;
+            for (const void* data : {view.keys, view.values}) {
+              const auto* words = static_cast<const uint64_t*>(data);
+              const int64_t begin = in_bytes / 8 * b / kBlocks;
+              const int64_t end = in_bytes / 8 * (b + 1) / kBlocks;
+              for (int64_t i = begin; i < end; ++i) x ^= words[i];
+            }
+            const __m128i zero = _mm_set1_epi64x(static_cast<int64_t>(x & 1));
+            for (int64_t i = out_vectors * b / kBlocks; i < out_vectors * (b + 1) / kBlocks; ++i) {
+              _mm_stream_si128(out_data + i, zero);
+            }
+            sink.fetch_xor(x, std::memory_order_relaxed);
+          });
+          _mm_sfence();
+          benchmark::DoNotOptimize(sink.load());
+          return absl::OkStatus();
+        },
+        nullptr);
   }
 
 #ifdef CKV_HAVE_FAISS

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "kernels/cpu/simd/amx_tiles.h"
 #include "kernels/cpu/simd_dispatch.h"
 
 namespace centroidkv::bench {
@@ -100,23 +101,14 @@ float FmaLoopScalar(int64_t iterations, float seed) {
 #undef CKV_REPEAT_24
 #undef CKV_REPEAT_12
 
-// AMX: 4 accumulator tiles (16 x 16 fp32), each TDPBF16PS 16 x 16 x 32 products. The
-// configuration lives in static storage (GCC 12 may drop stores to a stack copy that only
-// LDTILECFG reads; see kernels/cpu/simd/kernels_amx.cc).
-struct alignas(64) AmxConfig {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-};
-constexpr AmxConfig kAmxConfig = {1, 0, {}, {64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16}};
+// AMX: 4 accumulator tiles (16 x 16 fp32), each TDPBF16PS 16 x 16 x 32 products, with the
+// cpu backend's tile configuration.
 constexpr int64_t kAmxFlopsPerIteration = 4 * 16 * 16 * 32 * 2;
 
 __attribute__((target("amx-tile,amx-bf16"))) float AmxLoop(int64_t iterations, float seed) {
   alignas(64) uint16_t operand[16 * 32];
   for (uint16_t& x : operand) x = 0x3c00;  // bf16 1/128: sums stay finite
-  _tile_loadconfig(&kAmxConfig);
+  _tile_loadconfig(&cpu::kTileConfig);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);

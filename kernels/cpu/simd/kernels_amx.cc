@@ -14,6 +14,7 @@
 // accumulator tiles; the 32 x b_count scores of a source block go to a cache-sized buffer
 // and are folded into each source's top two right after, so the full score matrix is never
 // stored.
+#include "kernels/cpu/simd/amx_tiles.h"
 #include "kernels/cpu/simd/vec_avx512.h"
 // The templates below use the traits above.
 #include "kernels/cpu/simd/make_table.h"
@@ -27,24 +28,7 @@ constexpr int32_t kBlock = 32;      // sources (and destinations) per step: two 
 
 int32_t RoundUp(int32_t x, int32_t to) { return (x + to - 1) / to * to; }
 
-// The tile configuration (palette 1): tiles 0-3 accumulate float32 16 x 16, tiles 4-5 hold
-// sources, 6-7 destinations; all 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-};
-
-// In static storage: GCC 12 does not treat LDTILECFG as a read of its operand, so a
-// configuration built on the stack may lose stores (seen: all widths zero, a #GP).
-constexpr TileConfig kTileConfig = {1,
-                                    0,
-                                    {},
-                                    {64, 64, 64, 64, 64, 64, 64, 64},
-                                    {16, 16, 16, 16, 16, 16, 16, 16}};
-
+// Tiles 0-3 accumulate float32 16 x 16, tiles 4-5 hold sources, 6-7 destinations.
 void ConfigureTiles() { _tile_loadconfig(&kTileConfig); }
 
 // bf16 bits of 16 floats, rounded to nearest even (denormals flush to zero).

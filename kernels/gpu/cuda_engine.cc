@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -42,7 +44,8 @@ class CudaEngine::Impl {
   absl::Status Start() {
     for (int32_t i = 0; i < std::max(options_.workers, 1); ++i) {
       auto worker = std::make_unique<StreamWorker>();
-      CKV_RETURN_IF_ERROR(worker->Init(options_.device));
+      CKV_RETURN_IF_ERROR(worker->Init(
+          options_.device, options_.tensor_core_match ? MatchKernel::kTiles : MatchKernel::kWarp));
       workers_.push_back(std::move(worker));
     }
     for (auto& worker : workers_) {
@@ -156,6 +159,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(EngineLimits limi
   CKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, options.device), "device properties");
   DeviceInfo device{absl::StrCat("cuda:", options.device), props.name,
                     static_cast<int64_t>(props.totalGlobalMem), props.major, props.minor};
+  if (const char* match = std::getenv("CKV_CUDA_MATCH"); match != nullptr) {
+    options.tensor_core_match = std::string_view(match) != "warp";
+  }
   std::unique_ptr<CudaEngine> engine(new CudaEngine(limits, std::move(device)));
   engine->impl_ = std::make_unique<Impl>(options);
   CKV_RETURN_IF_ERROR(engine->impl_->Start());

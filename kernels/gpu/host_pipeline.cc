@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/gpu/layer_batch.h"
+#include "kernels/gpu/tile_match.h"
 
 namespace centroidkv::gpu {
 namespace {
@@ -64,6 +65,18 @@ class HostExecutor {
       : batch_(batch), arrays_(arrays), warp_lanes_(warp_lanes) {}
 
   absl::Status Stage(StageId id, int64_t items, const PassArgs& pass) {
+    if (id == StageId::kMatchTiles) {
+      // The block's shared memory (128-byte aligned, like the device's), then each block
+      // as one warp of one lane.
+      std::vector<uint64_t> smem(MakeTileLayout(batch_.params().key_dim).bytes / 8 + 16,
+                                 0xa5a5a5a5a5a5a5a5ULL);  // garbage, as on the device
+      char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem.data()) + 127) /
+                                           128 * 128);
+      for (int64_t item = 0; item < items; ++item) {
+        TileMatchBlock(batch_.params(), arrays_, item, base, 0, 1);
+      }
+      return absl::OkStatus();
+    }
     if (warp_lanes_ == BarrierWarp::kLanes && IsWarpStage(id)) {
       BarrierWarp warp;
       std::vector<std::thread> lanes;
@@ -116,11 +129,12 @@ absl::Status HostPipelineEngine::CompressImpl(const LayerPlan& plan, const Layer
                                               CompressResult* out) const {
   if (control.IsCancelled()) return absl::CancelledError("job cancelled");
   const BatchJob job{&plan, &layer, out};
-  return RunBatchOnHost({&job, 1}, warp_lanes_);
+  return RunBatchOnHost({&job, 1}, warp_lanes_, match_);
 }
 
-absl::Status RunBatchOnHost(std::span<const BatchJob> jobs, int32_t warp_lanes) {
-  absl::StatusOr<LayerBatch> batch = LayerBatch::Create(jobs);
+absl::Status RunBatchOnHost(std::span<const BatchJob> jobs, int32_t warp_lanes,
+                            MatchKernel match) {
+  absl::StatusOr<LayerBatch> batch = LayerBatch::Create(jobs, match);
   if (!batch.ok()) return batch.status();
   const WorkspaceSizes& sizes = batch->sizes();
   HostBlock input(sizes.input), work(sizes.work), small_out(sizes.small_out), owner(sizes.owner),

@@ -19,13 +19,15 @@ namespace centroidkv::gpu {
 // the host and fills each job's CompressResult: what one device launch sequence computes.
 // warp_lanes = 32 runs each warp stage (IsWarpStage) on 32 threads that emulate a warp's
 // lanes (split loops, butterfly sums, lead-lane writes), as the device does; 1 runs it
-// plainly.
-absl::Status RunBatchOnHost(std::span<const BatchJob> jobs, int32_t warp_lanes = 1);
+// plainly. The tile match (kMatchTiles) runs each block as one warp of one lane.
+absl::Status RunBatchOnHost(std::span<const BatchJob> jobs, int32_t warp_lanes = 1,
+                            MatchKernel match = MatchKernel::kTiles);
 
 class HostPipelineEngine final : public ClusterEngine {
  public:
-  explicit HostPipelineEngine(EngineLimits limits = {}, int32_t warp_lanes = 1)
-      : ClusterEngine(limits), warp_lanes_(warp_lanes) {}
+  explicit HostPipelineEngine(EngineLimits limits = {}, int32_t warp_lanes = 1,
+                              MatchKernel match = MatchKernel::kTiles)
+      : ClusterEngine(limits), warp_lanes_(warp_lanes), match_(match) {}
 
   std::string_view name() const override { return "cuda-stages-on-host"; }
 
@@ -35,6 +37,7 @@ class HostPipelineEngine final : public ClusterEngine {
 
  private:
   int32_t warp_lanes_;
+  MatchKernel match_;
 };
 
 }  // namespace centroidkv::gpu

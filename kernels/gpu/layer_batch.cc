@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/gpu/tile_match.h"
 
 namespace centroidkv::gpu {
 namespace {
@@ -48,7 +49,10 @@ void CarveWork(const BatchParams& p, bool with_state, Carver& c, BatchArrays& a)
     a.state_values[k] = c.Take<double>(state_rows * p.value_dim);
     a.state_counts[k] = c.Take<uint64_t>(state_rows);
   }
-  a.norm_keys = c.Take<float>(rows * p.key_dim);
+  const bool tiles = p.match_tiles != 0;
+  a.norm_keys = c.Take<float>(tiles ? 0 : rows * p.key_dim);
+  a.match_count = c.Take<int32_t>(tiles ? slots : 0);
+  a.match_ties = c.Take<int32_t>(tiles ? slots * kMaxTies : 0);
   a.head_cur = c.Take<int32_t>(g);
   a.head_active = c.Take<int32_t>(g);
   a.head_slots = c.Take<int32_t>(g);
@@ -120,7 +124,7 @@ bool CanBatch(const BatchJob& a, const BatchJob& b) {
          SameOptions(a.plan->options, b.plan->options);
 }
 
-absl::StatusOr<LayerBatch> LayerBatch::Create(std::span<const BatchJob> jobs) {
+absl::StatusOr<LayerBatch> LayerBatch::Create(std::span<const BatchJob> jobs, MatchKernel match) {
   if (jobs.empty()) return absl::InvalidArgumentError("LayerBatch: no jobs");
   for (const BatchJob& job : jobs) {
     if (!CanBatch(jobs[0], job)) return absl::InvalidArgumentError("LayerBatch: jobs differ");
@@ -144,7 +148,8 @@ absl::StatusOr<LayerBatch> LayerBatch::Create(std::span<const BatchJob> jobs) {
   p.max_passes = plan.options.max_passes;
   p.target = plan.target_length;
   p.slot_capacity = static_cast<int64_t>(layer.num_tokens) + 2;
-  p.bound = MatchBound(layer.key_dim);
+  p.match_tiles = match == MatchKernel::kTiles && TileMatchSupports(layer.key_dim) ? 1 : 0;
+  p.bound = p.match_tiles != 0 ? TileMatchBound(layer.key_dim) : MatchBound(layer.key_dim);
   if (p.global_heads() * p.slot_capacity >= std::numeric_limits<int32_t>::max()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cuda: a batch of ", p.global_heads(), " heads x ", p.num_tokens,
@@ -190,8 +195,11 @@ int64_t LayerBatch::Items(StageId stage) const {
     case StageId::kSelect:
       return params_.num_jobs;
     case StageId::kMatch:
+    case StageId::kResolve:
     case StageId::kMarkKept:
       return slots();
+    case StageId::kMatchTiles:
+      return TileMatchItems(params_);
     case StageId::kOffsets:
       return 1;
     default:

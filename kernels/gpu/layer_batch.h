@@ -26,6 +26,11 @@ struct BatchJob {
   CompressResult* out = nullptr;
 };
 
+// How a batch matches sources to destinations: kTiles, the tensor-core match (kMatchTiles +
+// kResolve, tile_match.h) where TileMatchSupports(key_dim), else the warp match; kWarp, the
+// warp match (kNormalize + kMatch: a warp per source on CUDA cores) always.
+enum class MatchKernel : uint8_t { kTiles, kWarp };
+
 // Whether two jobs can run in one batch: the same shape, dtype, layout and options (so the
 // same BatchParams), whatever their data.
 bool CanBatch(const BatchJob& a, const BatchJob& b);
@@ -42,7 +47,8 @@ struct WorkspaceSizes {
 class LayerBatch {
  public:
   // Checks that the jobs can batch (CanBatch) and that the batch's indices fit int32.
-  static absl::StatusOr<LayerBatch> Create(std::span<const BatchJob> jobs);
+  static absl::StatusOr<LayerBatch> Create(std::span<const BatchJob> jobs,
+                                           MatchKernel match = MatchKernel::kTiles);
 
   const BatchParams& params() const { return params_; }
   const WorkspaceSizes& sizes() const { return sizes_; }
@@ -95,10 +101,13 @@ template <typename Executor>
 absl::Status RunBatchStages(const LayerBatch& batch, Executor& exec) {
   const PassArgs none{};
   auto stage = [&](StageId id, const PassArgs& pass) { return exec.Stage(id, batch.Items(id), pass); };
+  const bool tiles = batch.params().match_tiles != 0;
+  const StageId prepare = tiles ? StageId::kMatchTiles : StageId::kNormalize;
+  const StageId match = tiles ? StageId::kResolve : StageId::kMatch;
   absl::Status status = stage(StageId::kInit, none);
   for (int32_t p = 0; status.ok() && p <= batch.last_pass(); ++p) {
     const PassArgs pass = batch.Pass(p);
-    for (StageId id : {StageId::kSetup, StageId::kNormalize, StageId::kMatch, StageId::kSelect}) {
+    for (StageId id : {StageId::kSetup, prepare, match, StageId::kSelect}) {
       if (status.ok()) status = stage(id, pass);
     }
     if (status.ok()) status = exec.Sort();

@@ -18,6 +18,10 @@ namespace centroidkv::gpu {
 cudaError_t LaunchStage(StageId id, const BatchParams& params, const BatchArrays& arrays,
                         const PassArgs& pass, int64_t items, cudaStream_t stream);
 
+// Stage kMatchTiles (tile_match.h): one block per (head, chunk, source tile), tensor cores.
+cudaError_t LaunchTileMatch(const BatchParams& params, const BatchArrays& arrays,
+                            cudaStream_t stream);
+
 // Scratch bytes LaunchSegmentedSort needs for a batch of `params`'s shape.
 cudaError_t SegmentedSortScratchBytes(const BatchParams& params, size_t* bytes);
 

@@ -59,15 +59,18 @@ struct BatchParams {
   int32_t max_passes = 1;
   int64_t target = 0;         // t
   int64_t slot_capacity = 0;  // source slots per head (n + 2 is always enough)
-  double bound = 0.0;         // MatchBound(key_dim)
+  int32_t match_tiles = 0;    // match with kMatchTiles + kResolve (else kNormalize + kMatch)
+  double bound = 0.0;         // MatchBound(key_dim), or TileMatchBound(key_dim) with tiles
 
   CKV_HD int64_t global_heads() const { return static_cast<int64_t>(num_jobs) * heads; }
 };
 
 // The stages below, in the order a pass runs them (layer_batch.h: RunBatchStages).
+// Matching runs either as kNormalize + kMatch (a warp per source on CUDA cores) or, when
+// BatchParams::match_tiles, as kMatchTiles + kResolve (tensor-core tiles, tile_match.h).
 enum class StageId : uint8_t {
   kInit, kSetup, kNormalize, kMatch, kSelect, kMarkKept, kIndex, kBucket, kMerge, kOwner,
-  kFinish, kEmit, kOffsets, kPack,
+  kFinish, kEmit, kOffsets, kPack, kMatchTiles, kResolve,
 };
 
 // What changes from pass to pass.
@@ -89,7 +92,7 @@ struct BatchArrays {
   double* state_keys[2];        // [G * n * key_dim]
   double* state_values[2];      // [G * n * value_dim]
   uint64_t* state_counts[2];    // [G * n]
-  float* norm_keys;             // [G * n * key_dim]: rows normalised, as float
+  float* norm_keys;             // [G * n * key_dim]: rows normalised, as float (warp match)
   // Per head.
   int32_t* head_cur;            // 0: the input, 1 / 2: state buffer 0 / 1
   int32_t* head_length;         // current rows
@@ -113,6 +116,8 @@ struct BatchArrays {
   uint64_t* sort_keys_out;
   int32_t* sort_values_out;     // slots in the reference's top-r order, per head
   int32_t* bucket_next;         // next kept source (slot) of the same destination, -1: end
+  int32_t* match_count;         // tile match: near ties listed (kTieOverflow: too many)
+  int32_t* match_ties;          // [G * slot_capacity * kMaxTies]: their destinations (k)
   // Per row [G * n].
   int32_t* new_index;           // row after this pass's compaction, -1 when merged away
   int32_t* bucket_head;         // first kept source (slot) merging into this row, -1: none
@@ -168,6 +173,23 @@ CKV_HD float BitsToFloat(uint32_t bits) {
 #endif
 }
 
+CKV_HD uint32_t FloatToBits(float value) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(value);
+#else
+  uint32_t out;
+  std::memcpy(&out, &value, sizeof(out));
+  return out;
+#endif
+}
+
+// float to bfloat16, rounded to nearest even (finite inputs; NaN stays NaN), as bits.
+CKV_HD uint16_t FloatToBFloat16Bits(float value) {
+  const uint32_t bits = FloatToBits(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 CKV_HD uint64_t DoubleToBits(double value) {
 #if defined(__CUDA_ARCH__)
   return static_cast<uint64_t>(__double_as_longlong(value));
@@ -204,6 +226,20 @@ CKV_HD uint64_t OrderKey(double score) {
 // |float score - exact score| <= MatchBound(dim) (see the file comment).
 CKV_HD double MatchBound(int32_t dim) {
   return (2.0 * dim + 16.0) * 5.9604644775390625e-8;  // 2^-24
+}
+
+// The bound for scores from tensor-core tiles (tile_match.h): bf16x3 products of rows
+// normalised in float64 and rounded to float, accumulated in the tensor cores' float32:
+//   2^-14 + (24 dim + 64) 2^-24.
+// The derivation is kernels/cpu/soft_match.h's for the CPU's matrix engine (normalisation,
+// the split hi + lo, the dropped lo lo' and tau terms: below 2^-14 + (dim / 16 + 12) u), with
+// the accumulation allowed far more: tensor cores add products in groups, aligning them to
+// the group's largest exponent and truncating (measured by Fasi et al., "Numerical behavior
+// of NVIDIA tensor cores", 2021: a few units of 2^-23 per group), so each of the 3 dim
+// products and accumulations is allowed 8 u = 2^-21 relative to the sum of the magnitudes
+// (<= 1.01 by Cauchy-Schwarz): 24 dim u. A wider bound costs only more exact rescoring.
+CKV_HD double TileMatchBound(int32_t dim) {
+  return 6.103515625e-05 + (24.0 * dim + 64.0) * 5.9604644775390625e-8;  // 2^-14, 2^-24
 }
 
 // Source slots of a compressible range of `length` rows cut into chunks of `chunk`.
@@ -329,8 +365,8 @@ inline HostLane& CurrentHostLane() {
 }
 #endif
 CKV_HD constexpr bool IsWarpStage(StageId id) {
-  return id == StageId::kNormalize || id == StageId::kMatch || id == StageId::kMerge ||
-         id == StageId::kEmit || id == StageId::kPack;
+  return id == StageId::kNormalize || id == StageId::kMatch || id == StageId::kResolve ||
+         id == StageId::kMerge || id == StageId::kEmit || id == StageId::kPack;
 }
 CKV_HD int32_t LaneIndex() {
 #if defined(__CUDA_ARCH__)
@@ -427,6 +463,43 @@ CKV_HD float FloatScore(const float* x, const float* y, int32_t dim) {
   return LaneSum(dot);
 }
 
+// Near ties a tile match lists per source (kMatchTiles); more than that is kTieOverflow,
+// and kResolve then rescores every destination of the chunk exactly.
+constexpr int32_t kMaxTies = 8;
+constexpr int32_t kTieOverflow = -1;
+
+// The start of steps 3-4 for source slot `item` (kMatch, kResolve): resets its outputs and
+// says how many destinations its chunk has (0: none, its edge is already written).
+CKV_HD int32_t BeginSourceEdge(const BatchParams& p, const BatchArrays& a, int64_t item,
+                               RowPlace* place) {
+  const int64_t g = item / p.slot_capacity;
+  const int32_t slot = static_cast<int32_t>(item % p.slot_capacity);
+  *place = PlaceRow(p, a, g, SlotRow(p, slot));
+  const int32_t destinations = place->length / 2;
+  if (LeadLane()) {
+    a.edge_kept[item] = 0;
+    a.sort_values_in[item] = slot;
+    if (destinations == 0) {
+      a.edge_dest[item] = -1;
+      a.edge_score[item] = 0.0;
+      a.sort_keys_in[item] = 0;
+    }
+  }
+  return destinations;
+}
+
+// The end of steps 3-4: the source's exact best edge (destination k of its chunk, exact
+// score), whether it is a candidate, and its sort key.
+CKV_HD void EndSourceEdge(const BatchArrays& a, const PassArgs& pass, int64_t g, int64_t item,
+                          const RowPlace& place, int32_t best, double exact) {
+  const bool candidate = pass.floor_on == 0 || exact >= pass.floor;
+  if (!LeadLane()) return;
+  a.edge_dest[item] = static_cast<int32_t>(place.first + 2 * best + 1);
+  a.edge_score[item] = exact;
+  a.sort_keys_in[item] = candidate ? OrderKey(exact) : 0;
+  if (candidate) AtomicIncrement(&a.head_candidates[g]);
+}
+
 // Items G * slot_capacity: steps 3-4 for one source, its exact best edge and whether it is
 // a candidate, plus its sort key.
 CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
@@ -436,20 +509,9 @@ CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArg
   if (slot >= a.head_slots[g]) return;
   const int32_t cur = a.head_cur[g];
   const int64_t source = SlotRow(p, slot);
-  const RowPlace place = PlaceRow(p, a, g, source);
-  const int32_t destinations = place.length / 2;
-  if (LeadLane()) {
-    a.edge_kept[item] = 0;
-    a.sort_values_in[item] = slot;
-  }
-  if (destinations == 0) {
-    if (LeadLane()) {
-      a.edge_dest[item] = -1;
-      a.edge_score[item] = 0.0;
-      a.sort_keys_in[item] = 0;
-    }
-    return;
-  }
+  RowPlace place;
+  const int32_t destinations = BeginSourceEdge(p, a, item, &place);
+  if (destinations == 0) return;
   const float* rows = a.norm_keys + g * p.num_tokens * p.key_dim;
   const float* x = rows + source * p.key_dim;
   float top = 0.0f, second = 0.0f;
@@ -482,12 +544,37 @@ CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArg
   } else {
     exact = ExactCosine(p, a, g, cur, source, place.first + 2 * best + 1);
   }
-  const bool candidate = pass.floor_on == 0 || exact >= pass.floor;
-  if (!LeadLane()) return;
-  a.edge_dest[item] = static_cast<int32_t>(place.first + 2 * best + 1);
-  a.edge_score[item] = exact;
-  a.sort_keys_in[item] = candidate ? OrderKey(exact) : 0;
-  if (candidate) AtomicIncrement(&a.head_candidates[g]);
+  EndSourceEdge(a, pass, g, item, place, best, exact);
+}
+
+// Items G * slot_capacity: steps 3-4 after kMatchTiles, which listed each source's near ties
+// (every destination whose tensor-core score is within 2 TileMatchBound of its best, so the
+// exact best among them): the exact best of the list (lowest destination on equal scores),
+// or of every destination when the list overflowed.
+CKV_HD void StageResolve(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
+                         int64_t item) {
+  const int64_t g = item / p.slot_capacity;
+  const int32_t slot = static_cast<int32_t>(item % p.slot_capacity);
+  if (slot >= a.head_slots[g]) return;
+  const int32_t cur = a.head_cur[g];
+  const int64_t source = SlotRow(p, slot);
+  RowPlace place;
+  const int32_t destinations = BeginSourceEdge(p, a, item, &place);
+  if (destinations == 0) return;
+  const int32_t listed = a.match_count[item];
+  const int32_t* ties = a.match_ties + item * kMaxTies;
+  const int32_t count = listed == kTieOverflow ? destinations : listed;
+  int32_t best = -1;
+  double exact = 0.0;
+  for (int32_t i = 0; i < count; ++i) {
+    const int32_t k = listed == kTieOverflow ? i : ties[i];
+    const double s = ExactCosine(p, a, g, cur, source, place.first + 2 * k + 1);
+    if (best < 0 || s > exact || (s == exact && k < best)) {
+      best = k;
+      exact = s;
+    }
+  }
+  EndSourceEdge(a, pass, g, item, place, best, exact);
 }
 
 // Items J: step 5 (r per head, uniform_heads), step 8 (stop), and the sort segments.
@@ -729,6 +816,8 @@ CKV_HD void RunStageItem(StageId id, const BatchParams& p, const BatchArrays& a,
     case StageId::kEmit: StageEmit(p, a, item); return;
     case StageId::kOffsets: StageOffsets(p, a); return;
     case StageId::kPack: StagePack(p, a, item); return;
+    case StageId::kResolve: StageResolve(p, a, pass, item); return;
+    case StageId::kMatchTiles: return;  // a block stage: TileMatchBlock (tile_match.h)
   }
 }
 

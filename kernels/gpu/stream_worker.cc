@@ -28,6 +28,8 @@ const char* StageName(StageId id) {
     case StageId::kEmit: return "emit";
     case StageId::kOffsets: return "offsets";
     case StageId::kPack: return "pack";
+    case StageId::kMatchTiles: return "match_tiles";
+    case StageId::kResolve: return "resolve";
   }
   return "stage";
 }
@@ -106,8 +108,9 @@ StreamWorker::~StreamWorker() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
-absl::Status StreamWorker::Init(int32_t device) {
+absl::Status StreamWorker::Init(int32_t device, MatchKernel match) {
   device_ = device;
+  match_ = match;
   CKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "set device");
   CKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                            "create stream");
@@ -124,7 +127,7 @@ absl::Status StreamWorker::Run(std::span<const BatchJob> jobs) {
 absl::Status StreamWorker::Prepare(std::span<const BatchJob> jobs) {
   batch_.reset();
   CKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "set device");
-  CKV_ASSIGN_OR_RETURN(LayerBatch batch, LayerBatch::Create(jobs));
+  CKV_ASSIGN_OR_RETURN(LayerBatch batch, LayerBatch::Create(jobs, match_));
   const WorkspaceSizes& sizes = batch.sizes();
   CKV_CUDA_RETURN_IF_ERROR(SegmentedSortScratchBytes(batch.params(), &sort_bytes_),
                            "segmented sort scratch size");

@@ -47,8 +47,8 @@ class StreamWorker {
   StreamWorker(const StreamWorker&) = delete;
   StreamWorker& operator=(const StreamWorker&) = delete;
 
-  // Creates the stream on `device`.
-  absl::Status Init(int32_t device);
+  // Creates the stream on `device`; its batches match with `match`.
+  absl::Status Init(int32_t device, MatchKernel match = MatchKernel::kTiles);
 
   // The four steps for jobs that CanBatch together.
   absl::Status Run(std::span<const BatchJob> jobs);
@@ -62,6 +62,7 @@ class StreamWorker {
 
  private:
   int32_t device_ = 0;
+  MatchKernel match_ = MatchKernel::kTiles;
   cudaStream_t stream_ = nullptr;
   std::optional<LayerBatch> batch_;
   size_t sort_bytes_ = 0;

@@ -72,8 +72,12 @@ bool ExpectSameAsReference(const ClusterEngine& engine, const DrawnJob& job) {
   return expected->passes_run > 0;
 }
 
-TEST(HostPipelineTest, BitIdenticalToTheReference) {
-  const HostPipelineEngine stages;
+// Both match kernels: the tensor-core tiles (kMatchTiles + kResolve; every drawn key_dim is
+// within TileMatchSupports) and the warp match (kNormalize + kMatch).
+class HostPipelineMatchTest : public ::testing::TestWithParam<MatchKernel> {};
+
+TEST_P(HostPipelineMatchTest, BitIdenticalToTheReference) {
+  const HostPipelineEngine stages({}, 1, GetParam());
   std::mt19937_64 rng(20261130);
   int merged = 0;
   for (int i = 0; i < 120; ++i) {
@@ -84,12 +88,36 @@ TEST(HostPipelineTest, BitIdenticalToTheReference) {
   EXPECT_GE(merged, 40);
 }
 
+// Keys that are a few prototypes plus tiny noise: many destinations within the tiles' margin
+// of a source's best, so near-tie lists fill and overflow (then every destination is
+// rescored exactly), in long chunks that span several destination tiles.
+TEST_P(HostPipelineMatchTest, NearDuplicateKeysGiveTheReferenceResult) {
+  const HostPipelineEngine stages({}, 1, GetParam());
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 6; ++i) {
+    DrawnJob job = DrawJob(rng);
+    job.spec.num_tokens = 300 + 40 * i;
+    job.spec.key_dim = i % 2 == 0 ? 64 : 36;
+    job.spec.prototypes = 1 + i % 3;
+    job.spec.noise = i < 3 ? 0.0 : 1e-4;
+    job.options.chunk_size = 130 + 60 * i;
+    SCOPED_TRACE("job " + std::to_string(i) + ": " + job.spec.ToString());
+    ExpectSameAsReference(stages, job);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Match, HostPipelineMatchTest,
+                         ::testing::Values(MatchKernel::kTiles, MatchKernel::kWarp),
+                         [](const ::testing::TestParamInfo<MatchKernel>& info) {
+                           return std::string(info.param == MatchKernel::kTiles ? "Tiles" : "Warp");
+                         });
+
 // The warp stages as the device runs them (32 lanes splitting loops, butterfly sums, only
 // the lead lane writing), emulated by 32 threads: still the reference's result, bit for bit.
 TEST(HostPipelineTest, ThirtyTwoLaneWarpsGiveTheReferenceResult) {
-  const HostPipelineEngine warps({}, 32);
   std::mt19937_64 rng(32);
   for (int i = 0; i < 12; ++i) {
+    const HostPipelineEngine warps({}, 32, i % 2 == 0 ? MatchKernel::kTiles : MatchKernel::kWarp);
     DrawnJob job = DrawJob(rng);
     job.spec.num_tokens = std::min(job.spec.num_tokens, 90);
     job.spec.key_dim = std::max(job.spec.key_dim, 40);  // more elements than lanes

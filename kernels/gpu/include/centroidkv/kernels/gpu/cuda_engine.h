@@ -31,6 +31,10 @@ struct CudaEngineOptions {
   int32_t workers = 2;           // streams (and threads) working on batches concurrently
   int32_t max_batch_jobs = 16;   // jobs per batch at most
   int64_t max_batch_input_bytes = int64_t{1} << 30;  // keys + values of a batch, at most
+  // Match on the tensor cores (tile_match.h) where the key dimension allows; false: the warp
+  // match on CUDA cores for every batch. The environment variable CKV_CUDA_MATCH=warp sets
+  // it to false (scripts/gpu-check.sh runs the suite both ways).
+  bool tensor_core_match = true;
 };
 
 class CudaEngine final : public ClusterEngine {

@@ -7,7 +7,12 @@
 //   (2 x size / time), the convention of KINDS.md's 4.3 TB/s reading.
 // - h2d: pinned host-to-device cudaMemcpy of 2 GiB; GB/s = size / time.
 // - kind "kernel": the batch's stages on the device (inputs already uploaded), timed with CUDA
-//   events; kv_gbps = input key + value bytes / time; fraction = kv_gbps / copy GB/s.
+//   events; kv_gbps = input key + value bytes / time; fraction = kv_gbps / copy GB/s. One row
+//   per match kernel (--match: "tiles", the tensor cores, and "warp", CUDA cores). Each row
+//   also has the memory floor of the same run: reading the input once and writing the result
+//   once (float32 rows, counts, assignment) at the copy's rate, floor_seconds, and
+//   fraction_of_floor = floor_seconds / seconds. With rho = 0.5 the float32 result is as
+//   large as the fp16 input, so `fraction` cannot pass 0.5 (see docs/gpu/README.md).
 // - kind "e2e": CudaEngine::Compress on the 8 jobs from 8 threads (host in, host out,
 //   batching and overlap included); fraction = kv_gbps / pinned h2d GB/s.
 // - kind "cpu": the CPU backend on one layer job (a 32-head slice, labelled by layer_heads).
@@ -47,6 +52,7 @@ struct Flags {
   int32_t dim = 128;
   int32_t reps = 3;
   std::vector<int32_t> chunks = {64, 256, 1024};
+  std::vector<std::string> match = {"tiles", "warp"};
   int32_t e2e_chunk = 256;
   bool cpu = true;
   std::string out = "docs/gpu/bench.json";
@@ -72,6 +78,10 @@ Flags ParseFlags(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--chunks", chunk, "One chunk size instead of 64, 256 and 1024")
       ->check(CLI::Range(2, 1 << 20));
+  app.add_option("--match", flags.match, "Match kernels of the kernel rows (tiles, warp)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"tiles", "warp"}))
+      ->capture_default_str();
   app.add_flag("!--no-cpu", flags.cpu, "Skip the CPU backend rows");
   app.add_option("--out", flags.out, "JSON rows")->capture_default_str();
   try {
@@ -157,6 +167,8 @@ struct Row {
   double seconds;
   double kv_bytes;
   std::optional<double> fraction;
+  std::string match = "";                    // kernel rows: the match kernel
+  std::optional<double> floor_seconds = {};  // kernel rows: the memory floor
 };
 
 std::string RowJson(const std::string& card, const Row& row) {
@@ -164,10 +176,15 @@ std::string RowJson(const std::string& card, const Row& row) {
   return absl::StrFormat(
       "{\"card\": \"%s\", \"kind\": \"%s\", \"chunk\": %d, \"tokens\": %d, \"layer_heads\": %d, "
       "\"dtype\": \"fp16\", \"seconds_median\": %.6g, \"tokens_per_s\": %.6g, \"kv_gbps\": "
-      "%.6g, \"fraction\": %s}",
+      "%.6g, \"fraction\": %s%s}",
       card, row.kind, row.chunk, row.tokens, row.layer_heads, row.seconds, tokens_per_s,
       row.kv_bytes / row.seconds / 1e9,
-      row.fraction.has_value() ? absl::StrFormat("%.4f", *row.fraction) : "null");
+      row.fraction.has_value() ? absl::StrFormat("%.4f", *row.fraction) : "null",
+      row.floor_seconds.has_value()
+          ? absl::StrFormat(", \"match\": \"%s\", \"floor_seconds\": %.6g, "
+                            "\"fraction_of_floor\": %.4f",
+                            row.match, *row.floor_seconds, *row.floor_seconds / row.seconds)
+          : "");
 }
 
 CompressOptions SpecOptions(int32_t chunk) {
@@ -225,40 +242,50 @@ int Main(int argc, char** argv) {
   std::vector<Row> rows;
   std::optional<double> kernel_fraction_256, e2e_fraction;
   for (const int32_t chunk : flags.chunks) {
-    const CompressOptions options = SpecOptions(chunk);
-    std::vector<LayerPlan> plans;
-    for (const LayerView& view : views) {
-      absl::StatusOr<LayerPlan> plan = PlanLayer(view, options, EngineLimits{});
-      if (!plan.ok()) {
-        std::cerr << plan.status() << "\n";
+    for (const std::string& match : flags.match) {
+      const CompressOptions options = SpecOptions(chunk);
+      std::vector<LayerPlan> plans;
+      for (const LayerView& view : views) {
+        absl::StatusOr<LayerPlan> plan = PlanLayer(view, options, EngineLimits{});
+        if (!plan.ok()) {
+          std::cerr << plan.status() << "\n";
+          return 1;
+        }
+        plans.push_back(*std::move(plan));
+      }
+      std::vector<CompressResult> results(jobs_count);
+      std::vector<gpu::BatchJob> jobs;
+      for (int32_t j = 0; j < jobs_count; ++j) jobs.push_back({&plans[j], &views[j], &results[j]});
+      gpu::StreamWorker worker;
+      absl::Status status =
+          worker.Init(0, match == "warp" ? gpu::MatchKernel::kWarp : gpu::MatchKernel::kTiles);
+      if (status.ok()) status = worker.Prepare(jobs);
+      if (status.ok()) status = worker.Upload();
+      if (!status.ok()) {
+        std::cerr << "chunk " << chunk << ": " << status << "\n";
         return 1;
       }
-      plans.push_back(*std::move(plan));
+      absl::Status compute = absl::OkStatus();
+      const double seconds = TimeOnStream(worker.stream(), flags.reps, [&] {
+        if (compute.ok()) compute = worker.Compute();
+      });
+      if (compute.ok()) compute = worker.Finish();
+      if (!compute.ok()) {
+        std::cerr << "chunk " << chunk << ": " << compute << "\n";
+        return 1;
+      }
+      const double fraction = kv_bytes / seconds / 1e9 / copy_gbps;
+      if (chunk == 256 && match == flags.match.front()) kernel_fraction_256 = fraction;
+      double result_bytes = 0;
+      for (const CompressResult& r : results) {
+        result_bytes += 4.0 * static_cast<double>(r.keys.size() + r.values.size() +
+                                                  r.counts.size() + r.assignment.size());
+      }
+      const double floor_seconds = (kv_bytes + result_bytes) / (copy_gbps * 1e9);
+      rows.push_back({"kernel", chunk, flags.tokens, layer_heads, seconds, kv_bytes, fraction,
+                      match, floor_seconds});
+      std::cerr << RowJson(card, rows.back()) << "\n";
     }
-    std::vector<CompressResult> results(jobs_count);
-    std::vector<gpu::BatchJob> jobs;
-    for (int32_t j = 0; j < jobs_count; ++j) jobs.push_back({&plans[j], &views[j], &results[j]});
-    gpu::StreamWorker worker;
-    absl::Status status = worker.Init(0);
-    if (status.ok()) status = worker.Prepare(jobs);
-    if (status.ok()) status = worker.Upload();
-    if (!status.ok()) {
-      std::cerr << "chunk " << chunk << ": " << status << "\n";
-      return 1;
-    }
-    absl::Status compute = absl::OkStatus();
-    const double seconds = TimeOnStream(worker.stream(), flags.reps, [&] {
-      if (compute.ok()) compute = worker.Compute();
-    });
-    if (compute.ok()) compute = worker.Finish();
-    if (!compute.ok()) {
-      std::cerr << "chunk " << chunk << ": " << compute << "\n";
-      return 1;
-    }
-    const double fraction = kv_bytes / seconds / 1e9 / copy_gbps;
-    if (chunk == 256) kernel_fraction_256 = fraction;
-    rows.push_back({"kernel", chunk, flags.tokens, layer_heads, seconds, kv_bytes, fraction});
-    std::cerr << RowJson(card, rows.back()) << "\n";
   }
 
   {  // End to end through the engine: host in, host out, jobs from many threads.

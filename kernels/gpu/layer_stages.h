@@ -365,8 +365,8 @@ inline HostLane& CurrentHostLane() {
 }
 #endif
 CKV_HD constexpr bool IsWarpStage(StageId id) {
-  return id == StageId::kNormalize || id == StageId::kMatch || id == StageId::kResolve ||
-         id == StageId::kMerge || id == StageId::kEmit || id == StageId::kPack;
+  return id == StageId::kNormalize || id == StageId::kMatch || id == StageId::kMerge ||
+         id == StageId::kEmit || id == StageId::kPack;
 }
 CKV_HD int32_t LaneIndex() {
 #if defined(__CUDA_ARCH__)
@@ -469,14 +469,15 @@ constexpr int32_t kMaxTies = 8;
 constexpr int32_t kTieOverflow = -1;
 
 // The start of steps 3-4 for source slot `item` (kMatch, kResolve): resets its outputs and
-// says how many destinations its chunk has (0: none, its edge is already written).
+// says how many destinations its chunk has (0: none, its edge is already written). Only
+// `writer` (the lead lane of a warp stage; every thread of a thread stage) writes.
 CKV_HD int32_t BeginSourceEdge(const BatchParams& p, const BatchArrays& a, int64_t item,
-                               RowPlace* place) {
+                               bool writer, RowPlace* place) {
   const int64_t g = item / p.slot_capacity;
   const int32_t slot = static_cast<int32_t>(item % p.slot_capacity);
   *place = PlaceRow(p, a, g, SlotRow(p, slot));
   const int32_t destinations = place->length / 2;
-  if (LeadLane()) {
+  if (writer) {
     a.edge_kept[item] = 0;
     a.sort_values_in[item] = slot;
     if (destinations == 0) {
@@ -491,9 +492,9 @@ CKV_HD int32_t BeginSourceEdge(const BatchParams& p, const BatchArrays& a, int64
 // The end of steps 3-4: the source's exact best edge (destination k of its chunk, exact
 // score), whether it is a candidate, and its sort key.
 CKV_HD void EndSourceEdge(const BatchArrays& a, const PassArgs& pass, int64_t g, int64_t item,
-                          const RowPlace& place, int32_t best, double exact) {
+                          bool writer, const RowPlace& place, int32_t best, double exact) {
   const bool candidate = pass.floor_on == 0 || exact >= pass.floor;
-  if (!LeadLane()) return;
+  if (!writer) return;
   a.edge_dest[item] = static_cast<int32_t>(place.first + 2 * best + 1);
   a.edge_score[item] = exact;
   a.sort_keys_in[item] = candidate ? OrderKey(exact) : 0;
@@ -510,7 +511,7 @@ CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArg
   const int32_t cur = a.head_cur[g];
   const int64_t source = SlotRow(p, slot);
   RowPlace place;
-  const int32_t destinations = BeginSourceEdge(p, a, item, &place);
+  const int32_t destinations = BeginSourceEdge(p, a, item, LeadLane(), &place);
   if (destinations == 0) return;
   const float* rows = a.norm_keys + g * p.num_tokens * p.key_dim;
   const float* x = rows + source * p.key_dim;
@@ -544,13 +545,15 @@ CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArg
   } else {
     exact = ExactCosine(p, a, g, cur, source, place.first + 2 * best + 1);
   }
-  EndSourceEdge(a, pass, g, item, place, best, exact);
+  EndSourceEdge(a, pass, g, item, LeadLane(), place, best, exact);
 }
 
 // Items G * slot_capacity: steps 3-4 after kMatchTiles, which listed each source's near ties
 // (every destination whose tensor-core score is within 2 TileMatchBound of its best, so the
 // exact best among them): the exact best of the list (lowest destination on equal scores),
-// or of every destination when the list overflowed.
+// or of every destination when the list overflowed. A thread per source: the float64 cosine
+// is a sequential sum (the reference's order), so lanes cannot share one; a warp per source
+// would run it 32 times over.
 CKV_HD void StageResolve(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
                          int64_t item) {
   const int64_t g = item / p.slot_capacity;
@@ -559,7 +562,7 @@ CKV_HD void StageResolve(const BatchParams& p, const BatchArrays& a, const PassA
   const int32_t cur = a.head_cur[g];
   const int64_t source = SlotRow(p, slot);
   RowPlace place;
-  const int32_t destinations = BeginSourceEdge(p, a, item, &place);
+  const int32_t destinations = BeginSourceEdge(p, a, item, true, &place);
   if (destinations == 0) return;
   const int32_t listed = a.match_count[item];
   const int32_t* ties = a.match_ties + item * kMaxTies;
@@ -574,7 +577,7 @@ CKV_HD void StageResolve(const BatchParams& p, const BatchArrays& a, const PassA
       exact = s;
     }
   }
-  EndSourceEdge(a, pass, g, item, place, best, exact);
+  EndSourceEdge(a, pass, g, item, true, place, best, exact);
 }
 
 // Items J: step 5 (r per head, uniform_heads), step 8 (stop), and the sort segments.

@@ -4,7 +4,9 @@
 #      `scripts/gpu-check.sh --bundle`: the GPU machine has nvcc and CMake but not this
 #      project's Debian libraries), else configure and build the two targets here (-j16);
 #   2. the GPU tests: the conformance suite on the gpu backend (golden cases, random parity
-#      with the reference, properties) plus the CUDA engine's and the stages' own tests;
+#      with the reference, properties) plus the CUDA engine's and the stages' own tests; then
+#      the suite's parity cases again with the warp match (CKV_CUDA_MATCH=warp), since the
+#      default is the tensor-core match;
 #   3. compute-sanitizer memcheck and racecheck on a small subset of them;
 #   4. centroidkv-gpu-bench (copy and pinned h2d bandwidth, kernel, end to end, CPU);
 #   5. the service level: centroidkv-server with the gpu backend under centroidkv-bench
@@ -23,7 +25,8 @@ BUNDLE="$ROOT/.gpu-bundle"
 RESULTS="$ROOT/docs/gpu"
 BUILD_DIR="${CKV_BUILD_DIR:-$ROOT/build-gpu}"
 TARGETS=(ckv_kernels_test centroidkv_gpu_bench centroidkv_server centroidkv_bench)
-GPU_FILTER='Gpu/*:CudaEngineTest.*:CudaStagesOnHost/*:HostPipelineTest.*:LayerStagesTest.*:EngineFactoryTest.*'
+GPU_FILTER='Gpu/*:CudaEngineTest.*:CudaStagesOnHost/*:HostPipelineTest.*:*HostPipelineMatchTest.*:TileMatchTest.*:LayerStagesTest.*:EngineFactoryTest.*'
+WARP_FILTER='Gpu/EngineConformanceTest.GoldenCases/*:Gpu/EngineConformanceTest.*Reference*:CudaEngineTest.*'
 SANITIZER_FILTER='Gpu/EngineConformanceTest.GoldenCases/*:Gpu/EngineConformanceTest.TiesGoToTheLowestDestination/*:Gpu/EngineConformanceTest.FloorRisesEachPass/*:CudaEngineTest.*'
 
 log() { echo "[gpu-check] $*" >&2; }
@@ -53,7 +56,7 @@ fi
 
 # --- on the GPU machine ------------------------------------------------------------------
 mkdir -p "$RESULTS"
-rm -f "$RESULTS"/{results.md,results.json,tests.log,tests.xml,memcheck.log,racecheck.log,bench.log,build.log,service.log,logs.tar.gz}
+rm -f "$RESULTS"/{results.md,results.json,tests.log,tests-warp.log,tests.xml,memcheck.log,racecheck.log,bench.log,build.log,service.log,logs.tar.gz}
 START=$(date +%s)
 # shellcheck disable=SC2317  # called by the EXIT trap
 publish() {  # copy what exists to $OUT (flat: the device tool returns at most 8 files)
@@ -62,7 +65,7 @@ publish() {  # copy what exists to $OUT (flat: the device tool returns at most 8
       [[ -f "$RESULTS/$f" ]] && cp "$RESULTS/$f" "$OUT/$f"
     done
     local logs=()
-    for f in tests.log memcheck.log racecheck.log bench.log build.log service.log; do
+    for f in tests.log tests-warp.log memcheck.log racecheck.log bench.log build.log service.log; do
       [[ -f "$RESULTS/$f" ]] && logs+=("$f")
     done
     ((${#logs[@]})) && tar -C "$RESULTS" -czf "$OUT/logs.tar.gz" "${logs[@]}"
@@ -105,6 +108,7 @@ SANITIZER="$(command -v compute-sanitizer ||
     2>/dev/null | head -1)"
 
 TESTS_PASSED=0; TESTS_FAILED=0; TESTS_SKIPPED=0; TESTS_RC=-1; GPU_SKIPPED=0
+WARP_PASSED=0; WARP_FAILED=0; WARP_RC=-1
 MEMCHECK_RC=-1; RACECHECK_RC=-1; BENCH_RC=-1; SERVICE_RC=-1; BENCH_LINE="{}"
 NO_GPU=0
 if [[ -n "$BIN" ]]; then
@@ -118,6 +122,14 @@ if [[ -n "$BIN" ]]; then
   GPU_SKIPPED=$(grep -Ec '^\[  SKIPPED \] (Gpu/|CudaEngineTest).* \([0-9]+ ms\)$' "$RESULTS/tests.log")
   if grep -q 'no CUDA device' "$RESULTS/tests.log"; then NO_GPU=1; fi
   log "tests: rc $TESTS_RC, $TESTS_PASSED passed, $TESTS_FAILED failed, $TESTS_SKIPPED skipped ($GPU_SKIPPED GPU cases skipped)"
+  if [[ $NO_GPU -eq 0 ]]; then
+    CKV_CUDA_MATCH=warp timeout 60 "$BIN/ckv_kernels_test" --gtest_filter="$WARP_FILTER" \
+      >"$RESULTS/tests-warp.log" 2>&1
+    WARP_RC=$?
+    WARP_PASSED=$(grep -c '^\[       OK \]' "$RESULTS/tests-warp.log")
+    WARP_FAILED=$(grep -Ec '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$RESULTS/tests-warp.log")
+    log "tests with the warp match: rc $WARP_RC, $WARP_PASSED passed, $WARP_FAILED failed"
+  fi
 
   # 3. compute-sanitizer on a subset (skipped without a GPU or without the tool).
   if [[ $NO_GPU -eq 0 && -n "$SANITIZER" ]]; then
@@ -134,7 +146,7 @@ if [[ -n "$BIN" ]]; then
 
   # 4. The benchmark.
   if [[ $NO_GPU -eq 0 && -x "$BIN/centroidkv-gpu-bench" ]]; then
-    timeout 150 "$BIN/centroidkv-gpu-bench" --out="$RESULTS/bench.json" \
+    timeout 130 "$BIN/centroidkv-gpu-bench" --out="$RESULTS/bench.json" \
       >"$RESULTS/bench.stdout" 2>"$RESULTS/bench.log"
     BENCH_RC=$?
     cat "$RESULTS/bench.stdout" >>"$RESULTS/bench.log"
@@ -178,6 +190,9 @@ cat >"$RESULTS/results.json" <<EOF
   "tests_skipped": $TESTS_SKIPPED,
   "gpu_tests_skipped": $GPU_SKIPPED,
   "tests_rc": $TESTS_RC,
+  "warp_match_tests_passed": $WARP_PASSED,
+  "warp_match_tests_failed": $WARP_FAILED,
+  "warp_match_tests_rc": $WARP_RC,
   "memcheck_rc": $MEMCHECK_RC,
   "racecheck_rc": $RACECHECK_RC,
   "bench_rc": $BENCH_RC,
@@ -201,6 +216,7 @@ EOF
   echo "| what | result |"
   echo "| --- | --- |"
   echo "| GPU tests (\`$GPU_FILTER\`) | $TESTS_PASSED passed, $TESTS_FAILED failed, $TESTS_SKIPPED skipped (GPU cases skipped: $GPU_SKIPPED), rc $TESTS_RC |"
+  echo "| the same parity cases with the warp match (\`CKV_CUDA_MATCH=warp\`, \`$WARP_FILTER\`) | $WARP_PASSED passed, $WARP_FAILED failed, rc $WARP_RC |"
   echo "| compute-sanitizer memcheck / racecheck (\`$SANITIZER_FILTER\`) | rc $MEMCHECK_RC / rc $RACECHECK_RC (-1: not run) |"
   echo "| device-to-device copy (read + write) | $COPY_GBPS GB/s |"
   echo "| pinned host-to-device | $H2D_GBPS GB/s |"
@@ -218,5 +234,6 @@ EOF
 
 if [[ $NO_GPU -eq 1 ]]; then exit 3; fi
 if [[ $TESTS_RC -ne 0 || $TESTS_FAILED -ne 0 || $GPU_SKIPPED -ne 0 ]]; then exit 1; fi
+if [[ $WARP_RC -ne 0 || $WARP_FAILED -ne 0 ]]; then exit 1; fi
 if [[ $MEMCHECK_RC -gt 0 || $RACECHECK_RC -gt 0 ]]; then exit 1; fi
 exit 0

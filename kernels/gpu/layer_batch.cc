@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "oneapi/tbb/parallel_for.h"
 #include "kernels/gpu/tile_match.h"
 
 namespace centroidkv::gpu {
@@ -88,6 +89,27 @@ void CarvePacked(const BatchParams& p, Carver& c, BatchArrays& a) {
   a.packed_keys = c.Take<float>(rows * p.key_dim);
   a.packed_values = c.Take<float>(rows * p.value_dim);
   a.packed_counts = c.Take<uint32_t>(rows);
+}
+
+// Copies on all cores, in pieces of 4 MiB: staging into pinned memory is the host side of
+// every upload, and one thread copies far below the link's rate.
+struct Copy {
+  void* to;
+  const void* from;
+  size_t bytes;
+};
+void ParallelCopy(const std::vector<Copy>& copies) {
+  constexpr size_t kPiece = size_t{4} << 20;
+  std::vector<Copy> pieces;
+  for (const Copy& c : copies) {
+    for (size_t at = 0; at < c.bytes; at += kPiece) {
+      pieces.push_back({static_cast<char*>(c.to) + at, static_cast<const char*>(c.from) + at,
+                        std::min(kPiece, c.bytes - at)});
+    }
+  }
+  tbb::parallel_for(size_t{0}, pieces.size(), [&](size_t i) {
+    std::memcpy(pieces[i].to, pieces[i].from, pieces[i].bytes);
+  });
 }
 
 bool SameOptions(const CompressOptions& a, const CompressOptions& b) {
@@ -226,23 +248,25 @@ void LayerBatch::StageInputs(void* input) const {
   CarveInput(p, carver, a);
   const int64_t per_job_rows = static_cast<int64_t>(p.heads) * p.num_tokens;
   const auto elem = static_cast<size_t>(p.input_type == kInputF32 ? 4 : 2);
+  std::vector<Copy> copies;
   for (int32_t j = 0; j < p.num_jobs; ++j) {
     const LayerView& layer = *jobs_[j].layer;
     const size_t key_bytes = static_cast<size_t>(per_job_rows) * p.key_dim * elem;
     const size_t value_bytes = static_cast<size_t>(per_job_rows) * p.value_dim * elem;
-    std::memcpy(static_cast<char*>(const_cast<void*>(a.keys_in)) + j * key_bytes, layer.keys,
-                key_bytes);
-    std::memcpy(static_cast<char*>(const_cast<void*>(a.values_in)) + j * value_bytes,
-                layer.values, value_bytes);
+    copies.push_back({static_cast<char*>(const_cast<void*>(a.keys_in)) + j * key_bytes,
+                      layer.keys, key_bytes});
+    copies.push_back({static_cast<char*>(const_cast<void*>(a.values_in)) + j * value_bytes,
+                      layer.values, value_bytes});
     uint32_t* counts = const_cast<uint32_t*>(a.counts_in) + j * per_job_rows;
     if (layer.counts != nullptr) {
-      std::memcpy(counts, layer.counts, sizeof(uint32_t) * per_job_rows);
+      copies.push_back({counts, layer.counts, sizeof(uint32_t) * per_job_rows});
     } else {
       std::fill(counts, counts + per_job_rows, 1u);
     }
     uint8_t* passthrough = const_cast<uint8_t*>(a.passthrough) + static_cast<int64_t>(j) * p.heads;
     for (int32_t h = 0; h < p.heads; ++h) passthrough[h] = jobs_[j].plan->passthrough[h] ? 1 : 0;
   }
+  ParallelCopy(copies);
 }
 
 int64_t LayerBatch::PackedRows(const void* small_out) const {
@@ -273,7 +297,8 @@ void LayerBatch::ExtractResults(const void* small_out, const int32_t* owner,
   CarveSmallOut(p, so, a);
   CarvePacked(p, pk, a);
   // The packed arrays were carved for G * n rows; the download filled the first rows only.
-  for (int32_t j = 0; j < p.num_jobs; ++j) {
+  // Jobs in parallel (each result's vectors are filled by one thread).
+  tbb::parallel_for(int32_t{0}, p.num_jobs, [&](int32_t j) {
     CompressResult& out = *jobs_[j].out;
     const int64_t first_head = static_cast<int64_t>(j) * p.heads;
     const int64_t base = a.out_offsets[first_head];
@@ -292,7 +317,7 @@ void LayerBatch::ExtractResults(const void* small_out, const int32_t* owner,
       out.assignment.assign(first, first + static_cast<int64_t>(p.heads) * p.num_tokens);
     }
     out.passes_run = a.job_passes[j];
-  }
+  });
 }
 
 }  // namespace centroidkv::gpu

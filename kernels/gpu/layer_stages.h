@@ -693,8 +693,9 @@ CKV_HD void StageBucket(const BatchParams& p, const BatchArrays& a, int64_t item
 }
 
 // Items G * n: step 7, each surviving row written to its new place: merged with its kept
-// sources (float64, the reference's order) or copied exactly. Float output on the last pass,
-// else the head's other float64 buffer.
+// sources (float64, the reference's order) or copied exactly. On the last pass straight into
+// the packed float output (out_offsets computed ahead, see StageOffsets), else into the
+// head's other float64 buffer.
 CKV_HD void StageMerge(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
                        int64_t item) {
   const int64_t g = item / p.num_tokens, row = item % p.num_tokens;
@@ -714,6 +715,7 @@ CKV_HD void StageMerge(const BatchParams& p, const BatchArrays& a, const PassArg
     total += LoadCount(p, a, g, cur, SlotRow(p, s));
   }
   const int64_t out_row = g * p.num_tokens + new_row;
+  const int64_t packed_row = a.out_offsets[g] + new_row;  // the last pass writes packed rows
   const int32_t next = NextBuffer(cur);
   for (int32_t part = 0; part < 2; ++part) {
     const bool values = part == 1;
@@ -730,7 +732,7 @@ CKV_HD void StageMerge(const BatchParams& p, const BatchArrays& a, const PassArg
         v = DivRn(sum, static_cast<double>(total));
       }
       if (pass.sink_output != 0) {
-        (values ? a.out_values : a.out_keys)[out_row * dim + j] = static_cast<float>(v);
+        (values ? a.packed_values : a.packed_keys)[packed_row * dim + j] = static_cast<float>(v);
       } else {
         (values ? a.state_values : a.state_keys)[next - 1][out_row * dim + j] = v;
       }
@@ -738,7 +740,7 @@ CKV_HD void StageMerge(const BatchParams& p, const BatchArrays& a, const PassArg
   }
   if (!LeadLane()) return;
   if (pass.sink_output != 0) {
-    a.out_counts[out_row] = static_cast<uint32_t>(total);
+    a.packed_counts[packed_row] = static_cast<uint32_t>(total);
   } else {
     a.state_counts[next - 1][out_row] = total;
   }
@@ -777,20 +779,23 @@ CKV_HD void StageEmit(const BatchParams& p, const BatchArrays& a, int64_t item) 
   if (LeadLane()) a.out_counts[item] = static_cast<uint32_t>(LoadCount(p, a, g, cur, row));
 }
 
-// One item: where each head's rows start once heads are concatenated.
-CKV_HD void StageOffsets(const BatchParams& p, const BatchArrays& a) {
+// One item: where each head's rows start once heads are concatenated. Run twice: in the last
+// pass after kSelect (pass.sink_output), from the lengths that pass will leave (a head loses
+// head_merges rows; heads of finished jobs keep theirs), so that kMerge writes packed rows
+// directly; and at the end, from the final lengths (the same offsets).
+CKV_HD void StageOffsets(const BatchParams& p, const BatchArrays& a, const PassArgs& pass) {
   int64_t total = 0;
   for (int64_t g = 0; g < p.global_heads(); ++g) {
     a.out_offsets[g] = total;
-    total += a.head_length[g];
+    total += a.head_length[g] - (pass.sink_output != 0 ? a.head_merges[g] : 0);
   }
   a.out_offsets[p.global_heads()] = total;
 }
 
-// Items G * n: the final rows, heads concatenated.
+// Items G * n: the final rows of the jobs no last pass wrote (kEmit's), heads concatenated.
 CKV_HD void StagePack(const BatchParams& p, const BatchArrays& a, int64_t item) {
   const int64_t g = item / p.num_tokens, row = item % p.num_tokens;
-  if (row >= a.head_length[g]) return;
+  if (a.job_output_written[g / p.heads] != 0 || row >= a.head_length[g]) return;
   const int64_t to = a.out_offsets[g] + row;
   for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
     a.packed_keys[to * p.key_dim + j] = a.out_keys[item * p.key_dim + j];
@@ -817,7 +822,7 @@ CKV_HD void RunStageItem(StageId id, const BatchParams& p, const BatchArrays& a,
     case StageId::kOwner: StageOwner(p, a, item); return;
     case StageId::kFinish: StageFinish(p, a, pass, item); return;
     case StageId::kEmit: StageEmit(p, a, item); return;
-    case StageId::kOffsets: StageOffsets(p, a); return;
+    case StageId::kOffsets: StageOffsets(p, a, pass); return;
     case StageId::kPack: StagePack(p, a, item); return;
     case StageId::kResolve: StageResolve(p, a, pass, item); return;
     case StageId::kMatchTiles: return;  // a block stage: TileMatchBlock (tile_match.h)

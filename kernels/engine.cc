@@ -242,6 +242,7 @@ absl::StatusOr<CompressResult> ClusterEngine::Compress(const LayerView& layer,
   }
   CompressResult result;
   CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, control, &result));
+  RoundResultRows(options.result_dtype, &result);
   return result;
 }
 
@@ -252,20 +253,37 @@ absl::Status ClusterEngine::CompressInto(const LayerView& layer, const CompressO
   if (control.IsCancelled()) {
     return absl::CancelledError("job cancelled before it started");
   }
-  return CompressReusingImpl(plan, layer, control, result);
+  CKV_RETURN_IF_ERROR(CompressReusingImpl(plan, layer, control, result));
+  RoundResultRows(options.result_dtype, result);
+  return absl::OkStatus();
 }
 
 absl::Status ClusterEngine::CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
                                                 const CompressControl& control,
                                                 CompressResult* out) const {
   out->num_heads = out->num_tokens = out->key_dim = out->value_dim = 0;
+  out->dtype = DType::kFloat32;
   out->offsets.clear();
   out->keys.clear();
   out->values.clear();
+  out->half_keys.clear();
+  out->half_values.clear();
   out->counts.clear();
   out->assignment.clear();
   out->passes_run = 0;
   return CompressImpl(plan, layer, control, out);
+}
+
+void RoundResultRows(DType dtype, CompressResult* result) {
+  if (result->dtype == dtype) return;
+  auto round = [dtype](std::vector<float>& from, std::vector<uint16_t>& to) {
+    to.resize(from.size());
+    StoreFromFloats(to.data(), dtype, 0, static_cast<int64_t>(from.size()), from.data());
+    from.clear();
+  };
+  round(result->keys, result->half_keys);
+  round(result->values, result->half_values);
+  result->dtype = dtype;
 }
 
 }  // namespace centroidkv

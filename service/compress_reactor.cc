@@ -299,11 +299,15 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
   timings.queue_seconds = start - enqueue_time;
   // A result buffer from the pool (any earlier shape): CompressInto overwrites it without
   // faulting in and zero-filling fresh pages for every job.
-  PooledResult result = context_->results->Acquire(
-      ResultPool::ResultBytesFor(job->view(), job->options()));
+  // Rows in the output dtype straight from an engine that writes them (the GPU: half the
+  // bytes to write and download); otherwise float32, rounded by the encoder as it copies.
+  CompressOptions options = job->options();
+  if (engine->WritesResultDType(job->output_dtype())) options.result_dtype = job->output_dtype();
+  PooledResult result =
+      context_->results->Acquire(ResultPool::ResultBytesFor(job->view(), options));
   absl::Status status;
   try {
-    status = engine->CompressInto(job->view(), job->options(), result.get(),
+    status = engine->CompressInto(job->view(), options, result.get(),
                                   CompressControl{cancelled.get()});
   } catch (const std::bad_alloc&) {
     status = absl::ResourceExhaustedError(

@@ -29,9 +29,9 @@ ResultEncoder::ResultEncoder(uint64_t job_id, uint32_t layer_index, DType output
 uint64_t ResultEncoder::TensorBytes(v1::Tensor tensor) const {
   switch (tensor) {
     case v1::TENSOR_OUT_KEYS:
-      return result_->keys.size() * DTypeSize(output_dtype_);
+      return result_->key_elements() * DTypeSize(output_dtype_);
     case v1::TENSOR_OUT_VALUES:
-      return result_->values.size() * DTypeSize(output_dtype_);
+      return result_->value_elements() * DTypeSize(output_dtype_);
     case v1::TENSOR_OUT_COUNTS:
       return result_->counts.size() * sizeof(uint32_t);
     case v1::TENSOR_ASSIGNMENT:
@@ -88,9 +88,13 @@ void ResultEncoder::FillSlab(v1::Tensor tensor, v1::TensorSlab* slab) {
   slab->set_byte_offset(cursor_);
   std::string* data = slab->mutable_data();
   data->resize(length);
-  if (tensor == v1::TENSOR_OUT_KEYS || tensor == v1::TENSOR_OUT_VALUES) {
-    const std::vector<float>& source =
-        tensor == v1::TENSOR_OUT_KEYS ? result_->keys : result_->values;
+  const bool keys = tensor == v1::TENSOR_OUT_KEYS;
+  if ((keys || tensor == v1::TENSOR_OUT_VALUES) && result_->dtype != DType::kFloat32) {
+    // The engine wrote the rows in the output dtype (CompressOptions::result_dtype).
+    const std::vector<uint16_t>& source = keys ? result_->half_keys : result_->half_values;
+    std::memcpy(data->data(), reinterpret_cast<const uint8_t*>(source.data()) + cursor_, length);
+  } else if (keys || tensor == v1::TENSOR_OUT_VALUES) {
+    const std::vector<float>& source = keys ? result_->keys : result_->values;
     const int64_t element_size = DTypeSize(output_dtype_);
     const int64_t first = static_cast<int64_t>(cursor_) / element_size;
     const int64_t count = static_cast<int64_t>(length) / element_size;

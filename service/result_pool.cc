@@ -22,6 +22,7 @@ std::shared_ptr<ResultPool> ResultPool::Create(Limits limits) {
 uint64_t ResultPool::CapacityBytes(const CompressResult& result) {
   return result.offsets.capacity() * sizeof(int64_t) + result.keys.capacity() * sizeof(float) +
          result.values.capacity() * sizeof(float) +
+         (result.half_keys.capacity() + result.half_values.capacity()) * sizeof(uint16_t) +
          result.counts.capacity() * sizeof(uint32_t) +
          result.assignment.capacity() * sizeof(int32_t);
 }
@@ -48,7 +49,8 @@ uint64_t ResultPool::ResultBytesFor(const LayerView& layer, const CompressOption
   }
   const uint64_t rows = static_cast<uint64_t>(passthrough * n + (layer.num_heads - passthrough) * t);
   uint64_t bytes = (static_cast<uint64_t>(layer.num_heads) + 1) * sizeof(int64_t);
-  bytes += rows * (static_cast<uint64_t>(layer.key_dim) + layer.value_dim) * sizeof(float);
+  bytes += rows * (static_cast<uint64_t>(layer.key_dim) + layer.value_dim) *
+           DTypeSize(options.result_dtype);
   bytes += rows * sizeof(uint32_t);
   if (options.compute_assignment) {
     bytes += static_cast<uint64_t>(layer.num_heads) * static_cast<uint64_t>(n) * sizeof(int32_t);

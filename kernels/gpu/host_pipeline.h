@@ -30,6 +30,8 @@ class HostPipelineEngine final : public ClusterEngine {
       : ClusterEngine(limits), warp_lanes_(warp_lanes), match_(match) {}
 
   std::string_view name() const override { return "cuda-stages-on-host"; }
+  // The stages write the packed rows in the result dtype, as on the device.
+  bool WritesResultDType(DType) const override { return true; }
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,

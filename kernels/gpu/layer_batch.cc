@@ -84,10 +84,12 @@ void CarveSmallOut(const BatchParams& p, Carver& c, BatchArrays& a) {
   a.job_passes = c.Take<int32_t>(p.num_jobs);
 }
 
+int64_t ResultElementBytes(const BatchParams& p) { return p.result_type == kInputF32 ? 4 : 2; }
+
 void CarvePacked(const BatchParams& p, Carver& c, BatchArrays& a) {
   const int64_t rows = p.global_heads() * p.num_tokens;
-  a.packed_keys = c.Take<float>(rows * p.key_dim);
-  a.packed_values = c.Take<float>(rows * p.value_dim);
+  a.packed_keys = c.Take<char>(rows * p.key_dim * ResultElementBytes(p));
+  a.packed_values = c.Take<char>(rows * p.value_dim * ResultElementBytes(p));
   a.packed_counts = c.Take<uint32_t>(rows);
 }
 
@@ -116,7 +118,7 @@ bool SameOptions(const CompressOptions& a, const CompressOptions& b) {
   return a.chunk_size == b.chunk_size && a.sink_tokens == b.sink_tokens &&
          a.recent_tokens == b.recent_tokens && a.min_similarity == b.min_similarity &&
          a.tighten_per_pass == b.tighten_per_pass && a.max_passes == b.max_passes &&
-         a.uniform_heads == b.uniform_heads;
+         a.uniform_heads == b.uniform_heads && a.result_dtype == b.result_dtype;
 }
 
 // The last pass that merges anything when every candidate is kept (no floor): every
@@ -163,6 +165,7 @@ absl::StatusOr<LayerBatch> LayerBatch::Create(std::span<const BatchJob> jobs, Ma
   p.value_dim = layer.value_dim;
   p.input_type = static_cast<int32_t>(layer.dtype);
   p.token_major = layer.layout == TensorLayout::kTokenMajor ? 1 : 0;
+  p.result_type = static_cast<int32_t>(plan.options.result_dtype);
   p.chunk = plan.options.chunk_size;
   p.sink = plan.options.sink_tokens;
   p.recent = plan.options.recent_tokens;
@@ -284,8 +287,9 @@ std::vector<std::pair<size_t, size_t>> LayerBatch::PackedRanges(int64_t rows) co
   auto range = [&](const void* at, size_t bytes) {
     return std::make_pair(static_cast<size_t>(static_cast<const char*>(at) - base), bytes);
   };
-  return {range(a.packed_keys, sizeof(float) * rows * params_.key_dim),
-          range(a.packed_values, sizeof(float) * rows * params_.value_dim),
+  const auto element = static_cast<size_t>(ResultElementBytes(params_));
+  return {range(a.packed_keys, element * rows * params_.key_dim),
+          range(a.packed_values, element * rows * params_.value_dim),
           range(a.packed_counts, sizeof(uint32_t) * rows)};
 }
 
@@ -309,8 +313,18 @@ void LayerBatch::ExtractResults(const void* small_out, const int32_t* owner,
     out.value_dim = p.value_dim;
     out.offsets.resize(static_cast<size_t>(p.heads) + 1);
     for (int32_t h = 0; h <= p.heads; ++h) out.offsets[h] = a.out_offsets[first_head + h] - base;
-    out.keys.assign(a.packed_keys + base * p.key_dim, a.packed_keys + end * p.key_dim);
-    out.values.assign(a.packed_values + base * p.value_dim, a.packed_values + end * p.value_dim);
+    out.dtype = static_cast<DType>(p.result_type);
+    if (p.result_type == kInputF32) {
+      const auto* keys = static_cast<const float*>(a.packed_keys);
+      const auto* values = static_cast<const float*>(a.packed_values);
+      out.keys.assign(keys + base * p.key_dim, keys + end * p.key_dim);
+      out.values.assign(values + base * p.value_dim, values + end * p.value_dim);
+    } else {
+      const auto* keys = static_cast<const uint16_t*>(a.packed_keys);
+      const auto* values = static_cast<const uint16_t*>(a.packed_values);
+      out.half_keys.assign(keys + base * p.key_dim, keys + end * p.key_dim);
+      out.half_values.assign(values + base * p.value_dim, values + end * p.value_dim);
+    }
     out.counts.assign(a.packed_counts + base, a.packed_counts + end);
     if (jobs_[j].plan->options.compute_assignment) {
       const int32_t* first = owner + first_head * p.num_tokens;

@@ -60,6 +60,7 @@ struct BatchParams {
   int64_t target = 0;         // t
   int64_t slot_capacity = 0;  // source slots per head (n + 2 is always enough)
   int32_t match_tiles = 0;    // match with kMatchTiles + kResolve (else kNormalize + kMatch)
+  int32_t result_type = kInputF32;  // element type of the packed rows (an InputType)
   double bound = 0.0;         // MatchBound(key_dim), or TileMatchBound(key_dim) with tiles
 
   CKV_HD int64_t global_heads() const { return static_cast<int64_t>(num_jobs) * heads; }
@@ -125,8 +126,8 @@ struct BatchArrays {
   float* out_keys;              // [G * n * key_dim]: final rows, head g at row g * n
   float* out_values;            // [G * n * value_dim]
   uint32_t* out_counts;         // [G * n]
-  float* packed_keys;           // [total * key_dim]: final rows, heads concatenated
-  float* packed_values;         // [total * value_dim]
+  void* packed_keys;            // [total * key_dim] of result_type: final rows, heads
+  void* packed_values;          // [total * value_dim]                  concatenated
   uint32_t* packed_counts;      // [total]
 };
 
@@ -190,6 +191,24 @@ CKV_HD uint16_t FloatToBFloat16Bits(float value) {
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+// float to IEEE binary16, rounded to nearest even (overflow to infinity, NaN stays NaN), as
+// bits: the same rounding as the host's FloatToHalf (common/dtype.h).
+CKV_HD uint16_t FloatToHalfBits(float value) {
+  const uint32_t bits = FloatToBits(value);
+  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (magnitude >= 0x47800000u) return sign | 0x7c00u;  // >= 2^16: infinity
+  if (magnitude >= 0x38800000u) {  // normal in binary16 (>= 2^-14), or rounding up to infinity
+    const uint32_t odd = (magnitude >> 13) & 1u;
+    return sign | static_cast<uint16_t>((magnitude - 0x38000000u + 0xfffu + odd) >> 13);
+  }
+  // Subnormal or zero: adding 0.5 leaves the value in units of 2^-24, rounded to nearest even
+  // by the float addition itself.
+  const float aligned = BitsToFloat(magnitude) + 0.5f;
+  return sign | static_cast<uint16_t>(FloatToBits(aligned) - 0x3f000000u);
+}
+
 CKV_HD uint64_t DoubleToBits(double value) {
 #if defined(__CUDA_ARCH__)
   return static_cast<uint64_t>(__double_as_longlong(value));
@@ -215,6 +234,15 @@ CKV_HD float HalfBitsToFloat(uint16_t h) {
 }
 
 CKV_HD float BFloat16BitsToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
+
+// Element `index` of a packed result array of `type`: the float rounded once (fp16 / bf16).
+CKV_HD void StoreResult(void* rows, int32_t type, int64_t index, float value) {
+  switch (type) {
+    case kInputF16: static_cast<uint16_t*>(rows)[index] = FloatToHalfBits(value); return;
+    case kInputBF16: static_cast<uint16_t*>(rows)[index] = FloatToBFloat16Bits(value); return;
+    default: static_cast<float*>(rows)[index] = value; return;
+  }
+}
 
 // A key whose unsigned order is the order of the (non-NaN) scores; 0 is below every score.
 CKV_HD uint64_t OrderKey(double score) {
@@ -732,7 +760,8 @@ CKV_HD void StageMerge(const BatchParams& p, const BatchArrays& a, const PassArg
         v = DivRn(sum, static_cast<double>(total));
       }
       if (pass.sink_output != 0) {
-        (values ? a.packed_values : a.packed_keys)[packed_row * dim + j] = static_cast<float>(v);
+        StoreResult(values ? a.packed_values : a.packed_keys, p.result_type, packed_row * dim + j,
+                    static_cast<float>(v));
       } else {
         (values ? a.state_values : a.state_keys)[next - 1][out_row * dim + j] = v;
       }
@@ -798,10 +827,11 @@ CKV_HD void StagePack(const BatchParams& p, const BatchArrays& a, int64_t item) 
   if (a.job_output_written[g / p.heads] != 0 || row >= a.head_length[g]) return;
   const int64_t to = a.out_offsets[g] + row;
   for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
-    a.packed_keys[to * p.key_dim + j] = a.out_keys[item * p.key_dim + j];
+    StoreResult(a.packed_keys, p.result_type, to * p.key_dim + j, a.out_keys[item * p.key_dim + j]);
   }
   for (int32_t j = LaneIndex(); j < p.value_dim; j += LaneCount()) {
-    a.packed_values[to * p.value_dim + j] = a.out_values[item * p.value_dim + j];
+    StoreResult(a.packed_values, p.result_type, to * p.value_dim + j,
+                a.out_values[item * p.value_dim + j]);
   }
   if (LeadLane()) a.packed_counts[to] = a.out_counts[item];
 }

@@ -198,6 +198,37 @@ TEST_P(EngineConformanceTest, AssignmentIsOptional) {
   ExpectBitIdentical(with, without);
 }
 
+// Rows asked for in fp16 / bf16 (CompressOptions::result_dtype) are the float32 rows rounded
+// once to nearest even, whether the backend writes them itself (the GPU) or rounds after
+// (RoundResultRows); Compress and CompressInto alike. Plain passes, a rising floor, and a
+// floor above every score (nothing merges: the GPU's early-stop output path).
+TEST_P(EngineConformanceTest, HalfResultRowsAreTheFloatRowsRoundedOnce) {
+  const RandomLayer layer = RandomLayer::Generate(WithCounts(Spec(3, 400, 24, 12, 116)));
+  const CompressOptions cases[] = {Opts().Chunk(48).Protect(4, 8).Passthrough({1}),
+                                   Opts().Chunk(32).Protect(2, 6).Floor(0.3, 0.2),
+                                   Opts().Chunk(32).Floor(1.0)};
+  for (const CompressOptions& base : cases) {
+    CompressResult floats;
+    ASSERT_NO_FATAL_FAILURE(Run(layer.view(), base, &floats));
+    ASSERT_EQ(floats.dtype, DType::kFloat32);
+    for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)));
+      CompressOptions options = base;
+      options.result_dtype = dtype;
+      CompressResult expected = floats;
+      RoundResultRows(dtype, &expected);
+      ASSERT_FALSE(expected.half_keys.empty());
+      CompressResult half;
+      ASSERT_NO_FATAL_FAILURE(Run(layer.view(), options, &half));
+      EXPECT_TRUE(half.keys.empty() && half.values.empty());
+      ExpectBitIdentical(expected, half);
+      CompressResult reused = floats;  // CompressInto over an earlier float32 result
+      ASSERT_TRUE(engine_->CompressInto(layer.view(), options, &reused).ok());
+      ExpectBitIdentical(expected, reused);
+    }
+  }
+}
+
 // The suite's only instantiations (they cover the TEST_Ps of every file of the suite).
 
 INSTANTIATE_TEST_SUITE_P(Reference, EngineConformanceTest,

@@ -79,6 +79,36 @@ TEST(ResultEncoderTest, Float16OutputIsTheFloat32ResultRoundedOnce) {
   }
 }
 
+// Every slab's bytes, tensor by tensor, in order.
+std::vector<std::string> EncodedTensors(ResultEncoder& encoder) {
+  std::vector<std::string> tensors(8);
+  v1::CompressResponse message;
+  EXPECT_TRUE(encoder.Next(&message));
+  while (encoder.Next(&message)) {
+    EXPECT_TRUE(message.has_slab());
+    tensors[message.slab().tensor()] += message.slab().data();
+  }
+  return tensors;
+}
+
+// An engine that wrote the rows in the output dtype (CompressOptions::result_dtype): its
+// half rows go out as they are, byte for byte what rounding the float32 rows gives, in slabs
+// that split them anywhere.
+TEST(ResultEncoderTest, RowsAlreadyInTheOutputDTypeGoOutUnchanged) {
+  for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const CompressResult floats = MakeResult(300, 12, 6);
+    CompressResult halves = floats;
+    RoundResultRows(dtype, &halves);
+    ASSERT_TRUE(halves.keys.empty());
+    ResultEncoder from_floats(1, 0, dtype, "cpu", {}, Unpooled(floats), 1000);
+    ResultEncoder from_halves(1, 0, dtype, "cuda:0", {}, Unpooled(halves), 1000);
+    const std::vector<std::string> expected = EncodedTensors(from_floats);
+    const std::vector<std::string> actual = EncodedTensors(from_halves);
+    ASSERT_EQ(expected[v1::TENSOR_OUT_KEYS].size(), 300u * 12 * 2);
+    EXPECT_EQ(actual, expected);
+  }
+}
+
 TEST(ResultEncoderTest, NoAssignmentWhenNotComputed) {
   CompressResult result = MakeResult(5, 2, 2);
   result.assignment.clear();

@@ -12,6 +12,9 @@ void ExpectBitIdentical(const CompressResult& expected, const CompressResult& ac
   EXPECT_EQ(actual.counts, expected.counts);
   EXPECT_EQ(actual.assignment, expected.assignment);
   EXPECT_EQ(actual.passes_run, expected.passes_run);
+  EXPECT_EQ(actual.dtype, expected.dtype);
+  EXPECT_EQ(actual.half_keys, expected.half_keys);
+  EXPECT_EQ(actual.half_values, expected.half_values);
   ASSERT_EQ(actual.keys.size(), expected.keys.size());
   ASSERT_EQ(actual.values.size(), expected.values.size());
   for (size_t i = 0; i < expected.keys.size(); ++i) {

@@ -35,6 +35,28 @@ TEST(LayerStagesTest, BFloat16WideningIsExact) {
   }
 }
 
+// The device's float -> fp16 / bf16 rounding of result rows is the host's (common/dtype.h):
+// every float whose top 16 bits are any pattern, with low bits at and around the rounding
+// boundaries, and random floats.
+TEST(LayerStagesTest, NarrowingToHalfAndBFloat16IsTheHostsRounding) {
+  std::vector<uint32_t> patterns;
+  for (uint32_t high = 0; high <= 0xffffu; ++high) {
+    for (const uint32_t low : {0x0000u, 0x0001u, 0x0fffu, 0x1000u, 0x1001u, 0x7fffu, 0x8000u,
+                               0x8001u, 0xffffu}) {
+      patterns.push_back(high << 16 | low);
+    }
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 1000000; ++i) patterns.push_back(rng());
+  for (const uint32_t bits : patterns) {
+    const float x = std::bit_cast<float>(bits);
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(FloatToHalfBits(x), FloatToHalf(x)) << std::hex << bits;
+    ASSERT_EQ(FloatToBFloat16Bits(x), FloatToBFloat16(x)) << std::hex << bits;
+  }
+  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalfBits(std::numeric_limits<float>::quiet_NaN()))));
+}
+
 TEST(LayerStagesTest, OrderKeyFollowsScoreOrder) {
   const std::vector<double> scores = {-std::numeric_limits<double>::infinity(), -1.0, -0.5,
                                       -1e-300, 0.0, 1e-300, 0.25, 0.999999, 1.0};

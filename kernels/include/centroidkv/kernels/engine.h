@@ -75,6 +75,10 @@ struct CompressOptions {
   bool uniform_heads = true;
   std::vector<int32_t> passthrough_heads;           // heads returned unchanged
   bool compute_assignment = true;                   // fill CompressResult::assignment
+  // The element type of the result's rows: float32, or fp16 / bf16 (each element the
+  // float32 result rounded once, to nearest even): half the bytes to write and to send when
+  // the caller wants half precision anyway (the service's output_dtype).
+  DType result_dtype = DType::kFloat32;
 };
 
 // Size limits enforced before any backend runs (RESOURCE_EXHAUSTED / INVALID_ARGUMENT).
@@ -85,22 +89,31 @@ struct EngineLimits {
   int64_t max_layer_elements = int64_t{1} << 31;  // H * n * (dk + dv)
 };
 
-// The output of one layer job: heads concatenated along the entry axis, float32 (the exact
-// result before any rounding to an output dtype).
+// The output of one layer job: heads concatenated along the entry axis, in
+// CompressOptions::result_dtype: float32 rows in `keys` / `values`, or fp16 / bf16 rows (each
+// the float32 result rounded once) in `half_keys` / `half_values`; the other pair is empty.
 struct CompressResult {
   int32_t num_heads = 0;
   int32_t num_tokens = 0;  // input entries per head
   int32_t key_dim = 0;
   int32_t value_dim = 0;
+  DType dtype = DType::kFloat32;     // of the rows
   std::vector<int64_t> offsets;      // [H + 1]: head h owns rows offsets[h] .. offsets[h+1]
-  std::vector<float> keys;           // [total, key_dim]
+  std::vector<float> keys;           // [total, key_dim] when dtype is float32
   std::vector<float> values;         // [total, value_dim]
+  std::vector<uint16_t> half_keys;   // [total, key_dim] fp16 / bf16 bits otherwise
+  std::vector<uint16_t> half_values; // [total, value_dim]
   std::vector<uint32_t> counts;      // [total]
   std::vector<int32_t> assignment;   // [H, n] head-local output row of each input entry,
                                      // empty unless CompressOptions::compute_assignment
   int32_t passes_run = 0;            // passes that merged something
 
   int64_t total_entries() const { return offsets.empty() ? 0 : offsets.back(); }
+  // Elements of the key / value rows, whichever array holds them.
+  size_t key_elements() const { return dtype == DType::kFloat32 ? keys.size() : half_keys.size(); }
+  size_t value_elements() const {
+    return dtype == DType::kFloat32 ? values.size() : half_values.size();
+  }
 };
 
 // Per-call control that is not part of the job: cooperative cancellation.
@@ -154,12 +167,20 @@ class ClusterEngine {
   absl::Status CompressInto(const LayerView& layer, const CompressOptions& options,
                             CompressResult* result, const CompressControl& control = {}) const;
 
+  // Whether the backend writes result rows in `dtype` itself. Every backend honours
+  // CompressOptions::result_dtype, but one that writes float32 only rounds its rows in an
+  // extra pass afterwards (RoundResultRows); a caller that rounds while copying anyway (the
+  // service's encoder) asks for half rows only from a backend that writes them.
+  virtual bool WritesResultDType(DType dtype) const { return dtype == DType::kFloat32; }
+
   const EngineLimits& limits() const { return limits_; }
 
  protected:
   explicit ClusterEngine(EngineLimits limits = {}) : limits_(limits) {}
 
-  // Runs SPEC section 2 on a validated job. `out` arrives empty.
+  // Runs SPEC section 2 on a validated job. `out` arrives empty. The rows may be written in
+  // plan.options.result_dtype (setting out->dtype) or in float32, which the caller then
+  // rounds (RoundResultRows).
   virtual absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
                                     const CompressControl& control,
                                     CompressResult* out) const = 0;
@@ -181,6 +202,11 @@ class ClusterEngine {
  private:
   EngineLimits limits_;
 };
+
+// Rounds a float32 result's rows to `dtype` (fp16 / bf16, nearest even) into half_keys /
+// half_values and empties keys / values (keeping their capacity); nothing when the result
+// is already in `dtype`.
+void RoundResultRows(DType dtype, CompressResult* result);
 
 // Checks the shape and parameters of a job without its data (keys and values may be null):
 // what a server can reject as soon as a job is announced, before its bytes arrive.

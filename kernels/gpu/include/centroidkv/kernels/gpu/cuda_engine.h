@@ -45,6 +45,9 @@ class CudaEngine final : public ClusterEngine {
   ~CudaEngine() override;
 
   std::string_view name() const override { return device_.backend; }
+  // The packed rows are written in the result dtype on the device (half the bytes to write
+  // and to download for fp16 / bf16).
+  bool WritesResultDType(DType) const override { return true; }
   const DeviceInfo& device() const { return device_; }
 
  protected:

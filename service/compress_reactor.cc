@@ -157,7 +157,9 @@ absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions*
           "start_job.job_id ", job_id, " is already in flight on this stream (result pending)"));
     }
   }
-  if (draining_) {
+  // The server's flag too: Shutdown() sets it before it reaches each stream's Drain(), and a
+  // job that arrives in between must be refused like any later one.
+  if (draining_ || context_->draining.load()) {
     rejected_.insert(job_id);
     QueueJobError(job_id,
                   absl::UnavailableError("server is shutting down; resend the job elsewhere"),

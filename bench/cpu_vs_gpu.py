@@ -83,6 +83,8 @@ def kernel_section(cpu_rows, machine, workload, gpu_rows):
            ("Workload: " + workload if workload else ""), ""]
     gpu_by = {}
     for r in gpu_rows or []:
+        if r.get("match", "tiles") != "tiles":
+            continue  # kernel rows of the warp match are for docs/gpu only
         gpu_by.setdefault((r["kind"], int(r["chunk"])), r)
     cards = sorted({r["card"] for r in gpu_rows or []})
     out.append("| chunk | CPU (this VM) | CPU on the GPU's host | GPU kernel | GPU end to end "
@@ -177,7 +179,8 @@ def plot(cpu_kernel, gpu_kernel, cpu_service, gpu_service, path):
     series = [("CPU (this VM)", {r["chunk"]: r["tokens_per_s"] for r in cpu_kernel})]
     for kind, label in (("cpu", "CPU on GPU host"), ("kernel", "GPU kernel"),
                         ("e2e", "GPU end to end")):
-        vals = {int(r["chunk"]): r["tokens_per_s"] for r in gpu_kernel or [] if r["kind"] == kind}
+        vals = {int(r["chunk"]): r["tokens_per_s"] for r in gpu_kernel or []
+                if r["kind"] == kind and r.get("match", "tiles") == "tiles"}
         if vals:
             series.append((label, vals))
     width = 0.8 / len(series)

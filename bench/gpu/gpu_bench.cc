@@ -16,6 +16,8 @@
 //   and fraction_of_floor = floor_seconds / seconds. With rho = 0.5 a float32 result is as
 //   large as the fp16 input, so `fraction` could not pass 0.5; fp16 rows allow about 0.67
 //   (see docs/gpu/README.md).
+// - kind "stages": for each kernel row, seconds per stage (summed over passes) of one more
+//   run with CUDA events around every launch: where the kernel time goes.
 // - kind "e2e": CudaEngine::Compress on the 8 jobs from 8 threads (host in, host out,
 //   batching and overlap included); fraction = kv_gbps / pinned h2d GB/s.
 // - kind "cpu": the CPU backend on one layer job (a 32-head slice, labelled by layer_heads).
@@ -251,6 +253,7 @@ int Main(int argc, char** argv) {
 
   const DType result_dtype = flags.result_dtype == "fp16" ? DType::kFloat16 : DType::kFloat32;
   std::vector<Row> rows;
+  std::vector<std::string> stage_rows;  // per-stage seconds of each kernel row
   std::optional<double> kernel_fraction_256, e2e_fraction;
   for (const int32_t chunk : flags.chunks) {
     for (const std::string& match : flags.match) {
@@ -297,6 +300,22 @@ int Main(int argc, char** argv) {
       rows.push_back({"kernel", chunk, flags.tokens, layer_heads, seconds, kv_bytes, fraction,
                       match, floor_seconds});
       std::cerr << RowJson(card, rows.back()) << "\n";
+      // Where the time goes: one more run with events around every launch.
+      absl::StatusOr<std::vector<std::pair<std::string, double>>> stages = worker.ProfileCompute();
+      if (!stages.ok()) {
+        std::cerr << "chunk " << chunk << " profile: " << stages.status() << "\n";
+        return 1;
+      }
+      std::string times;
+      for (const auto& [stage, stage_seconds] : *stages) {
+        absl::StrAppend(&times, times.empty() ? "" : ", ",
+                        absl::StrFormat("\"%s\": %.6g", stage, stage_seconds));
+      }
+      stage_rows.push_back(absl::StrFormat(
+          "{\"card\": \"%s\", \"kind\": \"stages\", \"chunk\": %d, \"match\": \"%s\", "
+          "\"seconds\": {%s}}",
+          card, chunk, match, times));
+      std::cerr << stage_rows.back() << "\n";
     }
   }
 
@@ -358,8 +377,11 @@ int Main(int argc, char** argv) {
 
   std::ofstream out(flags.out);
   out << "[\n";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    out << "  " << RowJson(card, rows[i]) << (i + 1 < rows.size() ? ",\n" : "\n");
+  std::vector<std::string> lines;
+  for (const Row& row : rows) lines.push_back(RowJson(card, row));
+  lines.insert(lines.end(), stage_rows.begin(), stage_rows.end());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    out << "  " << lines[i] << (i + 1 < lines.size() ? ",\n" : "\n");
   }
   out << "]\n";
   if (!out) std::cerr << "centroidkv-gpu-bench: could not write " << flags.out << "\n";

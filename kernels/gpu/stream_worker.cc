@@ -2,8 +2,12 @@
 // stages (RunBatchStages) as kernel launches.
 #include "kernels/gpu/stream_worker.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "centroidkv/common/status_macros.h"
 #include "kernels/gpu/cuda_status.h"
@@ -40,29 +44,55 @@ bool SyncEachStage() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
-// The executor of RunBatchStages: each stage one launch on the stream.
+// A pair of events around one launch (StreamWorker::ProfileCompute).
+struct TimedLaunch {
+  const char* stage;
+  cudaEvent_t start;
+  cudaEvent_t stop;
+};
+
+// The executor of RunBatchStages: each stage one launch on the stream; with `timed`, each
+// launch between two events.
 class DeviceExecutor {
  public:
   DeviceExecutor(const LayerBatch& batch, const BatchArrays& arrays, cudaStream_t stream,
-                 void* sort_scratch, size_t sort_bytes)
+                 void* sort_scratch, size_t sort_bytes, std::vector<TimedLaunch>* timed = nullptr)
       : batch_(batch), arrays_(arrays), stream_(stream), sort_scratch_(sort_scratch),
-        sort_bytes_(sort_bytes), sync_(SyncEachStage()) {}
+        sort_bytes_(sort_bytes), sync_(SyncEachStage()), timed_(timed) {}
 
   absl::Status Stage(StageId id, int64_t items, const PassArgs& pass) {
+    CKV_RETURN_IF_ERROR(Begin(StageName(id)));
     CKV_CUDA_RETURN_IF_ERROR(LaunchStage(id, batch_.params(), arrays_, pass, items, stream_),
                              StageName(id));
-    return MaybeSync(StageName(id));
+    return End(StageName(id));
   }
 
   absl::Status Sort() {
+    CKV_RETURN_IF_ERROR(Begin("segmented sort"));
     CKV_CUDA_RETURN_IF_ERROR(
         LaunchSegmentedSort(batch_.params(), arrays_, sort_scratch_, sort_bytes_, stream_),
         "segmented sort");
-    return MaybeSync("segmented sort");
+    return End("segmented sort");
   }
 
  private:
-  absl::Status MaybeSync(const char* what) {
+  absl::Status Begin(const char* what) {
+    if (timed_ == nullptr) return absl::OkStatus();
+    TimedLaunch launch{what, nullptr, nullptr};
+    CKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&launch.start), "profile event");
+    if (const cudaError_t error = cudaEventCreate(&launch.stop); error != cudaSuccess) {
+      (void)cudaEventDestroy(launch.start);
+      return CudaStatus(error, "profile event");
+    }
+    timed_->push_back(launch);
+    CKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(launch.start, stream_), what);
+    return absl::OkStatus();
+  }
+
+  absl::Status End(const char* what) {
+    if (timed_ != nullptr) {
+      CKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(timed_->back().stop, stream_), what);
+    }
     if (!sync_) return absl::OkStatus();
     CKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), what);
     return absl::OkStatus();
@@ -74,6 +104,7 @@ class DeviceExecutor {
   void* sort_scratch_;
   size_t sort_bytes_;
   bool sync_;
+  std::vector<TimedLaunch>* timed_;
 };
 
 }  // namespace
@@ -158,6 +189,29 @@ absl::Status StreamWorker::Compute() {
                                            d_owner_.data(), d_packed_.data());
   DeviceExecutor exec(*batch_, arrays, stream_, d_sort_.data(), sort_bytes_);
   return RunBatchStages(*batch_, exec);
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, double>>> StreamWorker::ProfileCompute() {
+  const BatchArrays arrays = batch_->Carve(d_input_.data(), d_work_.data(), d_small_.data(),
+                                           d_owner_.data(), d_packed_.data());
+  std::vector<TimedLaunch> timed;
+  DeviceExecutor exec(*batch_, arrays, stream_, d_sort_.data(), sort_bytes_, &timed);
+  absl::Status status = RunBatchStages(*batch_, exec);
+  if (status.ok()) status = CudaStatus(cudaStreamSynchronize(stream_), "profile");
+  std::vector<std::pair<std::string, double>> totals;  // in first-launch order
+  for (const TimedLaunch& launch : timed) {
+    float ms = 0.0f;
+    if (status.ok()) status = CudaStatus(cudaEventElapsedTime(&ms, launch.start, launch.stop),
+                                         "profile elapsed time");
+    auto at = std::find_if(totals.begin(), totals.end(),
+                           [&](const auto& entry) { return entry.first == launch.stage; });
+    if (at == totals.end()) at = totals.insert(totals.end(), {launch.stage, 0.0});
+    at->second += ms / 1e3;
+    (void)cudaEventDestroy(launch.start);
+    (void)cudaEventDestroy(launch.stop);
+  }
+  if (!status.ok()) return status;
+  return totals;
 }
 
 absl::Status StreamWorker::Finish() {

@@ -13,8 +13,12 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/gpu/layer_batch.h"
 
 namespace centroidkv::gpu {
@@ -57,6 +61,10 @@ class StreamWorker {
   absl::Status Upload();
   absl::Status Compute();
   absl::Status Finish();
+
+  // Compute() once more with every launch between two CUDA events, then waits: seconds per
+  // stage name (summed over passes), in the order the stages first ran. For benchmarks.
+  absl::StatusOr<std::vector<std::pair<std::string, double>>> ProfileCompute();
 
   cudaStream_t stream() const { return stream_; }
 

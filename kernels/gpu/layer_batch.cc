@@ -71,6 +71,7 @@ void CarveWork(const BatchParams& p, bool with_state, Carver& c, BatchArrays& a)
   a.sort_keys_out = c.Take<uint64_t>(slots);
   a.sort_values_out = c.Take<int32_t>(slots);
   a.bucket_next = c.Take<int32_t>(slots);
+  a.index_blocks = c.Take<int32_t>(g * IndexBlocks(p));
   a.new_index = c.Take<int32_t>(rows);
   a.bucket_head = c.Take<int32_t>(rows);
   a.out_keys = c.Take<float>(rows * p.key_dim);
@@ -214,9 +215,12 @@ PassArgs LayerBatch::Pass(int32_t pass) const {
 int64_t LayerBatch::Items(StageId stage) const {
   switch (stage) {
     case StageId::kSetup:
-    case StageId::kIndex:
+    case StageId::kIndexPrefix:
     case StageId::kFinish:
       return params_.global_heads();
+    case StageId::kIndexCount:
+    case StageId::kIndex:
+      return params_.global_heads() * IndexBlocks(params_);
     case StageId::kSelect:
       return params_.num_jobs;
     case StageId::kMatch:

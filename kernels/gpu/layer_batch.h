@@ -112,8 +112,9 @@ absl::Status RunBatchStages(const LayerBatch& batch, Executor& exec) {
     }
     if (status.ok()) status = exec.Sort();
     if (status.ok() && pass.sink_output != 0) status = stage(StageId::kOffsets, pass);
-    for (StageId id : {StageId::kMarkKept, StageId::kIndex, StageId::kBucket, StageId::kMerge,
-                       StageId::kOwner, StageId::kFinish}) {
+    for (StageId id : {StageId::kMarkKept, StageId::kIndexCount, StageId::kIndexPrefix,
+                       StageId::kIndex, StageId::kBucket, StageId::kMerge, StageId::kOwner,
+                       StageId::kFinish}) {
       if (status.ok()) status = stage(id, pass);
     }
   }

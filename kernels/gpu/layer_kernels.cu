@@ -56,6 +56,10 @@ cudaError_t LaunchStage(StageId id, const BatchParams& params, const BatchArrays
     case StageId::kSelect: return Launch<StageId::kSelect>(params, arrays, pass, items, stream);
     case StageId::kMarkKept:
       return Launch<StageId::kMarkKept>(params, arrays, pass, items, stream);
+    case StageId::kIndexCount:
+      return Launch<StageId::kIndexCount>(params, arrays, pass, items, stream);
+    case StageId::kIndexPrefix:
+      return Launch<StageId::kIndexPrefix>(params, arrays, pass, items, stream);
     case StageId::kIndex: return Launch<StageId::kIndex>(params, arrays, pass, items, stream);
     case StageId::kBucket: return Launch<StageId::kBucket>(params, arrays, pass, items, stream);
     case StageId::kMerge: return Launch<StageId::kMerge>(params, arrays, pass, items, stream);

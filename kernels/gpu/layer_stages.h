@@ -71,7 +71,7 @@ struct BatchParams {
 // BatchParams::match_tiles, as kMatchTiles + kResolve (tensor-core tiles, tile_match.h).
 enum class StageId : uint8_t {
   kInit, kSetup, kNormalize, kMatch, kSelect, kMarkKept, kIndex, kBucket, kMerge, kOwner,
-  kFinish, kEmit, kOffsets, kPack, kMatchTiles, kResolve,
+  kFinish, kEmit, kOffsets, kPack, kMatchTiles, kResolve, kIndexCount, kIndexPrefix,
 };
 
 // What changes from pass to pass.
@@ -120,6 +120,7 @@ struct BatchArrays {
   int32_t* match_count;         // tile match: near ties listed (kTieOverflow: too many)
   int32_t* match_ties;          // [G * slot_capacity * kMaxTies]: their destinations (k)
   // Per row [G * n].
+  int32_t* index_blocks;        // [G * IndexBlocks]: kept sources in / before each block
   int32_t* new_index;           // row after this pass's compaction, -1 when merged away
   int32_t* bucket_head;         // first kept source (slot) merging into this row, -1: none
   int32_t* owner;               // current row of each input entry (the assignment)
@@ -673,20 +674,60 @@ CKV_HD bool RewritesHead(const BatchParams& p, const BatchArrays& a, const PassA
   return a.head_merges[g] > 0 || pass.sink_output != 0;
 }
 
-// Items G: the compaction of step 7, each row's index after the pass (sequential per head).
-CKV_HD void StageIndex(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
-                       int64_t g) {
+// The compaction of step 7 (each row's index after the pass) in three stages over blocks of
+// kIndexBlockRows rows, so that a head's rows are not one thread's sequential loop: kept
+// sources per block (kIndexCount), their exclusive prefix per head (kIndexPrefix), then each
+// block's rows (kIndex).
+constexpr int32_t kIndexBlockRows = 256;
+CKV_HD int64_t IndexBlocks(const BatchParams& p) {
+  return (p.num_tokens + kIndexBlockRows - 1) / kIndexBlockRows;
+}
+
+// Items G * IndexBlocks: the kept sources among the block's current rows.
+CKV_HD void StageIndexCount(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
+                            int64_t item) {
+  const int64_t g = item / IndexBlocks(p), first = item % IndexBlocks(p) * kIndexBlockRows;
   if (!RewritesHead(p, a, pass, g)) return;
-  const int32_t length = a.head_length[g];
-  int32_t* index = a.new_index + g * p.num_tokens;
-  if (a.head_merges[g] == 0) {
-    for (int32_t row = 0; row < length; ++row) index[row] = row;
-    return;
-  }
-  int32_t next = 0;
-  for (int32_t row = 0; row < length; ++row) {
+  const int64_t end = first + kIndexBlockRows < a.head_length[g] ? first + kIndexBlockRows
+                                                                 : a.head_length[g];
+  int32_t kept = 0;
+  for (int64_t row = first; row < end; ++row) {
     int32_t slot = -1;
-    index[row] = IsKeptSource(p, a, g, row, &slot) ? -1 : next++;
+    kept += IsKeptSource(p, a, g, row, &slot) ? 1 : 0;
+  }
+  a.index_blocks[item] = kept;
+}
+
+// Items G: each block's count becomes the kept sources of the head before it.
+CKV_HD void StageIndexPrefix(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
+                             int64_t g) {
+  if (!RewritesHead(p, a, pass, g)) return;
+  int32_t* blocks = a.index_blocks + g * IndexBlocks(p);
+  int32_t before = 0;
+  for (int64_t b = 0; b < IndexBlocks(p); ++b) {
+    const int32_t kept = blocks[b];
+    blocks[b] = before;
+    before += kept;
+  }
+}
+
+// Items G * IndexBlocks: each row of the block, its index after the pass (-1: merged away).
+CKV_HD void StageIndex(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
+                       int64_t item) {
+  const int64_t g = item / IndexBlocks(p), first = item % IndexBlocks(p) * kIndexBlockRows;
+  if (!RewritesHead(p, a, pass, g)) return;
+  const int64_t end = first + kIndexBlockRows < a.head_length[g] ? first + kIndexBlockRows
+                                                                 : a.head_length[g];
+  int32_t* index = a.new_index + g * p.num_tokens;
+  int32_t kept = a.index_blocks[item];
+  for (int64_t row = first; row < end; ++row) {
+    int32_t slot = -1;
+    if (IsKeptSource(p, a, g, row, &slot)) {
+      index[row] = -1;
+      ++kept;
+    } else {
+      index[row] = static_cast<int32_t>(row) - kept;
+    }
   }
 }
 
@@ -846,6 +887,8 @@ CKV_HD void RunStageItem(StageId id, const BatchParams& p, const BatchArrays& a,
     case StageId::kMatch: StageMatch(p, a, pass, item); return;
     case StageId::kSelect: StageSelect(p, a, pass, item); return;
     case StageId::kMarkKept: StageMarkKept(p, a, item); return;
+    case StageId::kIndexCount: StageIndexCount(p, a, pass, item); return;
+    case StageId::kIndexPrefix: StageIndexPrefix(p, a, pass, item); return;
     case StageId::kIndex: StageIndex(p, a, pass, item); return;
     case StageId::kBucket: StageBucket(p, a, item); return;
     case StageId::kMerge: StageMerge(p, a, pass, item); return;

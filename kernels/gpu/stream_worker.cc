@@ -34,6 +34,8 @@ const char* StageName(StageId id) {
     case StageId::kPack: return "pack";
     case StageId::kMatchTiles: return "match_tiles";
     case StageId::kResolve: return "resolve";
+    case StageId::kIndexCount: return "index_count";
+    case StageId::kIndexPrefix: return "index_prefix";
   }
   return "stage";
 }

@@ -464,11 +464,10 @@ CKV_HD void StageSetup(const BatchParams& p, const BatchArrays& a, int64_t g) {
   a.head_merges[g] = 0;
 }
 
-// Items G * n: each current row of an active head, normalised in float64, as float.
-CKV_HD void StageNormalize(const BatchParams& p, const BatchArrays& a, int64_t item) {
-  const int64_t g = item / p.num_tokens, row = item % p.num_tokens;
-  if (a.head_slots[g] == 0 || row >= a.head_length[g]) return;
-  const int32_t cur = a.head_cur[g];
+// 1 / max(|key row|, 1e-6) in float64, the lanes of a warp splitting the sum (any order
+// stays within MatchBound / TileMatchBound).
+CKV_HD double InverseKeyNorm(const BatchParams& p, const BatchArrays& a, int64_t g, int32_t cur,
+                             int64_t row) {
   double sum = 0.0;
   for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
     const double x = LoadElement(p, a, g, cur, row, j, false);
@@ -477,7 +476,15 @@ CKV_HD void StageNormalize(const BatchParams& p, const BatchArrays& a, int64_t i
   sum = LaneSum(sum);
   double norm = SqrtRn(sum);
   norm = norm < 1e-6 ? 1e-6 : norm;
-  const double inverse = 1.0 / norm;
+  return 1.0 / norm;
+}
+
+// Items G * n: each current row of an active head, normalised in float64, as float.
+CKV_HD void StageNormalize(const BatchParams& p, const BatchArrays& a, int64_t item) {
+  const int64_t g = item / p.num_tokens, row = item % p.num_tokens;
+  if (a.head_slots[g] == 0 || row >= a.head_length[g]) return;
+  const int32_t cur = a.head_cur[g];
+  const double inverse = InverseKeyNorm(p, a, g, cur, row);
   float* out = a.norm_keys + item * p.key_dim;
   for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
     out[j] = static_cast<float>(LoadElement(p, a, g, cur, row, j, false) * inverse);

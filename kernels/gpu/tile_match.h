@@ -102,15 +102,7 @@ CKV_HD void LoadSplitRow(const BatchParams& p, const BatchArrays& a, int64_t g, 
     for (int32_t j = LaneIndex(); j < depth; j += LaneCount()) hi[j] = lo[j] = 0;
     return;
   }
-  double sum = 0.0;
-  for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
-    const double x = LoadElement(p, a, g, cur, row, j, false);
-    sum += x * x;
-  }
-  sum = LaneSum(sum);
-  double norm = SqrtRn(sum);
-  norm = norm < 1e-6 ? 1e-6 : norm;
-  const double inverse = 1.0 / norm;
+  const double inverse = InverseKeyNorm(p, a, g, cur, row);
   for (int32_t j = LaneIndex(); j < depth; j += LaneCount()) {
     uint16_t h = 0, l = 0;
     if (j < p.key_dim) {

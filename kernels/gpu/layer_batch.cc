@@ -229,6 +229,8 @@ int64_t LayerBatch::Items(StageId stage) const {
       return slots();
     case StageId::kMatchTiles:
       return TileMatchItems(params_);
+    case StageId::kBucket:
+      return params_.global_heads() * ChunksPerHead(params_);
     case StageId::kOffsets:
       return 1;
     default:

@@ -357,6 +357,12 @@ CKV_HD RowPlace PlaceRow(const BatchParams& p, const BatchArrays& a, int64_t g, 
   return place;
 }
 
+// Chunks of a head at its longest (pass 0): the item count per head of chunk stages.
+CKV_HD int64_t ChunksPerHead(const BatchParams& p) {
+  const int64_t range = static_cast<int64_t>(p.num_tokens) - p.sink - p.recent;
+  return range <= 0 ? 0 : (range + p.chunk - 1) / p.chunk;
+}
+
 // The row of source slot `slot` of head g.
 CKV_HD int64_t SlotRow(const BatchParams& p, int64_t slot) {
   const int32_t half = (p.chunk + 1) / 2;
@@ -738,33 +744,29 @@ CKV_HD void StageIndex(const BatchParams& p, const BatchArrays& a, const PassArg
   }
 }
 
-// Items G * n: for each destination row, the first of its kept sources in the reference's
-// order; for each kept source, the next one of the same destination.
+// Items G * ChunksPerHead: for each destination row of the chunk, its kept sources in the
+// reference's order (score descending, then source ascending) as a list: the first in
+// bucket_head[row], each one's next in bucket_next[slot]. One thread per chunk inserts the
+// chunk's kept sources one by one into their destination's sorted list (lists are short:
+// O(C) per chunk for spread-out edges, O(C^2) at worst when all go to one destination).
 CKV_HD void StageBucket(const BatchParams& p, const BatchArrays& a, int64_t item) {
-  const int64_t g = item / p.num_tokens, row = item % p.num_tokens;
-  if (a.job_done[g / p.heads] != 0 || a.head_merges[g] == 0 || row >= a.head_length[g]) return;
-  const RowPlace place = PlaceRow(p, a, g, row);
-  a.bucket_head[item] = -1;
-  if (!place.in_range || place.length < 2) return;
+  const int64_t g = item / ChunksPerHead(p), chunk = item % ChunksPerHead(p);
+  if (a.job_done[g / p.heads] != 0 || a.head_merges[g] == 0) return;
+  const int64_t first = p.sink + chunk * p.chunk;
+  if (first >= static_cast<int64_t>(a.head_length[g]) - p.recent) return;  // past the range
+  const RowPlace place = PlaceRow(p, a, g, first);
+  int32_t* heads = a.bucket_head + g * p.num_tokens;
+  for (int32_t offset = 1; offset < place.length; offset += 2) heads[first + offset] = -1;
   const int64_t base = g * p.slot_capacity;
-  const int32_t slots = (place.length + 1) / 2;
-  int32_t destination = static_cast<int32_t>(row);
-  int32_t after = -1;  // find the first kept source of `destination` ordered after `after`
-  if (place.source) {
-    if (a.edge_kept[base + place.slot] == 0) return;
-    destination = a.edge_dest[base + place.slot];
-    after = place.slot;
-  }
-  int32_t found = -1;
-  for (int32_t s = place.first_slot; s < place.first_slot + slots; ++s) {
-    if (a.edge_kept[base + s] == 0 || a.edge_dest[base + s] != destination) continue;
-    if (after >= 0 && !Precedes(a, base, after, s)) continue;
-    if (found < 0 || Precedes(a, base, s, found)) found = s;
-  }
-  if (place.source) {
-    a.bucket_next[base + place.slot] = found;
-  } else {
-    a.bucket_head[item] = found;
+  const int32_t end_slot = place.first_slot + (place.length + 1) / 2 < a.head_slots[g]
+                               ? place.first_slot + (place.length + 1) / 2
+                               : a.head_slots[g];
+  for (int32_t s = place.first_slot; s < end_slot; ++s) {
+    if (a.edge_kept[base + s] == 0) continue;
+    int32_t* link = &heads[a.edge_dest[base + s]];
+    while (*link >= 0 && Precedes(a, base, *link, s)) link = &a.bucket_next[base + *link];
+    a.bucket_next[base + s] = *link;
+    *link = s;
   }
 }
 

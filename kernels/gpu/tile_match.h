@@ -68,17 +68,13 @@ CKV_HD TileLayout MakeTileLayout(int32_t key_dim) {
   return l;
 }
 
-// Chunks of a head at its longest (pass 0), and source tiles per chunk.
-CKV_HD int64_t TileChunksPerHead(const BatchParams& p) {
-  const int64_t range = static_cast<int64_t>(p.num_tokens) - p.sink - p.recent;
-  return range <= 0 ? 0 : (range + p.chunk - 1) / p.chunk;
-}
+// Source tiles per chunk.
 CKV_HD int32_t TilesPerChunk(const BatchParams& p) {
   return ((p.chunk + 1) / 2 + kTileRows - 1) / kTileRows;
 }
 // Blocks of one kMatchTiles launch: (head, chunk, source tile).
 CKV_HD int64_t TileMatchItems(const BatchParams& p) {
-  return p.global_heads() * TileChunksPerHead(p) * TilesPerChunk(p);
+  return p.global_heads() * ChunksPerHead(p) * TilesPerChunk(p);
 }
 
 CKV_HD void BlockSync() {
@@ -209,7 +205,7 @@ CKV_HD void FoldScores(const float* scores, int32_t first, int32_t count, double
 CKV_HD void TileMatchBlock(const BatchParams& p, const BatchArrays& a, int64_t item, char* smem,
                            int32_t warp, int32_t warps) {
   const int32_t tiles = TilesPerChunk(p);
-  const int64_t chunks = TileChunksPerHead(p);
+  const int64_t chunks = ChunksPerHead(p);
   const int64_t g = item / (chunks * tiles);
   const int64_t chunk = item / tiles % chunks;
   const int32_t tile = static_cast<int32_t>(item % tiles);

@@ -106,6 +106,36 @@ TEST_P(HostPipelineMatchTest, NearDuplicateKeysGiveTheReferenceResult) {
   }
 }
 
+// Equal keys: in every chunk of 8 all four sources tie and merge into the first destination,
+// whose float64 sum then depends on the order of its list. Values chosen so that the
+// reference's order (score descending, then source ascending: 2^60 + 1 + 1 - 2^60 + 0 = 0)
+// and the reverse (2^60 + 0 - 2^60 + 1 + 1 = 2) differ even after rounding to float.
+TEST_P(HostPipelineMatchTest, MergeListsSumInTheReferenceOrder) {
+  const HostPipelineEngine stages({}, 1, GetParam());
+  RandomLayerSpec spec = test::Spec(2, 64, 8, 2, 41, DType::kFloat32);
+  RandomLayer layer = RandomLayer::Generate(spec);
+  const float big = 1152921504606846976.0f;  // 2^60
+  const float by_offset[8] = {1.0f, big, 1.0f, 3.0f, -big, 5.0f, 0.0f, 7.0f};
+  for (int32_t h = 0; h < 2; ++h) {
+    for (int32_t t = 0; t < 64; ++t) {
+      for (int32_t j = 0; j < 8; ++j) layer.SetKey(h, t, j, 0.25f * static_cast<float>(j + 1));
+      for (int32_t j = 0; j < 2; ++j) layer.SetValue(h, t, j, by_offset[t % 8]);
+    }
+  }
+  CompressOptions options;
+  options.chunk_size = 8;
+  options.sink_tokens = 0;
+  options.recent_tokens = 0;
+  options.target_ratio = 0.5;
+  options.max_passes = 1;
+  const absl::StatusOr<CompressResult> expected = ReferenceEngine().Compress(layer.view(), options);
+  const absl::StatusOr<CompressResult> actual = stages.Compress(layer.view(), options);
+  ASSERT_TRUE(expected.ok() && actual.ok());
+  ASSERT_EQ(expected->counts[0], 5u);  // the first destination took all four sources
+  EXPECT_EQ(expected->values[0], 0.0f);
+  ExpectBitIdentical(*expected, *actual);
+}
+
 INSTANTIATE_TEST_SUITE_P(Match, HostPipelineMatchTest,
                          ::testing::Values(MatchKernel::kTiles, MatchKernel::kWarp),
                          [](const ::testing::TestParamInfo<MatchKernel>& info) {

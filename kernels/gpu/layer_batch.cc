@@ -74,9 +74,6 @@ void CarveWork(const BatchParams& p, bool with_state, Carver& c, BatchArrays& a)
   a.index_blocks = c.Take<int32_t>(g * IndexBlocks(p));
   a.new_index = c.Take<int32_t>(rows);
   a.bucket_head = c.Take<int32_t>(rows);
-  a.out_keys = c.Take<float>(rows * p.key_dim);
-  a.out_values = c.Take<float>(rows * p.value_dim);
-  a.out_counts = c.Take<uint32_t>(rows);
 }
 
 void CarveSmallOut(const BatchParams& p, Carver& c, BatchArrays& a) {

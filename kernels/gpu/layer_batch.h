@@ -118,7 +118,7 @@ absl::Status RunBatchStages(const LayerBatch& batch, Executor& exec) {
       if (status.ok()) status = stage(id, pass);
     }
   }
-  for (StageId id : {StageId::kEmit, StageId::kOffsets, StageId::kPack}) {
+  for (StageId id : {StageId::kOffsets, StageId::kEmit}) {
     if (status.ok()) status = stage(id, none);
   }
   return status;

@@ -71,7 +71,7 @@ struct BatchParams {
 // BatchParams::match_tiles, as kMatchTiles + kResolve (tensor-core tiles, tile_match.h).
 enum class StageId : uint8_t {
   kInit, kSetup, kNormalize, kMatch, kSelect, kMarkKept, kIndex, kBucket, kMerge, kOwner,
-  kFinish, kEmit, kOffsets, kPack, kMatchTiles, kResolve, kIndexCount, kIndexPrefix,
+  kFinish, kEmit, kOffsets, kMatchTiles, kResolve, kIndexCount, kIndexPrefix,
 };
 
 // What changes from pass to pass.
@@ -124,9 +124,6 @@ struct BatchArrays {
   int32_t* new_index;           // row after this pass's compaction, -1 when merged away
   int32_t* bucket_head;         // first kept source (slot) merging into this row, -1: none
   int32_t* owner;               // current row of each input entry (the assignment)
-  float* out_keys;              // [G * n * key_dim]: final rows, head g at row g * n
-  float* out_values;            // [G * n * value_dim]
-  uint32_t* out_counts;         // [G * n]
   void* packed_keys;            // [total * key_dim] of result_type: final rows, heads
   void* packed_values;          // [total * value_dim]                  concatenated
   uint32_t* packed_counts;      // [total]
@@ -401,7 +398,7 @@ inline HostLane& CurrentHostLane() {
 #endif
 CKV_HD constexpr bool IsWarpStage(StageId id) {
   return id == StageId::kNormalize || id == StageId::kMatch || id == StageId::kMerge ||
-         id == StageId::kEmit || id == StageId::kPack;
+         id == StageId::kEmit;
 }
 CKV_HD int32_t LaneIndex() {
 #if defined(__CUDA_ARCH__)
@@ -843,25 +840,10 @@ CKV_HD void StageFinish(const BatchParams& p, const BatchArrays& a, const PassAr
   if (pass.sink_output == 0) a.head_cur[g] = NextBuffer(a.head_cur[g]);
 }
 
-// Items G * n: float output of the jobs no last pass wrote (they stopped early).
-CKV_HD void StageEmit(const BatchParams& p, const BatchArrays& a, int64_t item) {
-  const int64_t g = item / p.num_tokens, row = item % p.num_tokens;
-  if (a.job_output_written[g / p.heads] != 0 || row >= a.head_length[g]) return;
-  const int32_t cur = a.head_cur[g];
-  for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
-    a.out_keys[item * p.key_dim + j] = static_cast<float>(LoadElement(p, a, g, cur, row, j, false));
-  }
-  for (int32_t j = LaneIndex(); j < p.value_dim; j += LaneCount()) {
-    a.out_values[item * p.value_dim + j] =
-        static_cast<float>(LoadElement(p, a, g, cur, row, j, true));
-  }
-  if (LeadLane()) a.out_counts[item] = static_cast<uint32_t>(LoadCount(p, a, g, cur, row));
-}
-
 // One item: where each head's rows start once heads are concatenated. Run twice: in the last
 // pass after kSelect (pass.sink_output), from the lengths that pass will leave (a head loses
 // head_merges rows; heads of finished jobs keep theirs), so that kMerge writes packed rows
-// directly; and at the end, from the final lengths (the same offsets).
+// directly; and at the end, from the final lengths (the same offsets), for kEmit.
 CKV_HD void StageOffsets(const BatchParams& p, const BatchArrays& a, const PassArgs& pass) {
   int64_t total = 0;
   for (int64_t g = 0; g < p.global_heads(); ++g) {
@@ -871,19 +853,22 @@ CKV_HD void StageOffsets(const BatchParams& p, const BatchArrays& a, const PassA
   a.out_offsets[p.global_heads()] = total;
 }
 
-// Items G * n: the final rows of the jobs no last pass wrote (kEmit's), heads concatenated.
-CKV_HD void StagePack(const BatchParams& p, const BatchArrays& a, int64_t item) {
+// Items G * n: the packed output rows of the jobs no last pass wrote (they stopped early, or
+// had nothing to merge), from their current rows.
+CKV_HD void StageEmit(const BatchParams& p, const BatchArrays& a, int64_t item) {
   const int64_t g = item / p.num_tokens, row = item % p.num_tokens;
   if (a.job_output_written[g / p.heads] != 0 || row >= a.head_length[g]) return;
+  const int32_t cur = a.head_cur[g];
   const int64_t to = a.out_offsets[g] + row;
   for (int32_t j = LaneIndex(); j < p.key_dim; j += LaneCount()) {
-    StoreResult(a.packed_keys, p.result_type, to * p.key_dim + j, a.out_keys[item * p.key_dim + j]);
+    StoreResult(a.packed_keys, p.result_type, to * p.key_dim + j,
+                static_cast<float>(LoadElement(p, a, g, cur, row, j, false)));
   }
   for (int32_t j = LaneIndex(); j < p.value_dim; j += LaneCount()) {
     StoreResult(a.packed_values, p.result_type, to * p.value_dim + j,
-                a.out_values[item * p.value_dim + j]);
+                static_cast<float>(LoadElement(p, a, g, cur, row, j, true)));
   }
-  if (LeadLane()) a.packed_counts[to] = a.out_counts[item];
+  if (LeadLane()) a.packed_counts[to] = static_cast<uint32_t>(LoadCount(p, a, g, cur, row));
 }
 
 // Runs item `item` of stage `id` (a switch the device kernels resolve at compile time).
@@ -905,7 +890,6 @@ CKV_HD void RunStageItem(StageId id, const BatchParams& p, const BatchArrays& a,
     case StageId::kFinish: StageFinish(p, a, pass, item); return;
     case StageId::kEmit: StageEmit(p, a, item); return;
     case StageId::kOffsets: StageOffsets(p, a, pass); return;
-    case StageId::kPack: StagePack(p, a, item); return;
     case StageId::kResolve: StageResolve(p, a, pass, item); return;
     case StageId::kMatchTiles: return;  // a block stage: TileMatchBlock (tile_match.h)
   }

@@ -31,7 +31,6 @@ const char* StageName(StageId id) {
     case StageId::kFinish: return "finish";
     case StageId::kEmit: return "emit";
     case StageId::kOffsets: return "offsets";
-    case StageId::kPack: return "pack";
     case StageId::kMatchTiles: return "match_tiles";
     case StageId::kResolve: return "resolve";
     case StageId::kIndexCount: return "index_count";

@@ -649,7 +649,9 @@ CKV_HD void StageSelect(const BatchParams& p, const BatchArrays& a, const PassAr
     if (p.uniform != 0) a.head_merges[g] = a.passthrough[g] != 0 ? 0 : static_cast<int32_t>(smallest);
     if (a.head_merges[g] > 0) {
       merged = true;
-      a.seg_end[g] = a.seg_begin[g] + a.head_slots[g];
+      // A head that keeps every source needs no order to choose them (StageMarkKept): its
+      // segment stays empty and the sort skips it.
+      if (a.head_merges[g] < a.head_slots[g]) a.seg_end[g] = a.seg_begin[g] + a.head_slots[g];
     }
   }
   if (!merged) {
@@ -665,7 +667,9 @@ CKV_HD void StageSelect(const BatchParams& p, const BatchArrays& a, const PassAr
 CKV_HD void StageMarkKept(const BatchParams& p, const BatchArrays& a, int64_t item) {
   const int64_t g = item / p.slot_capacity, q = item % p.slot_capacity;
   if (q >= a.head_merges[g]) return;
-  a.edge_kept[g * p.slot_capacity + a.sort_values_out[item]] = 1;
+  // Every source kept (StageSelect left the head unsorted): slot q itself.
+  const bool all = a.head_merges[g] == a.head_slots[g];
+  a.edge_kept[g * p.slot_capacity + (all ? static_cast<int32_t>(q) : a.sort_values_out[item])] = 1;
 }
 
 CKV_HD bool IsKeptSource(const BatchParams& p, const BatchArrays& a, int64_t g, int64_t row,

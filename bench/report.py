@@ -61,7 +61,8 @@ def result_dtype_lines(summary):
         "rounds each float32 row once as it streams it out, so half the result bytes are",
         "written; the memory floor then writes the result in that dtype too.",
         "",
-        "| chunk | result dtype | ms / layer job | CPU busy | memory floor | fraction of memory floor |",
+        "| chunk | result dtype | ms / layer job | CPU busy | memory floor"
+        " | fraction of memory floor |",
         "|---:|---|---:|---:|---:|---:|",
     ]
     chunks = [c["chunk"] for c in by_dtype[0]["chunks"]]
@@ -73,9 +74,9 @@ def result_dtype_lines(summary):
                     continue
                 busy = c["cpu_seconds"] / (threads * c["seconds"]) if c.get("cpu_seconds") else 0
                 lines.append(
-                    f"| {chunk} | {entry['result_dtype']} | {c['seconds'] * 1e3:.1f} | {busy:.0%} | "
-                    f"{floor['seconds'] * 1e3:.1f} ms ({floor['bytes'] / 1e6:.0f} MB) | "
-                    f"{c['fraction_of_memory_floor']:.0%} |")
+                    f"| {chunk} | {entry['result_dtype']} | {c['seconds'] * 1e3:.1f}"
+                    f" | {busy:.0%} | {floor['seconds'] * 1e3:.1f} ms"
+                    f" ({floor['bytes'] / 1e6:.0f} MB) | {c['fraction_of_memory_floor']:.0%} |")
     return lines + [""]
 
 

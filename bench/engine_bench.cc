@@ -26,6 +26,9 @@
 //   --tokens --heads --dim --chunks=64,256,1024 --ratio --sink --recent --seed
 //   --engine=cpu|reference --reps --min_time --threads --peak_reps --faiss=0|1 --check=0|1
 //   --fresh=0|1 (also time each job into a fresh result: Compress instead of CompressInto)
+//   --result_dtype=float32[,float16,bfloat16]  (CompressOptions::result_dtype of the timed
+//                    jobs; several side by side, each with its own memory floor, which then
+//                    writes the result rows in that dtype; the first is the headline)
 //   --dump_dir=DIR  (keys.npy, values.npy, meta.json, assignment_C<chunk>.npy for the
 //                    PyTorch peer)  --summary_out=FILE (the JSON summary)
 #include <benchmark/benchmark.h>
@@ -79,6 +82,7 @@ struct Flags {
   bool faiss = true;
   bool check = true;
   bool fresh = true;
+  std::vector<DType> result_dtypes = {DType::kFloat32};
   std::string dump_dir;
   std::string summary_out;
 };
@@ -142,6 +146,16 @@ Flags ParseFlags(int argc, char** argv) {
       flags.faiss = ParseNumber<int32_t>(name, value) != 0;
     } else if (name == "fresh") {
       flags.fresh = ParseNumber<int32_t>(name, value) != 0;
+    } else if (name == "result_dtype") {
+      flags.result_dtypes.clear();
+      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        std::optional<DType> dtype;
+        for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+          if (DTypeName(d) == std::string_view(part.data(), part.size())) dtype = d;
+        }
+        if (!dtype.has_value()) Die("--result_dtype: float32, float16 or bfloat16: " + value);
+        flags.result_dtypes.push_back(*dtype);
+      }
     } else if (name == "check") {
       flags.check = ParseNumber<int32_t>(name, value) != 0;
     } else if (name == "dump_dir") {
@@ -153,7 +167,7 @@ Flags ParseFlags(int argc, char** argv) {
     }
   }
   if (flags.workload.heads < 1 || flags.workload.tokens < 2 || flags.workload.dim < 1 ||
-      flags.chunks.empty() || flags.reps < 1) {
+      flags.chunks.empty() || flags.reps < 1 || flags.result_dtypes.empty()) {
     Die("need --heads >= 1, --tokens >= 2, --dim >= 1, --reps >= 1 and some --chunks");
   }
   if (flags.threads <= 0) {
@@ -162,8 +176,10 @@ Flags ParseFlags(int argc, char** argv) {
   return flags;
 }
 
-CompressOptions OptionsFor(const Flags& flags, int32_t chunk) {
+CompressOptions OptionsFor(const Flags& flags, int32_t chunk,
+                           DType result_dtype = DType::kFloat32) {
   CompressOptions options;
+  options.result_dtype = result_dtype;
   options.target_ratio = flags.ratio;
   options.chunk_size = chunk;
   options.sink_tokens = flags.sink;
@@ -265,8 +281,17 @@ class CapturingReporter : public benchmark::ConsoleReporter {
   std::map<std::string, Samples> samples_;
 };
 
-std::string PipelineName(int32_t chunk) { return "pipeline/C" + std::to_string(chunk); }
-std::string FreshName(int32_t chunk) { return "pipeline_fresh/C" + std::to_string(chunk); }
+// Benchmark names; a result dtype other than float32 is part of the name.
+std::string DTypeSuffix(DType dtype) {
+  return dtype == DType::kFloat32 ? "" : "_" + std::string(DTypeName(dtype));
+}
+std::string PipelineName(int32_t chunk, DType dtype = DType::kFloat32) {
+  return "pipeline" + DTypeSuffix(dtype) + "/C" + std::to_string(chunk);
+}
+std::string FreshName(int32_t chunk, DType dtype = DType::kFloat32) {
+  return "pipeline_fresh" + DTypeSuffix(dtype) + "/C" + std::to_string(chunk);
+}
+std::string MemoryFloorName(DType dtype) { return "memory_floor" + DTypeSuffix(dtype); }
 std::string FaissName(std::string_view threading, int32_t chunk) {
   return "faiss_" + std::string(threading) + "/C" + std::to_string(chunk);
 }
@@ -378,62 +403,66 @@ int Main(int argc, char** argv) {
   }
 
   // Ours first, then the peers: OpenMP threads that spin after FAISS cannot slow us down.
-  std::shared_ptr<CompressResult> first_result;  // for the memory floor's result size
-  double memory_floor_bytes = 0.0;
+  // Per result dtype, the first chunk's result sizes the memory floor's result.
+  std::map<DType, std::shared_ptr<CompressResult>> first_results;
   for (int32_t chunk : flags.chunks) {
-    const CompressOptions options = OptionsFor(flags, chunk);
-    const double flops = flops_per_job[chunk];
-    const double peak = peak_before.gflops;
-    // The headline: one result kept across jobs (CompressInto), as a server thread keeps
-    // one per worker; its memory is faulted in once, before timing.
-    auto reused = std::make_shared<CompressResult>();
-    if (absl::Status status = engine.CompressInto(view, options, reused.get()); !status.ok()) {
-      Die(status.ToString());
-    }
-    if (first_result == nullptr) first_result = reused;
-    auto counters = [tokens, kv_bytes, flops, peak](benchmark::State& state) {
-      SetCounters(state, tokens, kv_bytes, flops, peak);
-    };
-    RegisterJob(
-        PipelineName(chunk), flags,
-        [&engine, view, options, reused] {
-          absl::Status status = engine.CompressInto(view, options, reused.get());
-          benchmark::DoNotOptimize(reused->counts.data());
-          return status;
-        },
-        counters);
-    // The same job into a fresh result every time (Compress): adds the page faults and
-    // zero-fill of the result's memory.
-    if (flags.fresh) {
+    for (DType dtype : flags.result_dtypes) {
+      const CompressOptions options = OptionsFor(flags, chunk, dtype);
+      const double flops = flops_per_job[chunk];
+      const double peak = peak_before.gflops;
+      // The headline: one result kept across jobs (CompressInto), as a server thread keeps
+      // one per worker; its memory is faulted in once, before timing.
+      auto reused = std::make_shared<CompressResult>();
+      if (absl::Status status = engine.CompressInto(view, options, reused.get()); !status.ok()) {
+        Die(status.ToString());
+      }
+      first_results.emplace(dtype, reused);
+      auto counters = [tokens, kv_bytes, flops, peak](benchmark::State& state) {
+        SetCounters(state, tokens, kv_bytes, flops, peak);
+      };
       RegisterJob(
-          FreshName(chunk), flags,
-          [&engine, view, options] {
-            absl::StatusOr<CompressResult> result = engine.Compress(view, options);
-            if (result.ok()) benchmark::DoNotOptimize(result->counts.data());
-            return result.status();
+          PipelineName(chunk, dtype), flags,
+          [&engine, view, options, reused] {
+            absl::Status status = engine.CompressInto(view, options, reused.get());
+            benchmark::DoNotOptimize(reused->counts.data());
+            return status;
           },
           counters);
+      // The same job into a fresh result every time (Compress): adds the page faults and
+      // zero-fill of the result's memory.
+      if (flags.fresh) {
+        RegisterJob(
+            FreshName(chunk, dtype), flags,
+            [&engine, view, options] {
+              absl::StatusOr<CompressResult> result = engine.Compress(view, options);
+              if (result.ok()) benchmark::DoNotOptimize(result->counts.data());
+              return result.status();
+            },
+            counters);
+      }
     }
   }
 
   // The memory floor of one job: read every input key and value once and write a result's
-  // worth of float32 keys and values, counts and assignment once (non-temporal stores, as
-  // the engine writes), over all threads with oneTBB like the engine, and nothing else. No
-  // implementation that reads its input and writes this result can be faster on this
-  // machine; at small chunks the pipeline is measured against it too.
-  {
-    const CompressResult& sizes = *first_result;
+  // worth of keys and values (in the result dtype), counts and assignment once (non-temporal
+  // stores, as the engine writes), over all threads with oneTBB like the engine, and nothing
+  // else. No implementation that reads its input and writes this result can be faster on
+  // this machine; at small chunks the pipeline is measured against it too.
+  std::map<DType, double> memory_floor_bytes;
+  for (DType dtype : flags.result_dtypes) {
+    const CompressResult& sizes = *first_results.at(dtype);
     const int64_t out_bytes =
-        static_cast<int64_t>(sizes.keys.size() + sizes.values.size()) * 4 +
+        static_cast<int64_t>(sizes.key_elements() + sizes.value_elements()) *
+            DTypeSize(sizes.dtype) +
         static_cast<int64_t>(sizes.counts.size()) * static_cast<int64_t>(sizeof(sizes.counts[0])) +
         static_cast<int64_t>(sizes.assignment.size()) * 4;
-    memory_floor_bytes = static_cast<double>(out_bytes) + kv_bytes;
+    memory_floor_bytes[dtype] = static_cast<double>(out_bytes) + kv_bytes;
     // 16-byte aligned (operator new's alignment), as _mm_stream_si128 needs.
     auto out = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(out_bytes / 8 + 2));
     const int64_t in_bytes = static_cast<int64_t>(kv_bytes) / 2;  // keys, then values
     const int64_t out_vectors = static_cast<int64_t>(out->size()) / 2;
     RegisterJob(
-        "memory_floor", flags,
+        MemoryFloorName(dtype), flags,
         [view, in_bytes, out, out_vectors] {
           constexpr int64_t kBlocks = 1024;
           auto* out_data = reinterpret_cast<__m128i*>(out->data());
@@ -531,13 +560,15 @@ int Main(int argc, char** argv) {
               << amx_peak->gflops << " GFLOP/s\n";
   }
 
-  // The summary, from the medians.
-  const double memory_floor_seconds = reporter.MedianSeconds("memory_floor");
+  // The summary, from the medians; the headline is the first result dtype.
+  const DType headline_dtype = flags.result_dtypes.front();
+  const double memory_floor_seconds = reporter.MedianSeconds(MemoryFloorName(headline_dtype));
   std::ostringstream json;
   json << std::setprecision(6);
   json << "{\"engine\": \"" << engine_name << "\", \"heads\": " << spec.heads
        << ", \"tokens\": " << spec.tokens << ", \"dim\": " << spec.dim
-       << ", \"dtype\": \"float16\", \"ratio\": " << flags.ratio << ", \"sink\": " << flags.sink
+       << ", \"dtype\": \"float16\", \"result_dtype\": \"" << DTypeName(headline_dtype)
+       << "\", \"ratio\": " << flags.ratio << ", \"sink\": " << flags.sink
        << ", \"recent\": " << flags.recent << ", \"max_passes\": 1, \"seed\": " << spec.seed
        << ", \"threads\": " << flags.threads << ", \"peak\": {\"isa\": \"" << peak_before.isa
        << "\", \"before_gflops\": " << peak_before.gflops
@@ -545,8 +576,10 @@ int Main(int argc, char** argv) {
        << "}, \"kernel_level\": \"" << kernel_level << "\", \"amx_bf16_peak_gflops\": "
        << (amx_peak.has_value() ? std::to_string(amx_peak->gflops) : std::string("null"))
        << ", \"memory_floor\": {\"seconds\": " << memory_floor_seconds
-       << ", \"bytes\": " << memory_floor_bytes << ", \"gb_per_s\": "
-       << (memory_floor_seconds > 0.0 ? memory_floor_bytes / memory_floor_seconds / 1e9 : 0.0)
+       << ", \"bytes\": " << memory_floor_bytes[headline_dtype] << ", \"gb_per_s\": "
+       << (memory_floor_seconds > 0.0
+               ? memory_floor_bytes[headline_dtype] / memory_floor_seconds / 1e9
+               : 0.0)
        << "}, \"faiss_built\": "
 #ifdef CKV_HAVE_FAISS
        << "true"
@@ -556,11 +589,11 @@ int Main(int argc, char** argv) {
        << ", \"chunks\": [";
   std::cout << "\nsummary (medians; engine " << engine_name << ")\n"
             << "memory floor: " << memory_floor_seconds * 1e3 << " ms per job ("
-            << memory_floor_bytes / 1e6 << " MB read and written)\n"
+            << memory_floor_bytes[headline_dtype] / 1e6 << " MB read and written)\n"
             << "chunk  ms/layer  Mtok/s  GB/s    GFLOP/s  of_peak  faiss_ratio\n";
   bool first = true;
   for (int32_t chunk : flags.chunks) {
-    const double seconds = reporter.MedianSeconds(PipelineName(chunk));
+    const double seconds = reporter.MedianSeconds(PipelineName(chunk, headline_dtype));
     if (seconds <= 0.0) continue;
     const double tokens_per_s = tokens / seconds;
     const double gflops = flops_per_job[chunk] / seconds / 1e9;
@@ -574,14 +607,16 @@ int Main(int argc, char** argv) {
       }
     }
     json << (first ? "" : ", ") << "{\"chunk\": " << chunk << ", \"seconds\": " << seconds
-         << ", \"repetitions\": " << reporter.Repetitions(PipelineName(chunk))
+         << ", \"repetitions\": " << reporter.Repetitions(PipelineName(chunk, headline_dtype))
          << ", \"tokens_per_s\": " << tokens_per_s << ", \"gb_per_s\": " << kv_bytes / seconds / 1e9
          << ", \"similarity_flops\": " << flops_per_job[chunk] << ", \"gflops\": " << gflops
          << ", \"peak_gflops\": " << peak_gflops
          << ", \"fraction_of_peak\": " << gflops / peak_gflops;
-    json << ", \"cpu_seconds\": " << reporter.MedianCpuSeconds(PipelineName(chunk))
+    json << ", \"cpu_seconds\": "
+         << reporter.MedianCpuSeconds(PipelineName(chunk, headline_dtype))
          << ", \"fraction_of_memory_floor\": " << memory_floor_seconds / seconds;
-    if (const double fresh = reporter.MedianSeconds(FreshName(chunk)); fresh > 0.0) {
+    if (const double fresh = reporter.MedianSeconds(FreshName(chunk, headline_dtype));
+        fresh > 0.0) {
       json << ", \"fresh_result_seconds\": " << fresh;
     }
     std::cout << std::setw(5) << chunk << "  " << std::setw(8) << seconds * 1e3 << "  "
@@ -611,6 +646,32 @@ int Main(int argc, char** argv) {
     json << "}";
     std::cout << "\n";
     first = false;
+  }
+  json << "]";
+  // Every result dtype side by side (the same job, rows written in that dtype).
+  std::cout << "\nby result dtype (medians): chunk  dtype  ms/layer  memory floor ms  "
+               "fraction of memory floor\n";
+  json << ", \"by_result_dtype\": [";
+  for (size_t i = 0; i < flags.result_dtypes.size(); ++i) {
+    const DType dtype = flags.result_dtypes[i];
+    const double floor_seconds = reporter.MedianSeconds(MemoryFloorName(dtype));
+    json << (i ? ", " : "") << "{\"result_dtype\": \"" << DTypeName(dtype)
+         << "\", \"memory_floor\": {\"seconds\": " << floor_seconds
+         << ", \"bytes\": " << memory_floor_bytes[dtype] << "}, \"chunks\": [";
+    for (size_t c = 0; c < flags.chunks.size(); ++c) {
+      const int32_t chunk = flags.chunks[c];
+      const double seconds = reporter.MedianSeconds(PipelineName(chunk, dtype));
+      json << (c ? ", " : "") << "{\"chunk\": " << chunk << ", \"seconds\": " << seconds
+           << ", \"cpu_seconds\": " << reporter.MedianCpuSeconds(PipelineName(chunk, dtype))
+           << ", \"fresh_result_seconds\": " << reporter.MedianSeconds(FreshName(chunk, dtype))
+           << ", \"fraction_of_memory_floor\": "
+           << (seconds > 0.0 ? floor_seconds / seconds : 0.0) << "}";
+      std::cout << std::setw(5) << chunk << "  " << std::setw(8) << DTypeName(dtype) << "  "
+                << std::setw(8) << seconds * 1e3 << "  " << std::setw(8) << floor_seconds * 1e3
+                << "  " << std::setw(6) << (seconds > 0.0 ? floor_seconds / seconds : 0.0)
+                << "\n";
+    }
+    json << "]}";
   }
   json << "]}";
   if (!flags.summary_out.empty()) {

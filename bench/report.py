@@ -48,6 +48,38 @@ def fmt(value, digits=3):
     return f"{value:.{digits}g}"
 
 
+def result_dtype_lines(summary):
+    """The section comparing result dtypes (--result_dtype with several), or nothing."""
+    by_dtype = summary.get("by_result_dtype", [])
+    if len(by_dtype) < 2:
+        return []
+    threads = summary["threads"]
+    lines = [
+        "## Result rows in fp16 / bf16",
+        "",
+        "The same jobs with `CompressOptions::result_dtype` set (`--result_dtype`): the engine",
+        "rounds each float32 row once as it streams it out, so half the result bytes are",
+        "written; the memory floor then writes the result in that dtype too.",
+        "",
+        "| chunk | result dtype | ms / layer job | CPU busy | memory floor"
+        " | fraction of memory floor |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    chunks = [c["chunk"] for c in by_dtype[0]["chunks"]]
+    for chunk in chunks:
+        for entry in by_dtype:
+            floor = entry["memory_floor"]
+            for c in entry["chunks"]:
+                if c["chunk"] != chunk or c["seconds"] <= 0:
+                    continue
+                busy = c["cpu_seconds"] / (threads * c["seconds"]) if c.get("cpu_seconds") else 0
+                lines.append(
+                    f"| {chunk} | {entry['result_dtype']} | {c['seconds'] * 1e3:.1f}"
+                    f" | {busy:.0%} | {floor['seconds'] * 1e3:.1f} ms"
+                    f" ({floor['bytes'] / 1e6:.0f} MB) | {c['fraction_of_memory_floor']:.0%} |")
+    return lines + [""]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--summary", required=True)
@@ -169,7 +201,7 @@ def main():
            f" against the fp32 FMA peak, as SPEC section 5 defines it."
            if summary.get('amx_bf16_peak_gflops') else ""),
         (f"- Memory floor: {summary['memory_floor']['seconds'] * 1e3:.3g} ms per job: reading"
-         f" the input once and writing the float32 result once"
+         f" the input once and writing the {summary.get('result_dtype', 'float32')} result once"
          f" ({summary['memory_floor']['bytes'] / 1e6:.0f} MB) at"
          f" {summary['memory_floor']['gb_per_s']:.3g} GB/s, all threads, nothing else. Per"
          f" chunk size: " + ", ".join(
@@ -191,6 +223,7 @@ def main():
         args.command,
         "```",
         "",
+    ] + result_dtype_lines(summary) + [
         "## Definitions",
         "",
         "- Time T: median wall-clock seconds of one whole layer job through",

@@ -54,8 +54,11 @@ mkdir -p "$data_dir"
 rm -f "$data_dir"/summary.json "$data_dir"/torch.json "$data_dir"/assignment_C*.npy
 # Our pipeline, the FMA peak and FAISS, in one process; it also leaves the data (.npy) and
 # our assignments for the PyTorch peer. Progress and tables go to stderr.
+# Result rows in float32 (the headline) and fp16 side by side; a later --result_dtype in
+# "$@" replaces the list.
 "$bench_bin" --dump_dir="$data_dir" --summary_out="$data_dir/summary.json" \
-  --benchmark_out="$data_dir/benchmark.json" --benchmark_out_format=json "$@" >&2
+  --benchmark_out="$data_dir/benchmark.json" --benchmark_out_format=json \
+  --result_dtype=float32,float16 "$@" >&2
 # The PyTorch peer on the same bytes.
 torch_json=""
 if "$python" -c "import torch, numpy" 2>/dev/null; then

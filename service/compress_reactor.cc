@@ -301,8 +301,9 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
   timings.queue_seconds = start - enqueue_time;
   // A result buffer from the pool (any earlier shape): CompressInto overwrites it without
   // faulting in and zero-filling fresh pages for every job.
-  // Rows in the output dtype straight from an engine that writes them (the GPU: half the
-  // bytes to write and download); otherwise float32, rounded by the encoder as it copies.
+  // Rows in the output dtype straight from an engine that writes them (the GPU and the cpu
+  // backend: half the bytes to write, and to download from a GPU); otherwise float32,
+  // rounded by the encoder as it copies.
   CompressOptions options = job->options();
   if (engine->WritesResultDType(job->output_dtype())) options.result_dtype = job->output_dtype();
   PooledResult result =

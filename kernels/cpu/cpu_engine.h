@@ -20,7 +20,8 @@
 // sweep over the job; in a fused last pass the values are checked in the float rows it
 // writes, see LayerJob::RunChunks) and, while its match kernel runs, prefetches the next
 // task's rows into L2, so the input is read from memory once and mostly overlapped with
-// arithmetic. Result rows go out a few at a time with non-temporal stores (BlockWriter).
+// arithmetic. Result rows go out a few at a time with non-temporal stores (BlockWriter), in
+// float32 or already rounded to the options' result_dtype (fp16 / bf16: half the bytes).
 //
 // Thread-safe: Compress() may run concurrently from many threads.
 #pragma once
@@ -46,6 +47,8 @@ class CpuEngine final : public ClusterEngine {
 
   std::string_view name() const override { return "cpu"; }
   SimdLevel simd_level() const { return level_; }
+  // The last pass rounds fp16 / bf16 rows as it streams them out (BlockWriter).
+  bool WritesResultDType(DType) const override { return true; }
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,

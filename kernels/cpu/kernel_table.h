@@ -117,6 +117,14 @@ struct KernelTable {
   // Returns whether every float copied is finite (no Inf or NaN).
   bool (*stream_floats)(const float* in, int64_t count, float* out);
 
+  // stream_floats for fp16 / bf16 rows (`type` kF16 or kBF16): each of the `count` floats
+  // rounded once to nearest even, bit for bit as FloatToHalf / FloatToBFloat16
+  // (common/dtype.h) round it, into `out`; non-temporal stores where `out` is aligned, no
+  // fence. Returns whether every float read is finite (the input, not the rounded value).
+  // bf16 is integer rounding at every level: AVX512-BF16's VCVTNEPS2BF16 flushes subnormal
+  // inputs to zero, which FloatToBFloat16 does not.
+  bool (*stream_halves)(const float* in, int64_t count, ElemType type, uint16_t* out);
+
   // Matching on a matrix engine (AMX), null where the level has none; ChunkMatcher then uses
   // widen_rows + pack_panels + match_rows instead. One chunk: rows first .. first + length - 1
   // of `rows` (dim elements each), sources the even rows, destinations the odd rows. Rows

@@ -158,6 +158,15 @@ bool StreamFloats(const float* in, int64_t count, float* out) {
   return finite;
 }
 
+bool StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* out) {
+  bool finite = true;
+  for (int64_t i = 0; i < count; ++i) {
+    out[i] = type == ElemType::kF16 ? FloatToHalf(in[i]) : FloatToBFloat16(in[i]);
+    finite &= std::isfinite(in[i]);
+  }
+  return finite;
+}
+
 }  // namespace
 
 namespace internal {
@@ -167,7 +176,7 @@ const KernelTable& ScalarKernels() {
                                  WidenRows,         PackPanels,         MatchRows,
                                  ScoreRow,          MergeRow<float>,    MergeRow<double>,
                                  ConvertRow<float>, ConvertRow<double>, ConvertRows,
-                                 RowsFinite,        StreamFloats,
+                                 RowsFinite,        StreamFloats,       StreamHalves,
                                  nullptr};
   return table;
 }

@@ -123,7 +123,8 @@ LayerJob::LayerJob(const KernelTable& kernels, ScratchPool* scratch, const Layer
       slots_((plan.options.chunk_size + 1) / 2),
       target_(plan.target_length),
       bound_(MatchErrorBound(kernels, layer.key_dim)),
-      with_assignment_(plan.options.compute_assignment) {
+      with_assignment_(plan.options.compute_assignment),
+      output_type_(ElemTypeOf(plan.options.result_dtype)) {
   if (head_pool_ != nullptr) heads_ = head_pool_->Take();
 }
 
@@ -389,8 +390,18 @@ void LayerJob::AllocateOutput() {
   for (const Head& head : heads_)
     out_->offsets.push_back(out_->offsets.back() + head.length - head.merges);
   const auto total = static_cast<size_t>(out_->offsets.back());
-  ResizeOutput(&out_->keys, total * key_dim_);
-  ResizeOutput(&out_->values, total * value_dim_);
+  out_->dtype = plan_.options.result_dtype;
+  if (output_type_ == ElemType::kF32) {
+    ResizeOutput(&out_->keys, total * key_dim_);
+    ResizeOutput(&out_->values, total * value_dim_);
+    out_->half_keys.clear();
+    out_->half_values.clear();
+  } else {
+    ResizeOutput(&out_->half_keys, total * key_dim_);
+    ResizeOutput(&out_->half_values, total * value_dim_);
+    out_->keys.clear();
+    out_->values.clear();
+  }
   ResizeOutput(&out_->counts, total);
   if (with_assignment_) {
     ResizeOutput(&out_->assignment, static_cast<size_t>(layer_.num_heads) * layer_.num_tokens);
@@ -504,11 +515,8 @@ void LayerJob::Finalize() {
 void LayerJob::FinalizeHead(Head& head) {
   const int64_t first = out_->offsets[head.index];
   if (!head.written) {
-    const RowBlock keys = Keys(head), values = Values(head);
+    WriteOutputRows(Keys(head), Values(head), 0, head.length, first);
     for (int64_t row = 0; row < head.length; ++row) {
-      kernels_.convert_row_f32(&keys, row, key_dim_, out_->keys.data() + (first + row) * key_dim_);
-      kernels_.convert_row_f32(&values, row, value_dim_,
-                               out_->values.data() + (first + row) * value_dim_);
       out_->counts[first + row] = static_cast<uint32_t>(head.counts[row]);
     }
   }

@@ -4,9 +4,10 @@
 // Rows between passes: a head starts on the caller's input rows (any dtype, either layout)
 // and is read from there until its first merge; a pass that is not the last writes the
 // compacted head in float64 (like the reference), later passes compact it in place. The last
-// pass writes float32 rows into the CompressResult: each chunk's rows are staged in cache,
-// then streamed to the result a few rows at a time (non-temporal stores: no read of the
-// result memory; BlockWriter).
+// pass writes the result rows into the CompressResult, in float32 or rounded once to the
+// options' result_dtype (fp16 / bf16): each chunk's float32 rows are staged in cache, then
+// rounded and streamed to the result a few rows at a time (non-temporal stores: no read of
+// the result memory; BlockWriter).
 //
 // Thread-compatible: one LayerJob per call; its tasks share the per-thread ChunkScratch pool.
 #pragma once
@@ -28,18 +29,20 @@
 
 namespace centroidkv::cpu {
 
-// Writes rows, one after another, to one contiguous block of floats of the CompressResult
-// through a small staging buffer that stays in L1: every 64-byte line of the block that is
-// complete goes out at once with a non-temporal store (KernelTable::stream_floats), so the
-// stores drain to memory while the next rows are computed, and no read-for-ownership of the
-// result lines. The first and last partial lines of the block (which it may share with a
+// Writes rows, one after another, to one contiguous block of the CompressResult's rows
+// (float32, or fp16 / bf16: each float rounded once) through a small staging buffer of
+// floats that stays in L1: every 64-byte line of the block that is complete goes out at once
+// with a non-temporal store (KernelTable::stream_floats / stream_halves), so the stores
+// drain to memory while the next rows are computed, and no read-for-ownership of the result
+// lines. The first and last partial lines of the block (which it may share with a
 // block another thread writes) get plain stores. The caller fences (sfence) before the block
 // is read. On the way it notes whether every float written is finite.
 class BlockWriter {
  public:
-  // `buffer`: 64-byte aligned, Capacity(dim) floats.
+  // `buffer`: 64-byte aligned, Capacity(dim) floats. `out`: elements of `type` (kF32, kF16
+  // or kBF16).
   static int64_t Capacity(int32_t dim);
-  void Start(const KernelTable& kernels, float* buffer, int32_t dim, float* out);
+  void Start(const KernelTable& kernels, float* buffer, int32_t dim, ElemType type, void* out);
   // Where to put the next row (dim floats): valid until the next call.
   float* Next() {
     if (staged_ + dim_ > capacity_) Flush(/*final=*/false);
@@ -57,9 +60,11 @@ class BlockWriter {
 
   const KernelTable* kernels_ = nullptr;
   float* buffer_ = nullptr;
-  int64_t capacity_ = 0;  // floats from stage_ (stage_ - buffer_ < 16)
+  int64_t capacity_ = 0;  // floats from stage_ (stage_ - buffer_ < 32)
   int32_t dim_ = 0;
-  float* out_ = nullptr;  // where stage_[0] goes
+  ElemType type_ = ElemType::kF32;
+  int64_t element_bytes_ = 4;  // of `type_`
+  char* out_ = nullptr;        // where stage_[0] goes
   float* stage_ = nullptr;
   int64_t staged_ = 0;
   bool finite_ = true;
@@ -112,7 +117,7 @@ class LayerJob {
  public:
   // Where a pass writes the rows of a head.
   enum class Sink : uint8_t {
-    kOutput,      // float32 into the CompressResult (the last pass)
+    kOutput,      // into the CompressResult, in its dtype (the last pass)
     kFreshState,  // float64 into a new buffer (the head's first merge, not the last pass)
     kInPlace,     // float64, compacted in place (later passes)
   };
@@ -174,6 +179,13 @@ class LayerJob {
     BlockWriter* output_values;
   };
 
+  // Starts the thread's BlockWriters on the result rows from `out_row` on.
+  void StartOutput(int64_t out_row, ChunkScratch& scratch) const;
+  // Rows first .. first + count - 1 of `keys` / `values` as result rows out_row ...
+  // (the counts are the caller's), through the thread's BlockWriters.
+  void WriteOutputRows(const RowBlock& keys, const RowBlock& values, int64_t first,
+                       int64_t count, int64_t out_row) const;
+
   // Row sources of a head's current rows.
   RowBlock Keys(const Head& head) const;
   RowBlock Values(const Head& head) const;
@@ -230,6 +242,7 @@ class LayerJob {
   double floor_ = 0.0;  // this pass's similarity floor, -infinity when off
   bool with_assignment_;
   bool output_allocated_ = false;
+  ElemType output_type_;  // of the result rows: the options' result_dtype
   // The input check (the engine's ChecksLayerData): set by CheckInputRows, the first
   // RunChunks then checks each chunk's rows before using them.
   bool check_chunks_ = false;

@@ -40,6 +40,8 @@ void Grow(std::vector<T>* buffer, size_t size) {
 }
 
 constexpr int64_t kLineFloats = 64 / sizeof(float);
+// Elements of the narrowest result type (fp16 / bf16) in a 64-byte line.
+constexpr int64_t kLineHalves = 64 / sizeof(uint16_t);
 // How much a BlockWriter stages before it writes out its complete lines: a few rows, well
 // inside L1 with everything else a merge reads.
 constexpr int64_t kStageFloats = 1024;
@@ -60,27 +62,34 @@ void FenceStreamedStores() {
 #endif
 }
 
-// Floats from the 64-byte line boundary at or before p to p (p is float-aligned).
-int64_t LineOffset(const float* p) {
-  return static_cast<int64_t>((reinterpret_cast<uintptr_t>(p) & 63) / sizeof(float));
+// Elements of `element_bytes` from the 64-byte line boundary at or before p to p (p is
+// aligned to its elements).
+int64_t LineOffset(const void* p, int64_t element_bytes) {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) & 63) / element_bytes;
 }
+
+int64_t ElemBytesOf(ElemType type) { return type == ElemType::kF32 ? 4 : 2; }
 
 }  // namespace
 
-// Rounded up to whole lines, so that buffers placed one after another stay aligned.
+// Room for two lines of the narrowest type (32 elements), rounded up to whole lines of
+// halves, so that buffers placed one after another stay aligned.
 int64_t BlockWriter::Capacity(int32_t dim) {
-  const int64_t floats = std::max<int64_t>(kStageFloats, dim) + 2 * kLineFloats;
-  return (floats + kLineFloats - 1) / kLineFloats * kLineFloats;
+  const int64_t floats = std::max<int64_t>(kStageFloats, dim) + 2 * kLineHalves;
+  return (floats + kLineHalves - 1) / kLineHalves * kLineHalves;
 }
 
-// The staged rows sit at out's offset within a line, so each whole line of the block is a
-// whole, aligned line of the buffer.
-void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, float* out) {
+// The staged rows sit at out's offset (in elements) within a line, so each whole line of the
+// block is one or two whole, aligned lines of the buffer.
+void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, ElemType type,
+                        void* out) {
   kernels_ = &kernels;
   buffer_ = buffer;
   dim_ = dim;
-  out_ = out;
-  stage_ = buffer + LineOffset(out);
+  type_ = type;
+  element_bytes_ = ElemBytesOf(type);
+  out_ = static_cast<char*>(out);
+  stage_ = buffer + LineOffset(out, element_bytes_);
   capacity_ = Capacity(dim) - (stage_ - buffer);
   staged_ = 0;
   finite_ = true;
@@ -91,11 +100,15 @@ void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, 
 // runs only when a row does not fit, so more than a line is staged (Capacity).
 void BlockWriter::Flush(bool final) {
   int64_t count = staged_;
-  if (!final) count -= LineOffset(out_ + staged_);
-  finite_ &= kernels_->stream_floats(stage_, count, out_);
+  if (!final) count -= LineOffset(out_ + staged_ * element_bytes_, element_bytes_);
+  if (type_ == ElemType::kF32) {
+    finite_ &= kernels_->stream_floats(stage_, count, reinterpret_cast<float*>(out_));
+  } else {
+    finite_ &= kernels_->stream_halves(stage_, count, type_, reinterpret_cast<uint16_t*>(out_));
+  }
   const int64_t rest = staged_ - count;
   std::memmove(buffer_, stage_ + count, sizeof(float) * rest);
-  out_ += count;
+  out_ += count * element_bytes_;
   stage_ = buffer_;
   capacity_ = Capacity(dim_);
   staged_ = rest;
@@ -159,14 +172,7 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
   }
   const int64_t start = head.chunk_start[chunk];
   if (head.sink == Sink::kOutput) {  // the chunk's rows are one block of the result
-    const int64_t key_capacity = BlockWriter::Capacity(key_dim_);
-    Grow(&scratch.output_stage,
-         static_cast<size_t>(key_capacity + BlockWriter::Capacity(value_dim_) + kLineFloats));
-    float* buffer = AlignToLine(scratch.output_stage.data());
-    const int64_t out_row = out_->offsets[head.index] + start;
-    scratch.key_writer.Start(kernels_, buffer, key_dim_, out_->keys.data() + out_row * key_dim_);
-    scratch.value_writer.Start(kernels_, buffer + key_capacity, value_dim_,
-                               out_->values.data() + out_row * value_dim_);
+    StartOutput(out_->offsets[head.index] + start, scratch);
     rows.output_keys = &scratch.key_writer;
     rows.output_values = &scratch.value_writer;
   }
@@ -207,6 +213,38 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
     std::memcpy(head.values.data() + first * value_dim_, rows.staged_values,
                 sizeof(double) * survivors * value_dim_);
   }
+}
+
+void LayerJob::StartOutput(int64_t out_row, ChunkScratch& scratch) const {
+  const int64_t key_capacity = BlockWriter::Capacity(key_dim_);
+  Grow(&scratch.output_stage,
+       static_cast<size_t>(key_capacity + BlockWriter::Capacity(value_dim_) + kLineFloats));
+  float* buffer = AlignToLine(scratch.output_stage.data());
+  void* keys = nullptr;
+  void* values = nullptr;
+  if (output_type_ == ElemType::kF32) {
+    keys = out_->keys.data() + out_row * key_dim_;
+    values = out_->values.data() + out_row * value_dim_;
+  } else {
+    keys = out_->half_keys.data() + out_row * key_dim_;
+    values = out_->half_values.data() + out_row * value_dim_;
+  }
+  scratch.key_writer.Start(kernels_, buffer, key_dim_, output_type_, keys);
+  scratch.value_writer.Start(kernels_, buffer + key_capacity, value_dim_, output_type_, values);
+}
+
+void LayerJob::WriteOutputRows(const RowBlock& keys, const RowBlock& values, int64_t first,
+                               int64_t count, int64_t out_row) const {
+  if (count <= 0) return;
+  ChunkScratch& scratch = scratch_->local();
+  StartOutput(out_row, scratch);
+  for (int64_t row = first; row < first + count; ++row) {
+    kernels_.convert_row_f32(&keys, row, key_dim_, scratch.key_writer.Next());
+    kernels_.convert_row_f32(&values, row, value_dim_, scratch.value_writer.Next());
+  }
+  scratch.key_writer.Finish();
+  scratch.value_writer.Finish();
+  FenceStreamedStores();
 }
 
 // Writes chunk row `offset` (merged with `terms` when there are any) as new row `new_row` of
@@ -292,14 +330,15 @@ void LayerJob::FinishHead(Head& head) {
 // Sinks [0, begin) keep their rows; recent rows [end, length) move down by the merges.
 void LayerJob::WriteProtectedRows(Head& head) {
   const RowBlock keys = Keys(head), values = Values(head);
+  if (head.sink == Sink::kOutput) {  // the sinks and the recent rows: two blocks of the result
+    const int64_t out_first = out_->offsets[head.index];
+    WriteOutputRows(keys, values, 0, head.begin, out_first);
+    WriteOutputRows(keys, values, head.end, head.length - head.end,
+                    out_first + head.end - head.merges);
+  }
   auto write = [&](int64_t row, int64_t new_row) {
     if (with_assignment_) head.remap[row] = static_cast<int32_t>(new_row);
-    if (head.sink == Sink::kOutput) {
-      const int64_t out_row = out_->offsets[head.index] + new_row;
-      kernels_.convert_row_f32(&keys, row, key_dim_, out_->keys.data() + out_row * key_dim_);
-      kernels_.convert_row_f32(&values, row, value_dim_,
-                               out_->values.data() + out_row * value_dim_);
-    } else if (head.sink == Sink::kFreshState) {
+    if (head.sink == Sink::kFreshState) {
       kernels_.convert_row_f64(&keys, row, key_dim_, head.keys.data() + new_row * key_dim_);
       kernels_.convert_row_f64(&values, row, value_dim_, head.values.data() + new_row * value_dim_);
     }  // in place: ShiftInPlace moves the rows

@@ -26,6 +26,7 @@ constexpr KernelTable MakeKernelTable() {
                      ConvertRows<V>,
                      RowsFinite,
                      V::StreamFloats,
+                     V::StreamHalves,
                      nullptr};
 }
 

@@ -124,6 +124,58 @@ struct Avx2 {
     return _mm256_testz_si256(non_finite, non_finite) != 0 && any_exponent_ones == 0;
   }
 
+  // See Avx512::RoundHalves (8 floats).
+  static __m128i RoundHalves(__m256 x, ElemType type) {
+    if (type == ElemType::kF16) {
+      return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i high = _mm256_srli_epi32(bits, 16);
+    const __m256i bias = _mm256_add_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)),
+                                          _mm256_set1_epi32(0x7fff));
+    // |bits| <= 0x7fffffff, so the signed compare is the unsigned one.
+    const __m256i nan = _mm256_cmpgt_epi32(
+        _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    const __m256i rounded =
+        _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16),
+                           _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+    // Each value fits 16 bits: pack (per 128-bit lane), then join the lanes' low halves.
+    const __m256i packed = _mm256_packus_epi32(rounded, rounded);
+    return _mm_unpacklo_epi64(_mm256_castsi256_si128(packed),
+                              _mm256_extracti128_si256(packed, 1));
+  }
+
+  // See Avx512::StreamHalves: non-temporal stores on the 32-byte aligned middle of `out`;
+  // the ends go through a padded 8-float buffer, so every element is rounded the same way.
+  static bool StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* out) {
+    const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+    __m256i non_finite = _mm256_setzero_si256();
+    auto round = [&](__m256 x) {
+      const __m256i bits = _mm256_castps_si256(x);
+      non_finite = _mm256_or_si256(
+          non_finite, _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent));
+      return RoundHalves(x, type);
+    };
+    auto part = [&](int64_t k, int64_t n) {  // n <= 8 elements
+      alignas(32) float padded[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      alignas(16) uint16_t halves[8];
+      __builtin_memcpy(padded, in + k, sizeof(float) * static_cast<size_t>(n));
+      _mm_store_si128(reinterpret_cast<__m128i*>(halves), round(_mm256_load_ps(padded)));
+      __builtin_memcpy(out + k, halves, sizeof(uint16_t) * static_cast<size_t>(n));
+    };
+    const auto misaligned = static_cast<int64_t>((reinterpret_cast<uintptr_t>(out) & 31) / 2);
+    int64_t i = misaligned == 0 ? 0 : 16 - misaligned;
+    if (i > count) i = count;
+    for (int64_t k = 0; k < i; k += 8) part(k, i - k < 8 ? i - k : 8);
+    for (; i + 16 <= count; i += 16) {
+      const __m128i lo = round(_mm256_loadu_ps(in + i));
+      const __m128i hi = round(_mm256_loadu_ps(in + i + 8));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm256_set_m128i(hi, lo));
+    }
+    for (; i < count; i += 8) part(i, count - i < 8 ? count - i : 8);
+    return _mm256_testz_si256(non_finite, non_finite) != 0;
+  }
+
   static F LoadF32(const float* p) { return _mm256_loadu_ps(p); }
   static F LoadF16(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

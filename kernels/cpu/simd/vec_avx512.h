@@ -109,6 +109,54 @@ struct Avx512 {
     return non_finite == 0 && any_exponent_ones == 0;
   }
 
+  // 16 floats rounded to nearest even: fp16 by F16C; bf16 by integer rounding as
+  // FloatToBFloat16 does (a NaN stays a quiet NaN), see KernelTable::stream_halves.
+  static __m256i RoundHalves(__m512 x, ElemType type) {
+    if (type == ElemType::kF16) {
+      return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i high = _mm512_srli_epi32(bits, 16);
+    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)),
+                                          _mm512_set1_epi32(0x7fff));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i rounded = _mm512_mask_mov_epi32(
+        _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16), nan,
+        _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(rounded);
+  }
+
+  // StreamFloats for fp16 / bf16 rows (KernelTable::stream_halves): non-temporal stores on
+  // the 64-byte aligned middle of `out`, masked stores at the ends (no fence).
+  static bool StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* out) {
+    const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+    __mmask16 non_finite = 0;
+    auto load = [&](const float* p, __mmask16 mask) {
+      const __m512 x = _mm512_maskz_loadu_ps(mask, p);
+      const __m512i bits = _mm512_castps_si512(x);
+      non_finite |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, exponent), exponent);
+      return x;
+    };
+    // Up to 16 elements with masked stores.
+    auto part = [&](int64_t k, int64_t n) {
+      const auto mask = static_cast<__mmask16>((1u << n) - 1u);
+      _mm256_mask_storeu_epi16(out + k, mask, RoundHalves(load(in + k, mask), type));
+    };
+    const auto misaligned = static_cast<int64_t>((reinterpret_cast<uintptr_t>(out) & 63) / 2);
+    int64_t i = misaligned == 0 ? 0 : 32 - misaligned;
+    if (i > count) i = count;
+    for (int64_t k = 0; k < i; k += 16) part(k, i - k < 16 ? i - k : 16);
+    for (; i + 32 <= count; i += 32) {
+      const __m256i lo = RoundHalves(load(in + i, 0xffff), type);
+      const __m256i hi = RoundHalves(load(in + i + 16, 0xffff), type);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i),
+                          _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+    }
+    for (; i < count; i += 16) part(i, count - i < 16 ? count - i : 16);
+    return non_finite == 0;
+  }
+
   // kW consecutive elements of each type, widened to float.
   static F LoadF32(const float* p) { return _mm512_loadu_ps(p); }
   static F LoadF16(const uint16_t* p) {

@@ -134,6 +134,31 @@ TEST_P(CpuEngineTest, BitIdenticalToReferenceOnRandomJobs) {
   }
 }
 
+// Result rows in fp16 / bf16, which the engine rounds as it streams them out (BlockWriter,
+// KernelTable::stream_halves): the reference's float32 rows rounded once (RoundResultRows),
+// bit for bit, through Compress and through CompressInto over the float32 result of the
+// same job. The jobs include chunks of 256 and more (the AMX level's matrix path).
+TEST_P(CpuEngineTest, HalfRowsBitIdenticalToReferenceOnRandomJobs) {
+  EXPECT_TRUE(engine_.WritesResultDType(DType::kFloat16));
+  EXPECT_TRUE(engine_.WritesResultDType(DType::kBFloat16));
+  for (const Job& job : Jobs()) {
+    SCOPED_TRACE(job.name + ": " + job.spec.ToString());
+    const RandomLayer layer = RandomLayer::Generate(job.spec);
+    const CompressResult floats = CompressOrFail(reference_, layer.view(), job.options);
+    for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)));
+      CompressOptions options = job.options;
+      options.result_dtype = dtype;
+      CompressResult expected = floats;
+      RoundResultRows(dtype, &expected);
+      ExpectBitIdentical(expected, CompressOrFail(engine_, layer.view(), options));
+      CompressResult reused = floats;
+      ASSERT_TRUE(engine_.CompressInto(layer.view(), options, &reused).ok());
+      ExpectBitIdentical(expected, reused);
+    }
+  }
+}
+
 // Many passes: the first merge writes float64 rows, later passes compact them in place.
 TEST_P(CpuEngineTest, BitIdenticalOverManyPasses) {
   for (int32_t chunk : {3, 16, 64}) {
@@ -295,7 +320,8 @@ TEST_P(CpuEngineTest, RejectsBadDataAsTheReferenceDoes) {
 }
 
 // CompressInto overwrites whatever result it is given: one result reused over jobs of every
-// shape, with and without the assignment, equals the reference's fresh result each time.
+// shape and result dtype, with and without the assignment, equals the reference's fresh
+// result each time.
 TEST_P(CpuEngineTest, CompressIntoReusesAnyEarlierResult) {
   const std::vector<Job> jobs = Jobs();
   CompressResult reused;
@@ -304,7 +330,10 @@ TEST_P(CpuEngineTest, CompressIntoReusesAnyEarlierResult) {
       const Job& job = jobs[(i * 5 + round) % jobs.size()];
       CompressOptions options = job.options;
       options.compute_assignment = (i + round) % 3 != 0;
-      SCOPED_TRACE(job.name + (options.compute_assignment ? "" : " without assignment"));
+      constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+      options.result_dtype = kDTypes[(i + 2 * round) % 3];
+      SCOPED_TRACE(job.name + (options.compute_assignment ? "" : " without assignment") + " " +
+                   std::string(DTypeName(options.result_dtype)));
       const RandomLayer layer = RandomLayer::Generate(job.spec);
       const CompressResult expected = CompressOrFail(reference_, layer.view(), options);
       ASSERT_TRUE(engine_.CompressInto(layer.view(), options, &reused).ok());

@@ -1,8 +1,8 @@
 // centroidkv-gpu-bench: the CUDA backend against the card's own ceilings, measured in the
 // same run (issue 4, SPEC.md section 5 scaled up): 32k tokens x 256 layer-heads (8 layer jobs
-// of 32 heads), head dim 128, fp16, chunk 64 / 256 / 1024, one pass at rho = 0.5. The GPU
-// rows write fp16 result rows (--result-dtype; what the service asks of the GPU backend for
-// fp16 input); the CPU rows write float32, as the service asks of the CPU backend.
+// of 32 heads), head dim 128, fp16, chunk 64 / 256 / 1024, one pass at rho = 0.5. Every row
+// writes fp16 result rows (--result-dtype; what the service asks of both backends for fp16
+// input).
 //
 // Measures, and writes as JSON rows (--out, default docs/gpu/bench.json):
 // - copy: device-to-device cudaMemcpy of 4 GiB; GB/s counts bytes read plus bytes written
@@ -357,7 +357,7 @@ int Main(int argc, char** argv) {
   if (flags.cpu) {  // The CPU backend on one layer job (a slice of the data).
     const cpu::CpuEngine cpu_engine;
     for (const int32_t chunk : flags.chunks) {
-      const CompressOptions options = SpecOptions(chunk);
+      const CompressOptions options = SpecOptions(chunk, result_dtype);
       std::vector<double> seconds;
       for (int r = 0; r < std::min(flags.reps, 2); ++r) {
         const auto start = std::chrono::steady_clock::now();

@@ -162,25 +162,17 @@ CKV_HD double SqrtRn(double a) {
 #endif
 }
 
-CKV_HD float BitsToFloat(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
+// The bits of one value as another type of the same size (memcpy: a register move on both
+// host and device).
+template <typename To, typename From>
+CKV_HD To BitCast(From value) {
+  static_assert(sizeof(To) == sizeof(From), "BitCast between types of one size");
+  To out;
+  memcpy(&out, &value, sizeof(out));
   return out;
-#endif
 }
-
-CKV_HD uint32_t FloatToBits(float value) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(value);
-#else
-  uint32_t out;
-  std::memcpy(&out, &value, sizeof(out));
-  return out;
-#endif
-}
+CKV_HD float BitsToFloat(uint32_t bits) { return BitCast<float>(bits); }
+CKV_HD uint32_t FloatToBits(float value) { return BitCast<uint32_t>(value); }
 
 // float to bfloat16, rounded to nearest even (finite inputs; NaN stays NaN), as bits.
 CKV_HD uint16_t FloatToBFloat16Bits(float value) {
@@ -207,15 +199,7 @@ CKV_HD uint16_t FloatToHalfBits(float value) {
   return sign | static_cast<uint16_t>(FloatToBits(aligned) - 0x3f000000u);
 }
 
-CKV_HD uint64_t DoubleToBits(double value) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<uint64_t>(__double_as_longlong(value));
-#else
-  uint64_t out;
-  std::memcpy(&out, &value, sizeof(out));
-  return out;
-#endif
-}
+CKV_HD uint64_t DoubleToBits(double value) { return BitCast<uint64_t>(value); }
 
 // IEEE binary16 to float, exactly (subnormals, infinities and NaNs included).
 CKV_HD float HalfBitsToFloat(uint16_t h) {

@@ -1,7 +1,8 @@
 // CudaEngine beyond the conformance suite (which runs every case on it): construction
-// without a device, and concurrent callers whose jobs the workers batch together, each
-// getting exactly the reference engine's result. Cases that need a device skip with
-// "no CUDA device: ..." where there is none.
+// without a device, concurrent callers whose jobs the workers batch together, each getting
+// exactly the reference engine's result, and the tensor-core match kernel on its own (its
+// near-tie lists, read back from the device, hold every source's exact best). Cases that
+// need a device skip with "no CUDA device: ..." where there is none.
 #include "centroidkv/kernels/gpu/cuda_engine.h"
 
 #include <cstring>
@@ -10,8 +11,12 @@
 #include <thread>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "gtest/gtest.h"
+#include "kernels/gpu/layer_kernels.h"
 #include "kernels/reference/reference_engine.h"
+#include "tests/kernels/gpu/staged_job.h"
 #include "tests/testing/random_layer.h"
 
 namespace centroidkv::gpu {
@@ -78,6 +83,78 @@ TEST(CudaEngineTest, ConcurrentJobsBatchAndMatchTheReferenceExactly) {
                           expected->keys.size() * sizeof(float)), 0);
     EXPECT_EQ(std::memcmp(results[i]->values.data(), expected->values.data(),
                           expected->values.size() * sizeof(float)), 0);
+  }
+}
+
+// Device memory for one test, freed at the end.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) { ok_ = cudaMalloc(&data_, bytes) == cudaSuccess; }
+  ~DeviceBuffer() {
+    if (ok_) (void)cudaFree(data_);
+  }
+  bool ok() const { return ok_; }
+  char* data() const { return static_cast<char*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  bool ok_ = false;
+};
+
+// kMatchTiles alone on the device: the job's staged input and work blocks go up, kInit,
+// kSetup and kMatchTiles run there (WMMA, 4 warps, shared memory), and the near-tie lists
+// come back into the host's work block for the same check the host tests make. Where the
+// conformance suite fails on a GPU, this says whether the tile match is the stage at fault.
+TEST(CudaEngineTest, TileMatchListsHoldTheExactBestOnTheDevice) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount failed or found none";
+  }
+  struct Case {
+    int32_t tokens, dim;
+    DType dtype;
+    int32_t prototypes;
+    double noise;
+    int32_t chunk;
+  };
+  const Case cases[] = {{700, 64, DType::kFloat16, 0, 1.0, 300},    // 3 x 3 tiles per chunk
+                        {600, 128, DType::kBFloat16, 4, 0.05, 256},
+                        {500, 256, DType::kFloat32, 3, 1e-3, 64},   // the largest tile layout
+                        {400, 36, DType::kFloat16, 1, 0.0, 64}};    // every list overflows
+  for (const Case& c : cases) {
+    SCOPED_TRACE("dim " + std::to_string(c.dim) + " chunk " + std::to_string(c.chunk));
+    StagedJob job(TileTestKeys(c.tokens, c.dim, c.dtype, c.prototypes, c.noise, 7), c.chunk);
+    const WorkspaceSizes& sizes = job.batch().sizes();
+    DeviceBuffer input(sizes.input), work(sizes.work), small(sizes.small_out), owner(sizes.owner),
+        packed(sizes.packed);
+    ASSERT_TRUE(input.ok() && work.ok() && small.ok() && owner.ok() && packed.ok());
+    ASSERT_EQ(cudaMemcpy(input.data(), job.input(), sizes.input, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    const BatchArrays device = job.batch().Carve(input.data(), work.data(), small.data(),
+                                                 owner.data(), packed.data());
+    const PassArgs pass = job.batch().Pass(0);
+    for (const StageId stage : {StageId::kInit, StageId::kSetup, StageId::kMatchTiles}) {
+      ASSERT_EQ(LaunchStage(stage, job.params(), device, pass, job.batch().Items(stage), nullptr),
+                cudaSuccess);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    // The lists, at the same offsets of the work block, over the host's.
+    const BatchArrays& host = job.arrays();
+    const int64_t slots = job.params().global_heads() * job.params().slot_capacity;
+    auto offset = [&](const void* at) {
+      return static_cast<size_t>(static_cast<const char*>(at) - static_cast<char*>(job.work()));
+    };
+    ASSERT_EQ(cudaMemcpy(host.match_count, work.data() + offset(host.match_count),
+                         sizeof(int32_t) * slots, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(host.match_ties, work.data() + offset(host.match_ties),
+                         sizeof(int32_t) * slots * kMaxTies, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    const int overflowed = ExpectListsHoldTheExactBest(job);
+    if (c.prototypes == 1 && c.noise == 0.0) {
+      EXPECT_GT(overflowed, 0);
+    }
   }
 }
 

@@ -38,6 +38,7 @@ class BarrierWarp final : public HostWarp {
 
   float Sum(int32_t lane, float v) override { return Reduce(floats_, lane, v); }
   double Sum(int32_t lane, double v) override { return Reduce(doubles_, lane, v); }
+  void Sync() override { barrier_.arrive_and_wait(); }
 
  private:
   template <typename T>
@@ -59,6 +60,16 @@ class BarrierWarp final : public HostWarp {
   std::array<double, kLanes> doubles_{};
 };
 
+// The threads of one emulated block (BlockSync).
+class BarrierBlock final : public HostBlockBarrier {
+ public:
+  explicit BarrierBlock(int32_t threads) : barrier_(threads) {}
+  void Sync() override { barrier_.arrive_and_wait(); }
+
+ private:
+  std::barrier<> barrier_;
+};
+
 class HostExecutor {
  public:
   HostExecutor(const LayerBatch& batch, const BatchArrays& arrays, int32_t warp_lanes)
@@ -67,14 +78,33 @@ class HostExecutor {
   absl::Status Stage(StageId id, int64_t items, const PassArgs& pass) {
     if (id == StageId::kMatchTiles) {
       // The block's shared memory (128-byte aligned, like the device's), then each block
-      // as one warp of one lane.
+      // as one warp of one lane, or with 32-lane warps as kTileWarps x 32 threads.
       std::vector<uint64_t> smem(MakeTileLayout(batch_.params().key_dim).bytes / 8 + 16,
                                  0xa5a5a5a5a5a5a5a5ULL);  // garbage, as on the device
       char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem.data()) + 127) /
                                            128 * 128);
-      for (int64_t item = 0; item < items; ++item) {
-        TileMatchBlock(batch_.params(), arrays_, item, base, 0, 1);
+      if (warp_lanes_ != BarrierWarp::kLanes) {
+        for (int64_t item = 0; item < items; ++item) {
+          TileMatchBlock(batch_.params(), arrays_, item, base, 0, 1);
+        }
+        return absl::OkStatus();
       }
+      BarrierBlock block(kTileWarps * BarrierWarp::kLanes);
+      std::array<BarrierWarp, kTileWarps> warps;
+      std::vector<std::thread> threads;
+      for (int32_t w = 0; w < kTileWarps; ++w) {
+        for (int32_t lane = 0; lane < BarrierWarp::kLanes; ++lane) {
+          threads.emplace_back([&, w, lane] {
+            CurrentHostLane() = HostLane{lane, BarrierWarp::kLanes, &warps[w], &block};
+            for (int64_t item = 0; item < items; ++item) {
+              TileMatchBlock(batch_.params(), arrays_, item, base, w, kTileWarps);
+              BlockSync();  // as the kernel does before the next item reuses shared memory
+            }
+            CurrentHostLane() = HostLane{};
+          });
+        }
+      }
+      for (std::thread& thread : threads) thread.join();
       return absl::OkStatus();
     }
     if (warp_lanes_ == BarrierWarp::kLanes && IsWarpStage(id)) {

@@ -369,11 +369,20 @@ class HostWarp {
   // The warp-wide sum as the device's butterfly computes it (lane 0's value), for every lane.
   virtual float Sum(int32_t lane, float v) = 0;
   virtual double Sum(int32_t lane, double v) = 0;
+  // Waits for every lane of the warp (__syncwarp).
+  virtual void Sync() = 0;
+};
+// The barrier of a block's threads (__syncthreads), for block stages run on host threads.
+class HostBlockBarrier {
+ public:
+  virtual ~HostBlockBarrier() = default;
+  virtual void Sync() = 0;
 };
 struct HostLane {
   int32_t index = 0;
   int32_t count = 1;
   HostWarp* warp = nullptr;
+  HostBlockBarrier* block = nullptr;
 };
 inline HostLane& CurrentHostLane() {
   static thread_local HostLane lane;

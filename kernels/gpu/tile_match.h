@@ -8,9 +8,10 @@
 //
 // One function, TileMatchBlock, is the block's whole algorithm for the device (tile_match.cu
 // runs it with 4 warps of 32 lanes) and for the host (host_pipeline.cc runs it with one
-// "warp" of one "lane", the tile product in plain float loops), so the conformance suite
-// checks it on every machine. Loops stride by warp and lane; BlockSync / WarpSync are the
-// barriers (no-ops on the host, where one thread runs the block in order).
+// "warp" of one "lane", the tile product in plain float loops, so the conformance suite
+// checks it on every machine; or, in tests, on 4 x 32 threads as the device's warps and
+// lanes). Loops stride by warp and lane; BlockSync / WarpSync are the barriers (no-ops for a
+// single host thread).
 //
 // Shared memory (TileLayout): source and destination rows as bf16 hi / lo with a pitch of
 // the dimension rounded up to 16 plus 8 elements (rows 16-byte apart from a multiple of 128:
@@ -80,11 +81,15 @@ CKV_HD int64_t TileMatchItems(const BatchParams& p) {
 CKV_HD void BlockSync() {
 #if defined(__CUDA_ARCH__)
   __syncthreads();
+#else
+  if (CurrentHostLane().block != nullptr) CurrentHostLane().block->Sync();
 #endif
 }
 CKV_HD void WarpSync() {
 #if defined(__CUDA_ARCH__)
   __syncwarp();
+#else
+  if (CurrentHostLane().warp != nullptr) CurrentHostLane().warp->Sync();
 #endif
 }
 

@@ -158,6 +158,24 @@ TEST(HostPipelineTest, ThirtyTwoLaneWarpsGiveTheReferenceResult) {
   }
 }
 
+// The tile match's blocks as the device runs them, on 4 warps x 32 lanes of threads (lane
+// and warp splits of every loop, WarpSync / BlockSync as barriers), on chunks long enough for
+// several source and destination tiles per chunk and several 16-source tiles per warp.
+TEST(HostPipelineTest, ThirtyTwoLaneTileBlocksOnLongChunks) {
+  const HostPipelineEngine blocks({}, 32, MatchKernel::kTiles);
+  for (const int32_t chunk : {300, 520}) {
+    DrawnJob job;
+    job.spec = test::Spec(2, 1100, 48, 8, static_cast<uint64_t>(chunk), DType::kFloat16);
+    job.spec.prototypes = 5;
+    job.spec.noise = 0.2;
+    job.options.chunk_size = chunk;
+    job.options.target_ratio = 0.3;
+    job.options.max_passes = 2;
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    ExpectSameAsReference(blocks, job);
+  }
+}
+
 TEST(HostPipelineTest, ABatchGivesEachJobItsOwnResult) {
   const ReferenceEngine reference;
   for (const bool floor : {false, true}) {

@@ -500,25 +500,38 @@ CKV_HD float FloatScore(const float* x, const float* y, int32_t dim) {
 constexpr int32_t kMaxTies = 8;
 constexpr int32_t kTieOverflow = -1;
 
-// The start of steps 3-4 for source slot `item` (kMatch, kResolve): resets its outputs and
-// says how many destinations its chunk has (0: none, its edge is already written). Only
-// `writer` (the lead lane of a warp stage; every thread of a thread stage) writes.
-CKV_HD int32_t BeginSourceEdge(const BatchParams& p, const BatchArrays& a, int64_t item,
-                               bool writer, RowPlace* place) {
-  const int64_t g = item / p.slot_capacity;
+// Source slot `item` of this pass (kMatch, kResolve).
+struct SourceEdge {
+  int64_t g = 0;        // its head
+  int32_t cur = 0;      // the head's current rows
+  int64_t source = 0;   // its row
+  RowPlace place;       // its chunk
+  int32_t destinations = 0;
+};
+
+// The start of steps 3-4 for source slot `item`: false when the slot is unused this pass, or
+// when its chunk has no destination (its edge is then written: none). Otherwise resets its
+// outputs and fills `edge`. Only `writer` (the lead lane of a warp stage; every thread of a
+// thread stage) writes.
+CKV_HD bool BeginSourceEdge(const BatchParams& p, const BatchArrays& a, int64_t item,
+                            bool writer, SourceEdge* edge) {
+  edge->g = item / p.slot_capacity;
   const int32_t slot = static_cast<int32_t>(item % p.slot_capacity);
-  *place = PlaceRow(p, a, g, SlotRow(p, slot));
-  const int32_t destinations = place->length / 2;
+  if (slot >= a.head_slots[edge->g]) return false;
+  edge->cur = a.head_cur[edge->g];
+  edge->source = SlotRow(p, slot);
+  edge->place = PlaceRow(p, a, edge->g, edge->source);
+  edge->destinations = edge->place.length / 2;
   if (writer) {
     a.edge_kept[item] = 0;
     a.sort_values_in[item] = slot;
-    if (destinations == 0) {
+    if (edge->destinations == 0) {
       a.edge_dest[item] = -1;
       a.edge_score[item] = 0.0;
       a.sort_keys_in[item] = 0;
     }
   }
-  return destinations;
+  return edge->destinations > 0;
 }
 
 // The end of steps 3-4: the source's exact best edge (destination k of its chunk, exact
@@ -537,14 +550,11 @@ CKV_HD void EndSourceEdge(const BatchArrays& a, const PassArgs& pass, int64_t g,
 // a candidate, plus its sort key.
 CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
                        int64_t item) {
-  const int64_t g = item / p.slot_capacity;
-  const int32_t slot = static_cast<int32_t>(item % p.slot_capacity);
-  if (slot >= a.head_slots[g]) return;
-  const int32_t cur = a.head_cur[g];
-  const int64_t source = SlotRow(p, slot);
-  RowPlace place;
-  const int32_t destinations = BeginSourceEdge(p, a, item, LeadLane(), &place);
-  if (destinations == 0) return;
+  SourceEdge edge;
+  if (!BeginSourceEdge(p, a, item, LeadLane(), &edge)) return;
+  const int64_t g = edge.g, source = edge.source;
+  const int32_t cur = edge.cur, destinations = edge.destinations;
+  const RowPlace& place = edge.place;
   const float* rows = a.norm_keys + g * p.num_tokens * p.key_dim;
   const float* x = rows + source * p.key_dim;
   float top = 0.0f, second = 0.0f;
@@ -588,14 +598,11 @@ CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArg
 // would run it 32 times over.
 CKV_HD void StageResolve(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
                          int64_t item) {
-  const int64_t g = item / p.slot_capacity;
-  const int32_t slot = static_cast<int32_t>(item % p.slot_capacity);
-  if (slot >= a.head_slots[g]) return;
-  const int32_t cur = a.head_cur[g];
-  const int64_t source = SlotRow(p, slot);
-  RowPlace place;
-  const int32_t destinations = BeginSourceEdge(p, a, item, true, &place);
-  if (destinations == 0) return;
+  SourceEdge edge;
+  if (!BeginSourceEdge(p, a, item, true, &edge)) return;
+  const int64_t g = edge.g, source = edge.source;
+  const int32_t cur = edge.cur, destinations = edge.destinations;
+  const RowPlace& place = edge.place;
   const int32_t listed = a.match_count[item];
   const int32_t* ties = a.match_ties + item * kMaxTies;
   const int32_t count = listed == kTieOverflow ? destinations : listed;
@@ -690,15 +697,28 @@ CKV_HD int64_t IndexBlocks(const BatchParams& p) {
   return (p.num_tokens + kIndexBlockRows - 1) / kIndexBlockRows;
 }
 
+// Block `item` of the compaction: head g's current rows first .. end - 1; false when the pass
+// does not rewrite the head.
+struct IndexBlock {
+  int64_t g = 0, first = 0, end = 0;
+};
+CKV_HD bool FindIndexBlock(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
+                           int64_t item, IndexBlock* block) {
+  block->g = item / IndexBlocks(p);
+  block->first = item % IndexBlocks(p) * kIndexBlockRows;
+  const int64_t length = a.head_length[block->g];
+  block->end = block->first + kIndexBlockRows < length ? block->first + kIndexBlockRows : length;
+  return RewritesHead(p, a, pass, block->g);
+}
+
 // Items G * IndexBlocks: the kept sources among the block's current rows.
 CKV_HD void StageIndexCount(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
                             int64_t item) {
-  const int64_t g = item / IndexBlocks(p), first = item % IndexBlocks(p) * kIndexBlockRows;
-  if (!RewritesHead(p, a, pass, g)) return;
-  const int64_t end = first + kIndexBlockRows < a.head_length[g] ? first + kIndexBlockRows
-                                                                 : a.head_length[g];
+  IndexBlock block;
+  if (!FindIndexBlock(p, a, pass, item, &block)) return;
+  const int64_t g = block.g;
   int32_t kept = 0;
-  for (int64_t row = first; row < end; ++row) {
+  for (int64_t row = block.first; row < block.end; ++row) {
     int32_t slot = -1;
     kept += IsKeptSource(p, a, g, row, &slot) ? 1 : 0;
   }
@@ -721,13 +741,12 @@ CKV_HD void StageIndexPrefix(const BatchParams& p, const BatchArrays& a, const P
 // Items G * IndexBlocks: each row of the block, its index after the pass (-1: merged away).
 CKV_HD void StageIndex(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
                        int64_t item) {
-  const int64_t g = item / IndexBlocks(p), first = item % IndexBlocks(p) * kIndexBlockRows;
-  if (!RewritesHead(p, a, pass, g)) return;
-  const int64_t end = first + kIndexBlockRows < a.head_length[g] ? first + kIndexBlockRows
-                                                                 : a.head_length[g];
+  IndexBlock block;
+  if (!FindIndexBlock(p, a, pass, item, &block)) return;
+  const int64_t g = block.g;
   int32_t* index = a.new_index + g * p.num_tokens;
   int32_t kept = a.index_blocks[item];
-  for (int64_t row = first; row < end; ++row) {
+  for (int64_t row = block.first; row < block.end; ++row) {
     int32_t slot = -1;
     if (IsKeptSource(p, a, g, row, &slot)) {
       index[row] = -1;

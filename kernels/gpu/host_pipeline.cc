@@ -85,7 +85,7 @@ class HostExecutor {
                                            128 * 128);
       if (warp_lanes_ != BarrierWarp::kLanes) {
         for (int64_t item = 0; item < items; ++item) {
-          TileMatchBlock(batch_.params(), arrays_, item, base, 0, 1);
+          TileMatchBlock(batch_.params(), arrays_, pass, item, base, 0, 1);
         }
         return absl::OkStatus();
       }
@@ -97,7 +97,7 @@ class HostExecutor {
           threads.emplace_back([&, w, lane] {
             CurrentHostLane() = HostLane{lane, BarrierWarp::kLanes, &warps[w], &block};
             for (int64_t item = 0; item < items; ++item) {
-              TileMatchBlock(batch_.params(), arrays_, item, base, w, kTileWarps);
+              TileMatchBlock(batch_.params(), arrays_, pass, item, base, w, kTileWarps);
               BlockSync();  // as the kernel does before the next item reuses shared memory
             }
             CurrentHostLane() = HostLane{};

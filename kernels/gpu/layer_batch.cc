@@ -221,7 +221,6 @@ int64_t LayerBatch::Items(StageId stage) const {
     case StageId::kSelect:
       return params_.num_jobs;
     case StageId::kMatch:
-    case StageId::kResolve:
     case StageId::kMarkKept:
       return slots();
     case StageId::kMatchTiles:

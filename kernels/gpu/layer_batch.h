@@ -26,8 +26,8 @@ struct BatchJob {
   CompressResult* out = nullptr;
 };
 
-// How a batch matches sources to destinations: kTiles, the tensor-core match (kMatchTiles +
-// kResolve, tile_match.h) where TileMatchSupports(key_dim), else the warp match; kWarp, the
+// How a batch matches sources to destinations: kTiles, the tensor-core match (kMatchTiles,
+// tile_match.h) where TileMatchSupports(key_dim), else the warp match; kWarp, the
 // warp match (kNormalize + kMatch: a warp per source on CUDA cores) always.
 enum class MatchKernel : uint8_t { kTiles, kWarp };
 
@@ -102,14 +102,17 @@ absl::Status RunBatchStages(const LayerBatch& batch, Executor& exec) {
   const PassArgs none{};
   auto stage = [&](StageId id, const PassArgs& pass) { return exec.Stage(id, batch.Items(id), pass); };
   const bool tiles = batch.params().match_tiles != 0;
-  const StageId prepare = tiles ? StageId::kMatchTiles : StageId::kNormalize;
-  const StageId match = tiles ? StageId::kResolve : StageId::kMatch;
   absl::Status status = stage(StageId::kInit, none);
   for (int32_t p = 0; status.ok() && p <= batch.last_pass(); ++p) {
     const PassArgs pass = batch.Pass(p);
-    for (StageId id : {StageId::kSetup, prepare, match, StageId::kSelect}) {
-      if (status.ok()) status = stage(id, pass);
+    if (status.ok()) status = stage(StageId::kSetup, pass);
+    if (tiles) {  // the tile match resolves each source's edge in the same launch
+      if (status.ok()) status = stage(StageId::kMatchTiles, pass);
+    } else {
+      if (status.ok()) status = stage(StageId::kNormalize, pass);
+      if (status.ok()) status = stage(StageId::kMatch, pass);
     }
+    if (status.ok()) status = stage(StageId::kSelect, pass);
     if (status.ok()) status = exec.Sort();
     if (status.ok() && pass.sink_output != 0) status = stage(StageId::kOffsets, pass);
     for (StageId id : {StageId::kMarkKept, StageId::kIndexCount, StageId::kIndexPrefix,

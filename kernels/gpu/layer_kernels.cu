@@ -67,8 +67,7 @@ cudaError_t LaunchStage(StageId id, const BatchParams& params, const BatchArrays
     case StageId::kFinish: return Launch<StageId::kFinish>(params, arrays, pass, items, stream);
     case StageId::kEmit: return Launch<StageId::kEmit>(params, arrays, pass, items, stream);
     case StageId::kOffsets: return Launch<StageId::kOffsets>(params, arrays, pass, items, stream);
-    case StageId::kResolve: return Launch<StageId::kResolve>(params, arrays, pass, items, stream);
-    case StageId::kMatchTiles: return LaunchTileMatch(params, arrays, stream);
+    case StageId::kMatchTiles: return LaunchTileMatch(params, arrays, pass, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -20,7 +20,7 @@ cudaError_t LaunchStage(StageId id, const BatchParams& params, const BatchArrays
 
 // Stage kMatchTiles (tile_match.h): one block per (head, chunk, source tile), tensor cores.
 cudaError_t LaunchTileMatch(const BatchParams& params, const BatchArrays& arrays,
-                            cudaStream_t stream);
+                            const PassArgs& pass, cudaStream_t stream);
 
 // Scratch bytes LaunchSegmentedSort needs for a batch of `params`'s shape.
 cudaError_t SegmentedSortScratchBytes(const BatchParams& params, size_t* bytes);

@@ -59,7 +59,7 @@ struct BatchParams {
   int32_t max_passes = 1;
   int64_t target = 0;         // t
   int64_t slot_capacity = 0;  // source slots per head (n + 2 is always enough)
-  int32_t match_tiles = 0;    // match with kMatchTiles + kResolve (else kNormalize + kMatch)
+  int32_t match_tiles = 0;    // match with kMatchTiles (else kNormalize + kMatch)
   int32_t result_type = kInputF32;  // element type of the packed rows (an InputType)
   double bound = 0.0;         // MatchBound(key_dim), or TileMatchBound(key_dim) with tiles
 
@@ -68,10 +68,10 @@ struct BatchParams {
 
 // The stages below, in the order a pass runs them (layer_batch.h: RunBatchStages).
 // Matching runs either as kNormalize + kMatch (a warp per source on CUDA cores) or, when
-// BatchParams::match_tiles, as kMatchTiles + kResolve (tensor-core tiles, tile_match.h).
+// BatchParams::match_tiles, as kMatchTiles (tensor-core tiles, tile_match.h).
 enum class StageId : uint8_t {
   kInit, kSetup, kNormalize, kMatch, kSelect, kMarkKept, kIndex, kBucket, kMerge, kOwner,
-  kFinish, kEmit, kOffsets, kMatchTiles, kResolve, kIndexCount, kIndexPrefix,
+  kFinish, kEmit, kOffsets, kMatchTiles, kIndexCount, kIndexPrefix,
 };
 
 // What changes from pass to pass.
@@ -421,12 +421,12 @@ CKV_HD T LaneSum(T v) {
 #endif
 }
 
-// Atomic on the device; the host runs items one at a time.
+// Atomic on the device and on the host (where a block stage may run on many threads).
 CKV_HD void AtomicIncrement(int32_t* counter) {
 #if defined(__CUDA_ARCH__)
   atomicAdd(counter, 1);
 #else
-  ++*counter;
+  __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);  // GCC's builtin: C++17 for nvcc too
 #endif
 }
 
@@ -496,11 +496,11 @@ CKV_HD float FloatScore(const float* x, const float* y, int32_t dim) {
 }
 
 // Near ties a tile match lists per source (kMatchTiles); more than that is kTieOverflow,
-// and kResolve then rescores every destination of the chunk exactly.
+// and ResolveSourceEdge then rescores every destination of the chunk exactly.
 constexpr int32_t kMaxTies = 8;
 constexpr int32_t kTieOverflow = -1;
 
-// Source slot `item` of this pass (kMatch, kResolve).
+// Source slot `item` of this pass (kMatch, ResolveSourceEdge).
 struct SourceEdge {
   int64_t g = 0;        // its head
   int32_t cur = 0;      // the head's current rows
@@ -590,14 +590,15 @@ CKV_HD void StageMatch(const BatchParams& p, const BatchArrays& a, const PassArg
   EndSourceEdge(a, pass, g, item, LeadLane(), place, best, exact);
 }
 
-// Items G * slot_capacity: steps 3-4 after kMatchTiles, which listed each source's near ties
-// (every destination whose tensor-core score is within 2 TileMatchBound of its best, so the
-// exact best among them): the exact best of the list (lowest destination on equal scores),
-// or of every destination when the list overflowed. A thread per source: the float64 cosine
-// is a sequential sum (the reference's order), so lanes cannot share one; a warp per source
-// would run it 32 times over.
-CKV_HD void StageResolve(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
-                         int64_t item) {
+// Steps 3-4 for source slot `item` after the tile match listed its near ties (every
+// destination whose tensor-core score is within 2 TileMatchBound of its best, so the exact
+// best among them): the exact best of the list (lowest destination on equal scores), or of
+// every destination when the list overflowed; then its edge, candidacy and sort key. Run by
+// the tile match's block right after it wrote the list (tile_match.h), one thread per source:
+// the float64 cosine is a sequential sum (the reference's order), so lanes cannot share one,
+// and the rows are still in L2.
+CKV_HD void ResolveSourceEdge(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
+                              int64_t item) {
   SourceEdge edge;
   if (!BeginSourceEdge(p, a, item, true, &edge)) return;
   const int64_t g = edge.g, source = edge.source;
@@ -906,7 +907,6 @@ CKV_HD void RunStageItem(StageId id, const BatchParams& p, const BatchArrays& a,
     case StageId::kFinish: StageFinish(p, a, pass, item); return;
     case StageId::kEmit: StageEmit(p, a, item); return;
     case StageId::kOffsets: StageOffsets(p, a, pass); return;
-    case StageId::kResolve: StageResolve(p, a, pass, item); return;
     case StageId::kMatchTiles: return;  // a block stage: TileMatchBlock (tile_match.h)
   }
 }

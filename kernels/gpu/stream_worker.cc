@@ -32,7 +32,6 @@ const char* StageName(StageId id) {
     case StageId::kEmit: return "emit";
     case StageId::kOffsets: return "offsets";
     case StageId::kMatchTiles: return "match_tiles";
-    case StageId::kResolve: return "resolve";
     case StageId::kIndexCount: return "index_count";
     case StageId::kIndexPrefix: return "index_prefix";
   }

@@ -13,11 +13,12 @@ constexpr int kTileThreads = kTileWarps * 32;
 constexpr int64_t kMaxTileBlocks = 132 * 16;
 
 __global__ void __launch_bounds__(kTileThreads)
-    TileMatchKernel(const BatchParams params, const BatchArrays arrays, int64_t items) {
+    TileMatchKernel(const BatchParams params, const BatchArrays arrays, const PassArgs pass,
+                    int64_t items) {
   extern __shared__ __align__(128) char smem[];
   const auto warp = static_cast<int32_t>(threadIdx.x / 32);
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {  // block-uniform
-    TileMatchBlock(params, arrays, item, smem, warp, kTileWarps);
+    TileMatchBlock(params, arrays, pass, item, smem, warp, kTileWarps);
     __syncthreads();  // the next item reuses the shared memory
   }
 }
@@ -25,7 +26,7 @@ __global__ void __launch_bounds__(kTileThreads)
 }  // namespace
 
 cudaError_t LaunchTileMatch(const BatchParams& params, const BatchArrays& arrays,
-                            cudaStream_t stream) {
+                            const PassArgs& pass, cudaStream_t stream) {
   const int64_t items = TileMatchItems(params);
   if (items <= 0) return cudaSuccess;
   const int bytes = MakeTileLayout(params.key_dim).bytes;
@@ -34,7 +35,7 @@ cudaError_t LaunchTileMatch(const BatchParams& params, const BatchArrays& arrays
   if (status != cudaSuccess) return status;
   const auto blocks = static_cast<unsigned>(std::min(items, kMaxTileBlocks));
   TileMatchKernel<<<blocks, kTileThreads, static_cast<size_t>(bytes), stream>>>(params, arrays,
-                                                                                items);
+                                                                                pass, items);
   return cudaPeekAtLastError();
 }
 

@@ -4,7 +4,8 @@
 // bf16x3 (hi hi' + hi lo' + lo hi', float32 accumulators, WMMA 16x16x16) and folds each
 // 16 x 64 score tile into each source's near-tie list: every destination whose score is
 // within 2 TileMatchBound(dim) of the source's best score. The scores never reach device
-// memory; kResolve (layer_stages.h) then picks the exact best of each list in float64.
+// memory. Then a thread of the same block finds each source's exact best among its list in
+// float64 (ResolveSourceEdge, layer_stages.h), while the rows are still in L2.
 //
 // One function, TileMatchBlock, is the block's whole algorithm for the device (tile_match.cu
 // runs it with 4 warps of 32 lanes) and for the host (host_pipeline.cc runs it with one
@@ -206,9 +207,10 @@ CKV_HD void FoldScores(const float* scores, int32_t first, int32_t count, double
 
 // One block of kMatchTiles: block item `item` (TileMatchItems), shared memory `smem`
 // (MakeTileLayout(key_dim).bytes, 128-byte aligned), run by warps 0 .. warps - 1 (each
-// calling with its own `warp`). Writes match_count / match_ties of the tile's sources.
-CKV_HD void TileMatchBlock(const BatchParams& p, const BatchArrays& a, int64_t item, char* smem,
-                           int32_t warp, int32_t warps) {
+// calling with its own `warp`). Writes match_count / match_ties of the tile's sources, then
+// their edges (ResolveSourceEdge).
+CKV_HD void TileMatchBlock(const BatchParams& p, const BatchArrays& a, const PassArgs& pass,
+                           int64_t item, char* smem, int32_t warp, int32_t warps) {
   const int32_t tiles = TilesPerChunk(p);
   const int64_t chunks = ChunksPerHead(p);
   const int64_t g = item / (chunks * tiles);
@@ -233,7 +235,10 @@ CKV_HD void TileMatchBlock(const BatchParams& p, const BatchArrays& a, int64_t i
   const int32_t thread = warp * LaneCount() + LaneIndex();
   const int32_t threads = warps * LaneCount();
   if (destinations == 0) {
-    for (int32_t r = thread; r < sources; r += threads) a.match_count[slot_base + r] = 0;
+    for (int32_t r = thread; r < sources; r += threads) {
+      a.match_count[slot_base + r] = 0;
+      ResolveSourceEdge(p, a, pass, slot_base + r);  // writes "no edge"
+    }
     return;
   }
 
@@ -294,6 +299,9 @@ CKV_HD void TileMatchBlock(const BatchParams& p, const BatchArrays& a, int64_t i
       a.match_ties[out * kMaxTies + kept++] = tie_dest[r * kMaxTies + i];
     }
     a.match_count[out] = kept;
+  }
+  for (int32_t r = thread; r < sources; r += threads) {  // the lists this thread wrote
+    ResolveSourceEdge(p, a, pass, slot_base + r);
   }
 }
 

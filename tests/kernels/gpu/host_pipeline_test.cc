@@ -72,7 +72,7 @@ bool ExpectSameAsReference(const ClusterEngine& engine, const DrawnJob& job) {
   return expected->passes_run > 0;
 }
 
-// Both match kernels: the tensor-core tiles (kMatchTiles + kResolve; every drawn key_dim is
+// Both match kernels: the tensor-core tiles (kMatchTiles, which resolves edges in the same block; every drawn key_dim is
 // within TileMatchSupports) and the warp match (kNormalize + kMatch).
 class HostPipelineMatchTest : public ::testing::TestWithParam<MatchKernel> {};
 

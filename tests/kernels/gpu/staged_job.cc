@@ -44,7 +44,7 @@ void StagedJob::MatchTiles() {
   char* base =
       reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem.data()) + 127) / 128 * 128);
   for (int64_t item = 0; item < TileMatchItems(params()); ++item) {
-    TileMatchBlock(params(), arrays_, item, base, 0, 1);
+    TileMatchBlock(params(), arrays_, batch_->Pass(0), item, base, 0, 1);
   }
 }
 

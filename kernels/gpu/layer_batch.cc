@@ -82,7 +82,9 @@ void CarveSmallOut(const BatchParams& p, Carver& c, BatchArrays& a) {
   a.job_passes = c.Take<int32_t>(p.num_jobs);
 }
 
-int64_t ResultElementBytes(const BatchParams& p) { return p.result_type == kInputF32 ? 4 : 2; }
+int64_t ResultElementBytes(const BatchParams& p) {
+  return DTypeSize(static_cast<DType>(p.result_type));
+}
 
 void CarvePacked(const BatchParams& p, Carver& c, BatchArrays& a) {
   const int64_t rows = p.global_heads() * p.num_tokens;

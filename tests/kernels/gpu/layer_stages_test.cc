@@ -55,6 +55,13 @@ TEST(LayerStagesTest, NarrowingToHalfAndBFloat16IsTheHostsRounding) {
     ASSERT_EQ(FloatToBFloat16Bits(x), FloatToBFloat16(x)) << std::hex << bits;
   }
   EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalfBits(std::numeric_limits<float>::quiet_NaN()))));
+  // bf16 ties and the ends, spelled out (the bf16 split of the tile match relies on them).
+  EXPECT_EQ(FloatToBFloat16Bits(1.0f), 0x3f80);
+  EXPECT_EQ(FloatToBFloat16Bits(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie, even below
+  EXPECT_EQ(FloatToBFloat16Bits(std::bit_cast<float>(0x3f818000u)), 0x3f82);  // tie, even above
+  EXPECT_EQ(FloatToBFloat16Bits(std::bit_cast<float>(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(FloatToBFloat16Bits(-0.0f), 0x8000);
+  EXPECT_EQ(FloatToBFloat16Bits(std::bit_cast<float>(0x00000001u)), 0x0000);  // subnormal
 }
 
 TEST(LayerStagesTest, OrderKeyFollowsScoreOrder) {

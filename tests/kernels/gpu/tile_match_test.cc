@@ -1,13 +1,13 @@
-// The tensor-core match's pieces on the host (kernels/gpu/tile_match.h): bfloat16 rounding,
-// the bf16x3 scores against the exact cosine and TileMatchBound, and the near-tie lists a
-// block writes (they hold the exact best, only near ties, and overflow when they must).
+// The tensor-core match's pieces on the host (kernels/gpu/tile_match.h): the bf16x3 scores
+// against the exact cosine and TileMatchBound, and the near-tie lists a block writes (they
+// hold the exact best, only near ties, and overflow when they must). Its bf16 rounding is
+// checked against the host's in layer_stages_test.cc.
 // The same TileMatchBlock runs on the device with WMMA products (tests/kernels/gpu's
 // CudaEngineTest and the Gpu conformance suite check that where a GPU is present).
 #include "kernels/gpu/tile_match.h"
 
 #include <cmath>
-#include <cstring>
-#include <random>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -18,40 +18,6 @@
 
 namespace centroidkv::gpu {
 namespace {
-
-
-float Bits(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-// Round to nearest bfloat16, ties to even, by comparing the two neighbours in double.
-uint16_t NearestBFloat16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  const uint32_t down = bits & 0xffff0000u, up = down + 0x10000u;
-  const double below = std::abs(static_cast<double>(x) - Bits(down));
-  const double above = std::abs(static_cast<double>(Bits(up)) - x);
-  if (below != above) return static_cast<uint16_t>((below < above ? down : up) >> 16);
-  return static_cast<uint16_t>(((down >> 16) & 1u) == 0 ? down >> 16 : up >> 16);
-}
-
-TEST(TileMatchTest, BFloat16RoundsToNearestEven) {
-  EXPECT_EQ(FloatToBFloat16Bits(1.0f), 0x3f80);
-  EXPECT_EQ(FloatToBFloat16Bits(Bits(0x3f808000u)), 0x3f80);  // tie, even below
-  EXPECT_EQ(FloatToBFloat16Bits(Bits(0x3f818000u)), 0x3f82);  // tie, even above
-  EXPECT_EQ(FloatToBFloat16Bits(Bits(0x3f808001u)), 0x3f81);
-  EXPECT_EQ(FloatToBFloat16Bits(-0.0f), 0x8000);
-  EXPECT_EQ(FloatToBFloat16Bits(Bits(0x00000001u)), 0x0000);  // smallest subnormal
-  std::mt19937 rng(16);
-  for (int i = 0; i < 200000; ++i) {
-    uint32_t bits = rng();
-    if ((bits & 0x7f800000u) >= 0x7f000000u) bits &= 0xbfffffffu;  // finite, no overflow
-    const float x = Bits(bits);
-    ASSERT_EQ(FloatToBFloat16Bits(x), NearestBFloat16(x)) << std::hex << bits;
-  }
-}
 
 TEST(TileMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
   for (const int32_t dim : {1, 4, 36, 64, 128, 200, 256}) {

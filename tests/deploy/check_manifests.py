@@ -48,18 +48,26 @@ def check(condition, what):
 
 def parse_dockerfile(path):
     """The runtime (last) stage's image label, EXPOSEd ports, ENTRYPOINT and CMD, and the
-    build stage's RUN lines, COPY destinations of binaries."""
+    build stage's RUN lines, COPY destinations of binaries. A stage FROM an earlier stage
+    starts with what that one set ("from" stays the base image)."""
     text = open(path).read()
     # Join continuation lines.
     text = re.sub(r"\\\n", " ", text)
     lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
     stages = []
+    named = {}
     for line in lines:
         word, _, rest = line.partition(" ")
         word = word.upper()
         if word == "FROM":
-            stages.append({"from": rest.split()[0], "run": [], "expose": [], "labels": {},
-                           "copy": []})
+            words = rest.split()
+            parent = named.get(words[0])
+            # FROM an earlier stage: start from what that stage set (runtime-base).
+            stage = ({"from": words[0], "run": [], "expose": [], "labels": {}, "copy": []}
+                     if parent is None else json.loads(json.dumps(parent)))
+            if len(words) == 3 and words[1].upper() == "AS":
+                named[words[2]] = stage
+            stages.append(stage)
         elif not stages:
             continue
         elif word == "RUN":

@@ -14,6 +14,8 @@ What changes, and why:
   example worker (a placeholder image) becomes that image running the `centroidkv` CLI,
   which compresses a golden case from a read-only hostPath to a writable one. The worker
   keeps its env, volumes and mounts from the manifest, and dials $CENTROIDKV_SERVER.
+- Pod volumes are renamed RUN-NAME: podman 4.3 makes an emptyDir a named volume of the
+  same name, shared by every pod that names it (in Kubernetes each pod has its own).
 - containerPorts are read (the test dials them on the pod's address), then dropped: podman
   4.3 publishes each on the host's port of the same number, which would put fixed ports on
   a shared host and make three replicas collide. In Kubernetes they are informational.
@@ -45,6 +47,12 @@ def pod_from_template(deployment, name, run):
     labels[RUN_LABEL] = run
     spec = template["spec"]
     spec["restartPolicy"] = "Never"
+    renamed = {}
+    for volume in spec.get("volumes", []):
+        renamed[volume["name"]] = volume["name"] = f"{name}-{volume['name']}"
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        for mount in c.get("volumeMounts", []):
+            mount["name"] = renamed.get(mount["name"], mount["name"])
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": labels,
                          "annotations": dict(metadata.get("annotations", {}))},
@@ -89,6 +97,11 @@ def flag(args, name):
         if a.startswith(f"--{name}="):
             return a.split("=", 1)[1]
     return None
+
+
+def volume_names(pod):
+    """The podman volumes playing `pod` makes (its emptyDirs)."""
+    return [v["name"] for v in pod["spec"].get("volumes", []) if "emptyDir" in v]
 
 
 def sidecar_pod(docs, run, image, smoke_image, golden_dir, out_dir, compress_args):

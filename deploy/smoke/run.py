@@ -61,24 +61,23 @@ class Run:
     def __init__(self):
         self.id = f"ckvsmoke-{os.getpid()}-{int(time.time()) % 100000}"
         self.pods = []
-        self.volumes_before = set(self.volumes())
+        self.volumes = []
         self.tmp = tempfile.mkdtemp(prefix=self.id + "-")
-
-    @staticmethod
-    def volumes():
-        return podman("volume", "ls", "--format", "{{.Name}}").stdout.split()
 
     def cleanup(self):
         for pod in self.pods:
             podman("pod", "rm", "--force", "--time", "2", pod, check=False, quiet=True)
-        for volume in set(self.volumes()) - self.volumes_before:
+        for volume in self.volumes:
             podman("volume", "rm", "--force", volume, check=False, quiet=True)
         shutil.rmtree(self.tmp, ignore_errors=True)
-        left = podman("ps", "--all", "--filter", f"label={manifests.RUN_LABEL}={self.id}",
-                      "--format", "{{.Names}}", check=False).stdout.split()
-        if left:
-            log(f"WARNING: containers left behind: {left}")
-        self.pods = []
+        left = podman("ps", "--all", "--filter", f"name=^{self.id}", "--format", "{{.Names}}",
+                      check=False).stdout.split()
+        left += podman("pod", "ps", "--filter", f"name=^{self.id}", "--format", "{{.Name}}",
+                       check=False).stdout.split()
+        left += [v for v in self.volumes
+                 if podman("volume", "exists", v, check=False).returncode == 0]
+        self.pods, self.volumes = [], []
+        return left
 
 
 def reap_stale_runs():
@@ -89,6 +88,10 @@ def reap_stale_runs():
         if match and not os.path.exists(f"/proc/{match.group(2)}"):
             log(f"removing a stale pod of a killed run: {match.group(1)}")
             podman("pod", "rm", "--force", "--time", "2", match.group(1), check=False)
+    for volume in podman("volume", "ls", "--format", "{{.Name}}", check=False).stdout.split():
+        match = re.match(r"ckvsmoke-(\d+)-", volume)
+        if match and not os.path.exists(f"/proc/{match.group(1)}"):
+            podman("volume", "rm", "--force", volume, check=False)
 
 
 def render(kubectl, overlay):
@@ -104,6 +107,7 @@ def play(run, docs, name, start=True):
         f.write(manifests.dump(docs))
     for doc in docs:
         run.pods.append(doc["metadata"]["name"])
+        run.volumes += manifests.volume_names(doc)
     out = podman("kube", "play", f"--start={str(start).lower()}", path, check=False)
     if out.returncode != 0:
         raise SmokeFailure(f"podman kube play {name}: {out.stderr.strip()}")
@@ -148,6 +152,7 @@ def run_exec_probe(container, probe, what):
     timeout = probe.get("timeoutSeconds", 1)
     last = ""
     for attempt in range(1, threshold + 1):
+        tick = time.time() + period  # the kubelet probes every period, or at once if late
         try:
             out = podman("exec", container, *command, check=False, timeout=timeout + 5)
             if out.returncode == 0:
@@ -157,7 +162,7 @@ def run_exec_probe(container, probe, what):
             last = "timed out"
         if not state(container).get("Running"):
             break
-        time.sleep(period)
+        time.sleep(max(0.0, tick - time.time()))
     raise SmokeFailure(f"{what} of {container} failed {threshold} times ({command}): {last}\n"
                        f"server log:\n{container_log(container)}")
 
@@ -386,8 +391,12 @@ def main():
         print(f"SMOKE FAILED: {e}", flush=True)
         return 1
     finally:
-        run.cleanup()
-    log("PASSED")
+        left = run.cleanup()
+        if left:
+            print(f"SMOKE FAILED: left behind after cleanup: {left}", flush=True)
+    if left:
+        return 1
+    log(f"PASSED; removed every pod, container and volume of {run.id}")
     return 0
 
 

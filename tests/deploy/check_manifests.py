@@ -440,7 +440,7 @@ def render(kubectl, path):
 # ---------------------------------------------------------------------------------------
 # Helm chart.
 
-def check_helm(chart, kustomize_pool, dockers, flags, metric_types, queue_metric):
+def check_helm(chart, kustomize_pool, dockers, flags, metric_types, queue_metric, helm):
     meta = yaml.safe_load(open(os.path.join(chart, "Chart.yaml")))
     check(meta.get("apiVersion") == "v2", "Chart.yaml: apiVersion v2")
     for field in ("name", "version", "appVersion", "description"):
@@ -468,7 +468,6 @@ def check_helm(chart, kustomize_pool, dockers, flags, metric_types, queue_metric
           "helm: terminationGracePeriodSeconds > server.gracePeriodSeconds")
     hpa_text = open(os.path.join(templates, "hpa.yaml")).read()
     check(f"name: {queue_metric}" in hpa_text, f"helm: the HPA names {queue_metric}")
-    helm = shutil.which("helm")
     if helm is None:
         print("NOTE: helm is not installed: the chart's values and structure were checked, "
               "its rendered output was not")
@@ -494,8 +493,10 @@ def main():
     parser.add_argument("--repo", required=True)
     parser.add_argument("--server-bin", required=True)
     parser.add_argument("--kubectl", default="kubectl")
+    parser.add_argument("--helm", default="helm")
     options = parser.parse_args()
     kubectl = shutil.which(options.kubectl)
+    helm = shutil.which(options.helm)
     repo = options.repo
     deploy = os.path.join(repo, "deploy")
     dockers = {v: check_dockerfile(os.path.join(deploy, "docker", f"Dockerfile.{v}"), repo)
@@ -532,7 +533,7 @@ def main():
         check_pool("base/pool", pool_docs, dockers["cpu"], flags, metric_types, False,
                    queue_metric)
         check_helm(os.path.join(deploy, "helm/centroidkv"), pool_docs, dockers, flags,
-                   metric_types, queue_metric)
+                   metric_types, queue_metric, helm)
         print(f"{passes} checks passed, {len(failures)} failed")
         if failures:
             return 1
@@ -551,7 +552,7 @@ def main():
     check_pool("pool-gpu", render(kubectl, os.path.join(overlays, "pool-gpu")), dockers["cuda"],
                flags, metric_types, True, queue_metric)
     check_helm(os.path.join(deploy, "helm/centroidkv"), pool_docs, dockers, flags, metric_types,
-               queue_metric)
+               queue_metric, helm)
 
     print(f"{passes} checks passed, {len(failures)} failed")
     return 1 if failures else 0

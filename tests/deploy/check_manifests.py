@@ -440,7 +440,70 @@ def render(kubectl, path):
 # ---------------------------------------------------------------------------------------
 # Helm chart.
 
-def check_helm(chart, kustomize_pool, dockers, flags, metric_types, queue_metric, helm):
+# Sizing a chart user sets through values (threads, memory budgets) differs from the
+# kustomize examples by design; everything else both express must be equal.
+SIZING_FLAGS = ("--threads=", "--max-total-bytes=", "--max-pooled-result-bytes=")
+
+
+def overlap(docs):
+    """What a helm rendering and a kustomize rendering of the same mode must share: per kind,
+    the fields neither release names nor sizing values change."""
+    out = {}
+    for doc in docs:
+        if not doc:
+            continue
+        kind, spec = doc["kind"], doc["spec"]
+        if kind == "Deployment":
+            pod = spec["template"]["spec"]
+            pod_security = dict(pod.get("securityContext", {}))
+            containers = {}
+            for c in pod.get("initContainers", []) + pod["containers"]:
+                containers[c["name"]] = {
+                    "image": c["image"], "restartPolicy": c.get("restartPolicy"),
+                    "args": [a for a in c.get("args", []) if not a.startswith(SIZING_FLAGS)],
+                    "env": c.get("env"), "ports": c.get("ports"),
+                    "volumeMounts": c.get("volumeMounts"),
+                    "probes": {k: c.get(k) for k in ("startupProbe", "readinessProbe",
+                                                     "livenessProbe")},
+                    # Pod-level settings apply to every container; where a field is set
+                    # does not matter, what each container runs with does.
+                    "securityContext": {**{k: v for k, v in pod_security.items()
+                                           if k != "fsGroup"}, **c.get("securityContext", {})},
+                    "gpus": c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")}
+            out[kind] = {"strategy": spec.get("strategy"),
+                         "annotations": spec["template"]["metadata"].get("annotations"),
+                         "terminationGracePeriodSeconds": pod.get("terminationGracePeriodSeconds"),
+                         "fsGroup": pod_security.get("fsGroup"), "volumes": pod.get("volumes"),
+                         "tolerations": pod.get("tolerations"), "containers": containers}
+        elif kind == "Service":
+            out[kind] = {"clusterIP": spec.get("clusterIP"), "ports": spec.get("ports")}
+        elif kind == "PodDisruptionBudget":
+            out[kind] = {"maxUnavailable": spec.get("maxUnavailable")}
+        elif kind == "HorizontalPodAutoscaler":
+            out[kind] = {k: spec.get(k) for k in ("minReplicas", "maxReplicas", "metrics")}
+    return out
+
+
+def check_helm_equals_kustomize(where, helm_docs, kustomize_docs):
+    helm_view, kustomize_view = overlap(helm_docs), overlap(kustomize_docs)
+    check(sorted(helm_view) == sorted(kustomize_view),
+          f"{where}: helm renders the kinds kustomize does ({sorted(helm_view)} vs "
+          f"{sorted(kustomize_view)})")
+    for kind in sorted(set(helm_view) & set(kustomize_view)):
+        for field in sorted(set(helm_view[kind]) | set(kustomize_view[kind])):
+            a, b = helm_view[kind].get(field), kustomize_view[kind].get(field)
+            if field != "containers" or not (a and b) or sorted(a) != sorted(b):
+                check(a == b, f"{where}: {kind} {field}: helm {a} != kustomize {b}")
+                continue
+            for name in sorted(a):
+                for key in sorted(a[name]):
+                    check(a[name][key] == b[name].get(key),
+                          f"{where}: container {name} {key}: helm {a[name][key]} != "
+                          f"kustomize {b[name].get(key)}")
+
+
+def check_helm(chart, kustomize, dockers, flags, metric_types, queue_metric, helm):
+    """kustomize: {(mode, gpu): rendered docs} to compare helm's output with."""
     meta = yaml.safe_load(open(os.path.join(chart, "Chart.yaml")))
     check(meta.get("apiVersion") == "v2", "Chart.yaml: apiVersion v2")
     for field in ("name", "version", "appVersion", "description"):
@@ -486,6 +549,9 @@ def check_helm(chart, kustomize_pool, dockers, flags, metric_types, queue_metric
                        gpu, queue_metric)
         else:
             check_sidecar("helm/sidecar", docs, docker, flags, metric_types)
+        if (mode, gpu) in kustomize:
+            check_helm_equals_kustomize(f"helm/{mode}{'-gpu' if gpu else ''} vs kustomize",
+                                        docs, kustomize[(mode, gpu)])
 
 
 def main():
@@ -532,7 +598,7 @@ def main():
         pool_docs = load_base(os.path.join(base, "pool"))
         check_pool("base/pool", pool_docs, dockers["cpu"], flags, metric_types, False,
                    queue_metric)
-        check_helm(os.path.join(deploy, "helm/centroidkv"), pool_docs, dockers, flags,
+        check_helm(os.path.join(deploy, "helm/centroidkv"), {}, dockers, flags,
                    metric_types, queue_metric, helm)
         print(f"{passes} checks passed, {len(failures)} failed")
         if failures:
@@ -545,13 +611,15 @@ def main():
     overlays = os.path.join(deploy, "k8s/overlays")
     check(sorted(os.listdir(overlays)) == ["pool", "pool-gpu", "sidecar"],
           "overlays: sidecar, pool, pool-gpu")
-    check_sidecar("sidecar", render(kubectl, os.path.join(overlays, "sidecar")), dockers["cpu"],
-                  flags, metric_types)
-    pool_docs = render(kubectl, os.path.join(overlays, "pool"))
-    check_pool("pool", pool_docs, dockers["cpu"], flags, metric_types, False, queue_metric)
-    check_pool("pool-gpu", render(kubectl, os.path.join(overlays, "pool-gpu")), dockers["cuda"],
-               flags, metric_types, True, queue_metric)
-    check_helm(os.path.join(deploy, "helm/centroidkv"), pool_docs, dockers, flags, metric_types,
+    rendered = {key: render(kubectl, os.path.join(overlays, overlay))
+                for key, overlay in ((("sidecar", False), "sidecar"), (("pool", False), "pool"),
+                                     (("pool", True), "pool-gpu"))}
+    check_sidecar("sidecar", rendered[("sidecar", False)], dockers["cpu"], flags, metric_types)
+    check_pool("pool", rendered[("pool", False)], dockers["cpu"], flags, metric_types, False,
+               queue_metric)
+    check_pool("pool-gpu", rendered[("pool", True)], dockers["cuda"], flags, metric_types, True,
+               queue_metric)
+    check_helm(os.path.join(deploy, "helm/centroidkv"), rendered, dockers, flags, metric_types,
                queue_metric, helm)
 
     print(f"{passes} checks passed, {len(failures)} failed")

@@ -9,6 +9,9 @@
 set -euo pipefail
 source "$(dirname "$0")/podman/env.sh"
 
+# One maker at a time (the smoke tests may start together on a fresh machine).
+exec 9> /var/tmp/centroidkv-base-image.lock
+flock 9
 missing=0
 for image in "${CKV_BASE_IMAGES[@]}"; do
   podman image exists "$image" || missing=1

@@ -48,6 +48,8 @@ smoke_image=localhost/centroidkv:smoke
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT
 cp "$bin_dir/centroidkv-server" "$bin_dir/centroidkv" "$context/"
+exec 9> /var/tmp/centroidkv-smoke-image.lock  # one build of the tag at a time
+flock 9
 old=$(podman image inspect --format '{{.Id}}' "$smoke_image" 2>/dev/null || true)
 start=$(date +%s%N)
 podman build --quiet --pull=never --target prebuilt -t "$smoke_image" \
@@ -57,6 +59,7 @@ if [ -n "$old" ] && [ "$old" != "$new" ]; then podman rmi "$old" > /dev/null 2>&
 echo "smoke: built $smoke_image (Dockerfile.cpu --target prebuilt) in" \
   "$(( ($(date +%s%N) - start) / 1000000 )) ms"
 rm -rf "$context"
+exec 9>&-  # unlocks
 
 exec /usr/bin/python3 "$deploy_dir/smoke/run.py" --k8s "$k8s" --kubectl "$CKV_KUBECTL" \
   --bin-dir "$bin_dir" --golden "$golden" \

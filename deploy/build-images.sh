@@ -30,6 +30,8 @@ for base in "${bases[@]}"; do
 done
 
 commit=$(git -C "$repo" rev-parse --short=12 HEAD)
+# The context is the working tree: say so when it is not the commit.
+if [ -n "$(git -C "$repo" status --porcelain --untracked-files=no)" ]; then commit=$commit-dirty; fi
 image=localhost/centroidkv:$variant
 start=$(date +%s)
 podman build --pull=never -f "$deploy_dir/docker/Dockerfile.$variant" \

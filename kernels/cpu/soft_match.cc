@@ -43,14 +43,9 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
   const int32_t width = kernels.panel_width;
   const int32_t num_panels = (destinations_ + width - 1) / width;
   // Sources are matched row_block at a time: rows past the chunk are read (and ignored).
-  // Rows and panels start on a cache line (16 floats of slack): with the 16-byte alignment
-  // of a large std::vector, every other 32-byte (and every 64-byte) vector load of a panel
-  // would straddle two lines (measured on the AVX2 level, C = 1024: ~5% of the match).
-  Reserve(&tile_, (static_cast<int64_t>(length) + 2 * kernels.row_block) * dim + 16);
+  Reserve(&tile_, (static_cast<int64_t>(length) + 2 * kernels.row_block) * dim);
   Reserve(&inverse_norms_, length);
-  Reserve(&panels_, static_cast<int64_t>(num_panels) * dim * width + 16);
-  tile_data_ = AlignToLine(tile_.data());
-  panel_data_ = AlignToLine(panels_.data());
+  Reserve(&panels_, static_cast<int64_t>(num_panels) * dim * width);
 
   rows_ = rows;
   first_ = first;
@@ -67,7 +62,7 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
     Reserve(&split_b_, rows_padded * depth + 32);
     Reserve(&score_block_, 32 * rows_padded + 16);
     Reserve(&near_ties_, sources_);
-    kernels.match_bf16x3(&rows, first, length, dim, tile_data_, inverse_norms_.data(),
+    kernels.match_bf16x3(&rows, first, length, dim, tile_.data(), inverse_norms_.data(),
                          AlignToLine(split_a_.data()), AlignToLine(split_b_.data()),
                          AlignToLine(score_block_.data()), prefetch,
                          2.0 * MatchErrorBound(kernels, dim), out, near_ties_.data());
@@ -78,14 +73,14 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
     return;
   }
   const bool exact =
-      kernels.widen_rows(&rows, first, length, dim, tile_data_, inverse_norms_.data());
+      kernels.widen_rows(&rows, first, length, dim, tile_.data(), inverse_norms_.data());
   tile_exact_ = exact && rows.type != ElemType::kF64;
   tile_widened_ = true;
-  kernels.pack_panels(tile_data_ + dim, pair_stride, inverse_norms_.data() + 1, 2, destinations_,
-                      dim, panel_data_);
+  kernels.pack_panels(tile_.data() + dim, pair_stride, inverse_norms_.data() + 1, 2, destinations_,
+                      dim, panels_.data());
   panels_packed_ = true;
   near_ties_valid_ = false;
-  kernels.match_rows(tile_data_, pair_stride, inverse_norms_.data(), 2, sources_, panel_data_,
+  kernels.match_rows(tile_.data(), pair_stride, inverse_norms_.data(), 2, sources_, panels_.data(),
                      destinations_, dim, prefetch, out);
 }
 
@@ -94,15 +89,15 @@ std::span<const float> ChunkMatcher::Rescore(int32_t source) {
   Reserve(&scores_, destinations_);
   if (!panels_packed_) {
     if (!tile_widened_) {
-      kernels_->widen_rows(&rows_, first_, length_, dim_, tile_data_, inverse_norms_.data());
+      kernels_->widen_rows(&rows_, first_, length_, dim_, tile_.data(), inverse_norms_.data());
       tile_widened_ = true;
     }
-    kernels_->pack_panels(tile_data_ + dim_, 2 * static_cast<int64_t>(dim_),
-                          inverse_norms_.data() + 1, 2, destinations_, dim_, panel_data_);
+    kernels_->pack_panels(tile_.data() + dim_, 2 * static_cast<int64_t>(dim_),
+                          inverse_norms_.data() + 1, 2, destinations_, dim_, panels_.data());
     panels_packed_ = true;
   }
-  kernels_->score_row(tile_data_ + 2 * static_cast<int64_t>(source) * dim_,
-                      inverse_norms_[2 * source], panel_data_, destinations_, dim_,
+  kernels_->score_row(tile_.data() + 2 * static_cast<int64_t>(source) * dim_,
+                      inverse_norms_[2 * source], panels_.data(), destinations_, dim_,
                       scores_.data());
   return {scores_.data(), static_cast<size_t>(destinations_)};
 }

@@ -42,9 +42,10 @@ namespace centroidkv::cpu {
 // is below 1e-13. The total, (dim + dim/16 + 16) u + O(u^2), stays below (2 dim + 16) u for
 // every dim >= 1 up to EngineLimits::max_dim. Per level: the scalar kernel, the AVX2 6 x 16
 // and the AVX-512 8 x 48 tiles (simd/soft_match_simd.h) and score_row all compute each score
-// as that one chain (the tile shape only chooses which chains run side by side; panel and
-// row alignment change no arithmetic), and widen / normalise with the sums above, so the
-// same bound holds at each of them; the matrix engine has its own, below.
+// as that one chain (the tile shape only chooses which chains run side by side), and their
+// inverse norms are at least as accurate as above (sums of squares in 2 x 8 lanes on AVX2,
+// 2 x 16 on AVX-512, then a tree; in double on scalar), so the same bound holds at each of
+// them; the matrix engine has its own, below.
 double MatchErrorBound(int32_t dim);
 
 // The bound for the scores `kernels` gives: MatchErrorBound(dim), or with a matrix engine
@@ -91,7 +92,7 @@ class ChunkMatcher {
   // they hold the input's exact values (fp32, fp16 or bf16 rows, and no norm overflowed),
   // so merging may read them instead of the input; otherwise null (always on the matrix
   // engine, which never widens a chunk whole).
-  const float* ExactRows() const { return tile_exact_ ? tile_data_ : nullptr; }
+  const float* ExactRows() const { return tile_exact_ ? tile_.data() : nullptr; }
 
   // After Match() on the matrix engine (UsesMatrixEngine): source i's near ties for twice the kernels' bound
   // (NearTies), so that only they need exact rescoring; null on the other levels.
@@ -111,8 +112,6 @@ class ChunkMatcher {
   std::vector<float> tile_;           // (length + 2 * row_block) x dim: the widened rows
   std::vector<float> inverse_norms_;  // length
   std::vector<float> panels_;         // ceil(destinations / W) x dim x W
-  float* tile_data_ = nullptr;        // tile_ from its first cache line (what the kernels use)
-  float* panel_data_ = nullptr;       // panels_ likewise
   std::vector<float> scores_;         // destinations
   bool tile_widened_ = false;         // tile_ holds this chunk's rows, widened
   bool panels_packed_ = false;        // panels_ holds this chunk's destinations

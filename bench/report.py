@@ -263,7 +263,9 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.doc)), exist_ok=True)
     with open(args.doc, "w") as f:
         f.write("\n".join(lines))
-    print(f"wrote {args.doc} (engine {engine})", file=sys.stderr)
+    print(f"wrote {args.doc} (engine {engine}, kernel level "
+          f"{summary.get('kernel_level', 'n/a')}, fp32 FMA peak {peak['gflops']:.4g} GFLOP/s "
+          f"{peak['isa']}, CPU {summary.get('cpu_model') or cpu_model()})", file=sys.stderr)
     print(json.dumps(final))
 
 

@@ -7,6 +7,8 @@
 // matching. Each job runs through ClusterEngine::CompressInto into one result kept across
 // jobs (as a server thread keeps one); with --fresh=1 (the default) also through Compress
 // into a fresh result each job, reported as fresh_result_seconds.
+// It prints first the CPU's model and vector ISA extensions, and the cpu backend's kernel
+// level with the fp32 FMA peak (summary JSON: cpu_model, isa_features, kernel_level, peak).
 // Metrics (medians over repetitions of wall-clock time per layer job, T):
 //   tokens_per_s      layer-head tokens per second = H * n / T (every head's n input tokens
 //                     count once; divide by H for one head's rate)

@@ -7,6 +7,8 @@
 // matching. Each job runs through ClusterEngine::CompressInto into one result kept across
 // jobs (as a server thread keeps one); with --fresh=1 (the default) also through Compress
 // into a fresh result each job, reported as fresh_result_seconds.
+// It prints first the CPU's model and vector ISA extensions, and the cpu backend's kernel
+// level with the fp32 FMA peak (summary JSON: cpu_model, isa_features, kernel_level, peak).
 // Metrics (medians over repetitions of wall-clock time per layer job, T):
 //   tokens_per_s      layer-head tokens per second = H * n / T (every head's n input tokens
 //                     count once; divide by H for one head's rate)
@@ -53,6 +55,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/cpu_peak.h"
@@ -344,6 +347,38 @@ void WriteMeta(const Flags& flags, const std::string& engine_name) {
   if (!meta) Die("cannot write " + flags.dump_dir + "/meta.json");
 }
 
+// The CPU's model name (/proc/cpuinfo), for the report.
+std::string CpuModel() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon != std::string::npos) return std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+  }
+  return "unknown";
+}
+
+// The vector ISA extensions that choose the cpu backend's level, as "avx2 fma f16c -avx512f"
+// (a leading '-': absent).
+std::string IsaFeatures() {
+  __builtin_cpu_init();
+  const std::pair<const char*, bool> features[] = {
+      {"avx2", __builtin_cpu_supports("avx2") != 0},
+      {"fma", __builtin_cpu_supports("fma") != 0},
+      {"f16c", __builtin_cpu_supports("f16c") != 0},
+      {"avx512f", __builtin_cpu_supports("avx512f") != 0},
+      {"avx512bf16", __builtin_cpu_supports("avx512bf16") != 0},
+      {"amx-tile", __builtin_cpu_supports("amx-tile") != 0},
+  };
+  std::string out;
+  for (const auto& [name, present] : features) {
+    if (!out.empty()) out += ' ';
+    out += (present ? "" : "-") + std::string(name);
+  }
+  return out;
+}
+
 int Main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);  // removes the --benchmark_* flags it knows
   const Flags flags = ParseFlags(argc, argv);
@@ -364,8 +399,11 @@ int Main(int argc, char** argv) {
   peak_options.threads = flags.threads;
   peak_options.repetitions = flags.peak_reps;
   const PeakResult peak_before = MeasureFp32Peak(peak_options);
-  std::cout << "fp32 FMA peak (" << peak_before.isa << ", " << peak_before.threads
-            << " threads, best of " << peak_before.samples.size()
+  const std::string cpu_model = CpuModel();
+  const std::string isa_features = IsaFeatures();
+  std::cout << "CPU: " << cpu_model << " (" << isa_features << ")\n"
+            << "kernel level: " << kernel_level << "; fp32 FMA peak (" << peak_before.isa << ", "
+            << peak_before.threads << " threads, best of " << peak_before.samples.size()
             << "): " << peak_before.gflops << " GFLOP/s\n";
 
   std::cout << "generating " << spec.heads << " heads x " << spec.tokens << " tokens x d "
@@ -573,7 +611,8 @@ int Main(int argc, char** argv) {
        << ", \"threads\": " << flags.threads << ", \"peak\": {\"isa\": \"" << peak_before.isa
        << "\", \"before_gflops\": " << peak_before.gflops
        << ", \"after_gflops\": " << peak_after.gflops << ", \"gflops\": " << peak_gflops
-       << "}, \"kernel_level\": \"" << kernel_level << "\", \"amx_bf16_peak_gflops\": "
+       << "}, \"kernel_level\": \"" << kernel_level << "\", \"cpu_model\": \"" << cpu_model
+       << "\", \"isa_features\": \"" << isa_features << "\", \"amx_bf16_peak_gflops\": "
        << (amx_peak.has_value() ? std::to_string(amx_peak->gflops) : std::string("null"))
        << ", \"memory_floor\": {\"seconds\": " << memory_floor_seconds
        << ", \"bytes\": " << memory_floor_bytes[headline_dtype] << ", \"gb_per_s\": "
@@ -587,7 +626,9 @@ int Main(int argc, char** argv) {
        << "false"
 #endif
        << ", \"chunks\": [";
-  std::cout << "\nsummary (medians; engine " << engine_name << ")\n"
+  std::cout << "\nsummary (medians; engine " << engine_name << ", kernel level " << kernel_level
+            << ", fp32 FMA peak " << peak_gflops << " GFLOP/s " << peak_before.isa << "; CPU "
+            << cpu_model << ")\n"
             << "memory floor: " << memory_floor_seconds * 1e3 << " ms per job ("
             << memory_floor_bytes[headline_dtype] / 1e6 << " MB read and written)\n"
             << "chunk  ms/layer  Mtok/s  GB/s    GFLOP/s  of_peak  faiss_ratio\n";

@@ -187,7 +187,8 @@ def main():
         "## Run",
         "",
         f"- Date: {now}; revision {git_revision(root)}.",
-        f"- Machine: {cpu_model()}, {os.cpu_count()} logical CPUs"
+        f"- Machine: {summary.get('cpu_model') or cpu_model()}, {os.cpu_count()} logical CPUs"
+        + (f" (ISA: {summary['isa_features']})" if summary.get("isa_features") else "")
         + (f"; load average at start: {args.load}" if args.load else "") + ".",
         f"- Engine: `{engine}` (what `EngineSet::Select(BackendKind::kCpu)` returned).",
         f"- fp32 FMA peak: {peak['gflops']:.4g} GFLOP/s ({peak['isa']}, {summary['threads']} "
@@ -262,7 +263,9 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.doc)), exist_ok=True)
     with open(args.doc, "w") as f:
         f.write("\n".join(lines))
-    print(f"wrote {args.doc} (engine {engine})", file=sys.stderr)
+    print(f"wrote {args.doc} (engine {engine}, kernel level "
+          f"{summary.get('kernel_level', 'n/a')}, fp32 FMA peak {peak['gflops']:.4g} GFLOP/s "
+          f"{peak['isa']}, CPU {summary.get('cpu_model') or cpu_model()})", file=sys.stderr)
     print(json.dumps(final))
 
 

@@ -40,7 +40,12 @@ namespace centroidkv::cpu {
 // Accuracy and Stability, eq. 3.5), i.e. dim u after scaling. Subnormal products add at
 // most dim * 2^-149 / s_x before scaling, negligible. The reference's own float64 rounding
 // is below 1e-13. The total, (dim + dim/16 + 16) u + O(u^2), stays below (2 dim + 16) u for
-// every dim >= 1 up to EngineLimits::max_dim.
+// every dim >= 1 up to EngineLimits::max_dim. Per level: the scalar kernel, the AVX2 6 x 16
+// and the AVX-512 8 x 48 tiles (simd/soft_match_simd.h) and score_row all compute each score
+// as that one chain (the tile shape only chooses which chains run side by side), and their
+// inverse norms are at least as accurate as above (sums of squares in 2 x 8 lanes on AVX2,
+// 2 x 16 on AVX-512, then a tree; in double on scalar), so the same bound holds at each of
+// them; the matrix engine has its own, below.
 double MatchErrorBound(int32_t dim);
 
 // The bound for the scores `kernels` gives: MatchErrorBound(dim), or with a matrix engine

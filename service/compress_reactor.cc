@@ -11,6 +11,9 @@
 namespace centroidkv::service {
 namespace {
 
+// Jobs one stream may have refused by its caller's limits before the stream itself ends.
+constexpr size_t kMaxRefusedJobsPerStream = 4096;
+
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -185,6 +188,9 @@ absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions*
   // unread) and the stream, and every other caller, goes on.
   if (absl::Status admitted = caller_->AdmitJob((*job)->footprint_bytes()); !admitted.ok()) {
     context_->callers.JobRejected(caller_->caller());
+    // The ids of refused jobs are kept (their slabs are dropped); a stream that keeps
+    // sending jobs over its caller's limit would grow the set without bound.
+    if (rejected_.size() >= kMaxRefusedJobsPerStream) return admitted;
     rejected_.insert(job_id);
     QueueJobError(job_id, admitted, 0, actions);
     return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "centroidkv/v1/centroidkv.grpc.pb.h"
 #include "centroidkv/wire/grpc_status.h"
 #include "client/channel.h"
+#include "client/channel_security.h"
 #include "client/compress_stream_impl.h"
 
 namespace centroidkv::client {
@@ -78,7 +79,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10 * 1000);
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // also on idle streams
   }
-  auto channel = grpc::CreateCustomChannel(grpc_target, grpc::InsecureChannelCredentials(), args);
+  CKV_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                       MakeChannelCredentials(options));
+  AddSecurityChannelArgs(options, &args);
+  auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      grpc_target, credentials, args, MakeAuthInterceptors(options));
   if (options.connect_timeout.count() > 0 &&
       !channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
     return absl::UnavailableError(absl::StrCat("server: cannot connect to '", options.target,

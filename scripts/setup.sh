@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libtbb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
-  libcpp-httplib-dev
+  libcpp-httplib-dev libssl-dev openssl
   python3 python3-numpy python3-yaml
 )
 

@@ -1,6 +1,8 @@
-// CentroidKVService: stream creation and the GetInfo description of this server.
+// CentroidKVService: stream creation (after the caller gate) and the GetInfo description
+// of this server.
 #include "service/centroidkv_service.h"
 
+#include "centroidkv/wire/grpc_status.h"
 #include "centroidkv/wire/wire_convert.h"
 #include "service/compress_reactor.h"
 
@@ -9,15 +11,38 @@
 #endif
 
 namespace centroidkv::service {
+namespace {
+
+// A stream refused before anything of it is read (no or a bad token, over the caller's
+// stream limit): it ends at once with `status`.
+class RefusedStream final
+    : public grpc::ServerBidiReactor<v1::CompressRequest, v1::CompressResponse> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
 
 grpc::ServerBidiReactor<v1::CompressRequest, v1::CompressResponse>*
-CentroidKVService::Compress(grpc::CallbackServerContext* /*context*/) {
-  return new CompressReactor(context_);
+CentroidKVService::Compress(grpc::CallbackServerContext* context) {
+  absl::StatusOr<std::unique_ptr<CallerStream>> caller = context_->callers.OpenStream(*context);
+  if (!caller.ok()) {
+    context_->metrics.Error(static_cast<int>(caller.status().code()), "stream");
+    return new RefusedStream(ToGrpcStatus(caller.status()));
+  }
+  return new CompressReactor(context_, *std::move(caller));
 }
 
 grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext* context,
                                                      const v1::GetInfoRequest* /*request*/,
                                                      v1::GetInfoResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::StatusOr<std::string> caller = context_->callers.Identify(*context, "GetInfo");
+      !caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   const ServerOptions& options = context_->options;
   response->set_version(CKV_VERSION);
   for (const std::string& name : context_->engines->EngineNames()) {
@@ -47,7 +72,6 @@ grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext
   *response->mutable_defaults() = OptionsToProto(CompressOptions{});
   response->set_worker_threads(static_cast<uint32_t>(context_->executor->threads()));
 
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -11,6 +11,9 @@
 namespace centroidkv::service {
 namespace {
 
+// Jobs one stream may have refused by its caller's limits before the stream itself ends.
+constexpr size_t kMaxRefusedJobsPerStream = 4096;
+
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -18,7 +21,8 @@ double NowSeconds() {
 
 }  // namespace
 
-CompressReactor::CompressReactor(ServiceContext* context) : context_(context) {
+CompressReactor::CompressReactor(ServiceContext* context, std::unique_ptr<CallerStream> caller)
+    : context_(context), caller_(std::move(caller)) {
   context_->streams.Add(this);
   context_->stats.streams_opened.fetch_add(1);
   context_->metrics.StreamOpened();
@@ -112,6 +116,10 @@ void CompressReactor::OnDone() {
       budget_wait_.reset();
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    caller_->EndStream();  // jobs still computing stay counted until they finish
+  }
   context_->streams.Remove(this);
   if (drop_wait_ref) Unref();
   Unref();  // gRPC's reference
@@ -176,6 +184,17 @@ absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions*
   if (!job.ok()) return job.status();
   absl::StatusOr<const ClusterEngine*> engine = context_->engines->Select((*job)->backend());
   if (!engine.ok()) return engine.status();
+  // The caller's own limits: over them this job alone is refused (its slabs are dropped
+  // unread) and the stream, and every other caller, goes on.
+  if (absl::Status admitted = caller_->AdmitJob((*job)->footprint_bytes()); !admitted.ok()) {
+    context_->callers.JobRejected(caller_->caller());
+    // The ids of refused jobs are kept (their slabs are dropped); a stream that keeps
+    // sending jobs over its caller's limit would grow the set without bound.
+    if (rejected_.size() >= kMaxRefusedJobsPerStream) return admitted;
+    rejected_.insert(job_id);
+    QueueJobError(job_id, admitted, 0, actions);
+    return absl::OkStatus();
+  }
   waiting_ = ReceivingJob{std::move(*job), *engine};
   return AdmitWaitingJob(actions);
 }
@@ -385,6 +404,7 @@ void CompressReactor::QueueJobError(uint64_t job_id, const absl::Status& status,
 // Writing, finishing, and the hand-off to gRPC.
 
 void CompressReactor::ReleaseFootprint(uint64_t bytes, Actions* actions) {
+  caller_->ReleaseJob(bytes);
   stream_bytes_ -= bytes;
   actions->release_bytes += bytes;
   if (waiting_.has_value() && !finish_requested_) {
@@ -439,8 +459,15 @@ void CompressReactor::FailStream(const absl::Status& status, Actions* actions) {
   if (finish_requested_) return;
   for (auto& [job_id, cancelled] : computing_) cancelled->store(true);
   uint64_t released = 0;
-  for (auto& [job_id, job] : receiving_) released += job.job->footprint_bytes();
-  for (Output& output : outgoing_) released += output.footprint;
+  for (auto& [job_id, job] : receiving_) {
+    released += job.job->footprint_bytes();
+    caller_->ReleaseJob(job.job->footprint_bytes());
+  }
+  for (Output& output : outgoing_) {
+    released += output.footprint;
+    caller_->ReleaseJob(output.footprint);
+  }
+  if (waiting_.has_value()) caller_->ReleaseJob(waiting_->job->footprint_bytes());
   receiving_.clear();
   outgoing_.clear();
   waiting_.reset();

@@ -24,6 +24,7 @@
 #include "service/incoming_job.h"
 #include "service/result_encoder.h"
 #include "service/result_pool.h"
+#include "service/security/caller_limits.h"
 #include "service/service_context.h"
 
 namespace centroidkv::service {
@@ -31,7 +32,8 @@ namespace centroidkv::service {
 class CompressReactor final
     : public grpc::ServerBidiReactor<v1::CompressRequest, v1::CompressResponse> {
  public:
-  explicit CompressReactor(ServiceContext* context);
+  // `caller`: this stream's share of its caller's limits (CallerGate::OpenStream).
+  CompressReactor(ServiceContext* context, std::unique_ptr<CallerStream> caller);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -99,6 +101,7 @@ class CompressReactor final
   void Perform(const Actions& actions);
 
   ServiceContext* const context_;
+  const std::unique_ptr<CallerStream> caller_;  // under mu_
   std::atomic<int32_t> refs_{1};
 
   std::mutex mu_;

@@ -1,5 +1,5 @@
-// Server assembly (builder, health, reflection, message limits, /metrics) and graceful
-// shutdown.
+// Server assembly (credentials, callers, builder, health, reflection, message limits,
+// /metrics, the --allow-uids unix listener) and graceful shutdown.
 #include "service/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -11,6 +11,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "service/security/server_credentials.h"
+#include "service/security/token_table.h"
 
 namespace centroidkv::service {
 namespace {
@@ -23,6 +25,25 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->context_ = std::make_unique<ServiceContext>(options);
   server->service_ = std::make_unique<CentroidKVService>(server->context_.get());
   server->listen_address_ = options.listen_address;
+  const SecurityOptions& security = options.security;
+  const bool unix_listener = absl::StartsWith(options.listen_address, "unix:");
+  if (!security.allow_uids.empty() && !unix_listener) {
+    return absl::InvalidArgumentError(
+        "allow_uids: peer uids can only be checked on a unix:// listener");
+  }
+  if (!security.allow_uids.empty() && UsesTls(security)) {
+    return absl::InvalidArgumentError(
+        "allow_uids: a unix listener with --allow-uids serves plaintext; drop --tls-cert");
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(security);
+  if (!credentials.ok()) return credentials.status();
+  if (!security.auth_tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenTable>> tokens =
+        TokenTable::Load(security.auth_tokens_file);
+    if (!tokens.ok()) return tokens.status();
+    server->context_->callers.SetTokens(*std::move(tokens));
+  }
 
   // /metrics first: if its port is taken, fail before the gRPC port opens at all.
   if (!options.metrics_listen.empty()) {
@@ -35,8 +56,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
-                           &server->port_);
+  // With --allow-uids the server accepts on the unix socket itself (UnixPeerListener).
+  const bool check_peers = !security.allow_uids.empty();
+  if (!check_peers) {
+    builder.AddListeningPort(options.listen_address, *credentials, &server->port_);
+  }
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
@@ -50,6 +74,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("listen: cannot listen on '", options.listen_address,
                      "' (address in use, bad address, or no permission)"));
   }
+  if (check_peers) {
+    std::string path = options.listen_address.substr(std::string("unix:").size());
+    if (absl::StartsWith(path, "//")) path = path.substr(2);
+    ServiceMetrics* metrics = &server->context_->metrics;
+    auto listener = UnixPeerListener::Start(
+        path, security.allow_uids, server->grpc_server_.get(), [metrics](uint32_t uid) {
+          metrics->CallerRejected(absl::StrCat("uid:", uid), "uid_not_allowed");
+        });
+    if (!listener.ok()) {
+      server->grpc_server_->Shutdown();
+      return listener.status();
+    }
+    server->peer_listener_ = std::move(*listener);
+    UnixPeerListener* raw = server->peer_listener_.get();
+    server->context_->callers.SetPeerUidLookup(
+        [raw](const std::string& peer) { return raw->UidOfPeer(peer); });
+  }
   grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
@@ -57,6 +98,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 }
 
 Server::~Server() { Shutdown(); }
+
+absl::Status Server::ReloadTokens() { return context_->callers.ReloadTokens(); }
 
 std::string Server::target() const {
   if (absl::StartsWith(listen_address_, "unix:")) return listen_address_;
@@ -66,6 +109,7 @@ std::string Server::target() const {
 void Server::Shutdown() {
   std::call_once(shutdown_once_, [this] {
     if (grpc_server_ == nullptr) return;
+    if (peer_listener_ != nullptr) peer_listener_->Stop();  // no new connections
     grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
     health->SetServingStatus(kServiceName, false);
     health->SetServingStatus(false);

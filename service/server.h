@@ -1,5 +1,6 @@
 // A running CentroidKV server: the gRPC server with the CentroidKV service, the standard
-// health service and server reflection, the /metrics endpoint, and graceful shutdown. Construct with Start().
+// health service and server reflection, the /metrics endpoint, TLS / tokens / per-caller
+// limits (service/security/), and graceful shutdown. Construct with Start().
 // Thread-safe: Shutdown() may be called from any thread (e.g. a signal watcher), once.
 #pragma once
 
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "service/centroidkv_service.h"
 #include "service/metrics_http.h"
+#include "service/security/unix_peer_listener.h"
 #include "service/server_options.h"
 #include "service/service_context.h"
 
@@ -29,6 +31,10 @@ class Server {
   std::string target() const;
   const ServiceContext& context() const { return *context_; }
 
+  // Re-reads --auth-tokens-file (SIGHUP): removed tokens are refused from the next call
+  // on. On error (unreadable, malformed) the previous tokens stay in force.
+  absl::Status ReloadTokens();
+
   // Graceful shutdown: health goes NOT_SERVING, new jobs are refused with UNAVAILABLE,
   // jobs in flight get until the grace period to finish, then remaining streams are
   // cancelled and the pool is drained. /metrics answers until the end. Idempotent.
@@ -43,6 +49,7 @@ class Server {
   std::unique_ptr<CentroidKVService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;  // null when metrics are off
+  std::unique_ptr<UnixPeerListener> peer_listener_;  // only with --allow-uids
   std::string listen_address_;
   int port_ = 0;
   std::once_flag shutdown_once_;

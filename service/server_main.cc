@@ -1,6 +1,6 @@
 // centroidkv-server: flags, logging and signal handling around service::Server.
 // SIGTERM / SIGINT start a graceful shutdown (see Server::Shutdown); a second signal
-// exits at once.
+// exits at once. SIGHUP re-reads --auth-tokens-file.
 #include <sys/stat.h>
 
 #include <csignal>
@@ -74,6 +74,48 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
       ->check(CLI::PositiveNumber);
 }
 
+void AddSecurityFlags(CLI::App& app, centroidkv::service::SecurityOptions& security) {
+  app.add_option("--tls-cert", security.tls_cert,
+                 "Server certificate chain (PEM); serves TLS, with --tls-key")
+      ->group("Security");
+  app.add_option("--tls-key", security.tls_key, "Private key of --tls-cert (PEM)")
+      ->group("Security");
+  app.add_option("--tls-client-ca", security.tls_client_ca,
+                 "CA bundle (PEM) client certificates must chain to: requires and verifies "
+                 "a client certificate (mTLS); the caller is its subject's common name")
+      ->group("Security");
+  app.add_option("--tls-refresh-seconds", security.tls_refresh_seconds,
+                 "How often the certificate files are re-read (rotation without a restart)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group("Security");
+  app.add_option("--auth-tokens-file", security.auth_tokens_file,
+                 "Lines 'token caller-name': every CentroidKV call must carry "
+                 "'authorization: Bearer <token>' (health and reflection need none); "
+                 "re-read on SIGHUP")
+      ->group("Security");
+  app.add_option("--allow-uids", security.allow_uids,
+                 "On a unix:// listener: only peers with these uids (SO_PEERCRED), e.g. "
+                 "1000,1001")
+      ->delimiter(',')
+      ->group("Security");
+  app.add_option("--max-caller-streams", security.max_caller_streams,
+                 "Streams one caller may have open at once; 0 = unlimited")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->group("Security");
+  app.add_option("--max-caller-jobs", security.max_caller_jobs,
+                 "Jobs one caller may have in flight (admitted, not yet answered); 0 = unlimited")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->group("Security");
+  app.add_option("--max-caller-bytes", security.max_caller_bytes,
+                 "Bytes one caller's jobs in flight may hold (input + result); 0 = unlimited")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false))
+      ->group("Security");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,6 +125,7 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(options.grace_period).count();
   CLI::App app{"CentroidKV server: compresses LLM KV caches by clustering similar tokens"};
   AddFlags(app, options, grace_seconds);
+  AddSecurityFlags(app, options.security);
   CLI11_PARSE(app, argc, argv);
   if (options.metrics_listen == "off") options.metrics_listen.clear();
   options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000));
@@ -92,6 +135,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // A unix socket is created group-writable (srwxrwx---): connecting needs write access,
@@ -107,18 +151,39 @@ int main(int argc, char** argv) {
                options.listen_address, (*server)->target(),
                fmt::join((*server)->context().engines->EngineNames(), ","),
                (*server)->context().executor->threads());
+  const bool unix_listener = options.listen_address.rfind("unix:", 0) == 0;
+  if (options.security.tls_cert.empty() && !unix_listener) {
+    spdlog::warn("serving plaintext on TCP {}: anyone who can reach the port can read the KV "
+                 "caches sent; use --tls-cert/--tls-key (and --tls-client-ca) across nodes",
+                 options.listen_address);
+  }
+  if (!options.security.auth_tokens_file.empty()) {
+    spdlog::info("callers authenticated by bearer token ({}; SIGHUP re-reads it)",
+                 options.security.auth_tokens_file);
+  }
   if ((*server)->metrics_port() != 0) {
     spdlog::info("metrics: http://{}/metrics (port {})", options.metrics_listen,
                  (*server)->metrics_port());
   }
 
   std::thread signal_watcher([&signals, &server] {
-    int signal_number = 0;
-    sigwait(&signals, &signal_number);
+    // SIGHUP at any time re-reads the tokens; the first SIGTERM/SIGINT drains.
+    const auto next_stop_signal = [&signals, &server] {
+      while (true) {
+        int signal_number = 0;
+        sigwait(&signals, &signal_number);
+        if (signal_number != SIGHUP) return signal_number;
+        if (absl::Status status = (*server)->ReloadTokens(); status.ok()) {
+          spdlog::info("SIGHUP: tokens re-read");
+        } else {
+          spdlog::error("SIGHUP: {} (the previous tokens stay in force)", status.ToString());
+        }
+      }
+    };
+    const int signal_number = next_stop_signal();
     spdlog::info("signal {}: draining (NOT_SERVING, finishing jobs in flight)", signal_number);
-    std::thread second([&signals] {
-      int again = 0;
-      sigwait(&signals, &again);
+    std::thread second([next_stop_signal] {
+      const int again = next_stop_signal();
       spdlog::warn("second signal {}: exiting now", again);
       std::_Exit(1);
     });

@@ -5,10 +5,35 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "centroidkv/kernels/engine.h"
 
 namespace centroidkv::service {
+
+// Who may call, over what (docs/security.md). Empty paths = that feature off.
+struct SecurityOptions {
+  // TLS: the server's certificate chain and key (PEM). Both or neither.
+  std::string tls_cert;
+  std::string tls_key;
+  // mTLS: CA bundle (PEM) that client certificates must chain to; requires tls_cert.
+  std::string tls_client_ca;
+  // How often the certificate files are re-read (gRPC's file watcher provider), so a
+  // rotated Kubernetes secret is served without a restart.
+  int32_t tls_refresh_seconds = 60;
+  // `token caller-name` lines; every CentroidKV call must then carry
+  // `authorization: Bearer <token>`. Re-read on SIGHUP (Server::ReloadTokens).
+  std::string auth_tokens_file;
+  // On a unix listener: peers (SO_PEERCRED) whose uid is not listed are refused at
+  // accept. Empty = every peer that can open the socket.
+  std::vector<uint32_t> allow_uids;
+  // Per caller identity (0 = unlimited): streams open at once, jobs admitted and not yet
+  // answered, and their buffered bytes (input + result footprint). Over them: a stream
+  // or job gets RESOURCE_EXHAUSTED; other callers are unaffected.
+  int32_t max_caller_streams = 0;
+  int32_t max_caller_jobs = 0;
+  uint64_t max_caller_bytes = 0;
+};
 
 struct ServerOptions {
   // "host:port" (TCP; port 0 picks a free one) or "unix:///path/to.sock".
@@ -42,6 +67,7 @@ struct ServerOptions {
   std::chrono::milliseconds grace_period{std::chrono::seconds(20)};
 
   EngineLimits engine_limits;
+  SecurityOptions security;
 };
 
 }  // namespace centroidkv::service

@@ -14,7 +14,11 @@ ServiceContext::ServiceContext(const ServerOptions& server_options)
       budget(server_options.max_total_bytes),
       results(ResultPool::Create({server_options.max_pooled_results,
                                   server_options.max_pooled_result_bytes})),
-      metrics(streams, *executor, budget, *results, draining, engines->EngineNames()) {}
+      metrics(streams, *executor, budget, *results, draining, engines->EngineNames()),
+      callers(CallerLimits{server_options.security.max_caller_streams,
+                           server_options.security.max_caller_jobs,
+                           server_options.security.max_caller_bytes},
+              &metrics) {}
 
 void StreamRegistry::Add(CompressReactor* reactor) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -1,5 +1,5 @@
 // What every stream of one server shares: options, engines, the clustering pool, the
-// memory budget, the pool of idle result buffers, the registry of live streams (for draining on shutdown) and the metrics.
+// memory budget, the pool of idle result buffers, the registry of live streams (for draining on shutdown), the metrics and the caller gate.
 // Thread-safe: fields are set once at start-up; the registry has its own lock.
 #pragma once
 
@@ -15,6 +15,7 @@
 #include "service/executor.h"
 #include "service/memory_budget.h"
 #include "service/result_pool.h"
+#include "service/security/caller_gate.h"
 #include "service/server_options.h"
 #include "service/service_metrics.h"
 
@@ -60,7 +61,8 @@ struct ServiceContext {
   StreamRegistry streams;
   ServiceStats stats;
   std::atomic<bool> draining{false};
-  ServiceMetrics metrics;  // last: its gauges read the members above
+  ServiceMetrics metrics;  // its gauges read the members above
+  CallerGate callers;      // identities and per-caller limits; counts into metrics
 };
 
 }  // namespace centroidkv::service

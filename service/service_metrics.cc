@@ -90,6 +90,24 @@ ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor
       "centroidkv_errors_total",
       "Errors by gRPC status code; scope=stream: a stream ended with it, scope=job: one job failed",
       {"code", "scope"});
+  caller_requests_ = registry_.AddCounter(
+      "centroidkv_caller_requests_total",
+      "Calls by caller identity (token's caller name, certificate CN, uid:N or anonymous; "
+      "never a token) and RPC",
+      {"caller", "rpc"});
+  caller_rejections_ = registry_.AddCounter(
+      "centroidkv_caller_rejections_total",
+      "Calls and jobs refused by caller and reason (no_token, bad_token, stream_limit, "
+      "job_limit)",
+      {"caller", "reason"});
+}
+
+void ServiceMetrics::CallerRequest(std::string_view caller, std::string_view rpc) {
+  caller_requests_->WithLabels({std::string(caller), std::string(rpc)})->Increment();
+}
+
+void ServiceMetrics::CallerRejected(std::string_view caller, std::string_view reason) {
+  caller_rejections_->WithLabels({std::string(caller), std::string(reason)})->Increment();
 }
 
 void ServiceMetrics::JobReceived(std::string_view backend, int64_t tokens) {

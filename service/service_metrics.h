@@ -43,6 +43,9 @@ class ServiceMetrics {
   // `code`: a gRPC status code number; `scope`: "stream" (the stream ended with it) or
   // "job" (a JobError for one job, the stream went on).
   void Error(int code, std::string_view scope);
+  // A call by `caller` (an identity name, never a token) of `rpc`; a call or job refused.
+  void CallerRequest(std::string_view caller, std::string_view rpc);
+  void CallerRejected(std::string_view caller, std::string_view reason);
 
   std::string Render() const { return registry_.Render(); }
 
@@ -57,6 +60,8 @@ class ServiceMetrics {
   HistogramFamily* clustering_seconds_;
   Histogram* queue_wait_seconds_;
   CounterFamily* errors_;
+  CounterFamily* caller_requests_;
+  CounterFamily* caller_rejections_;
 };
 
 }  // namespace centroidkv::service

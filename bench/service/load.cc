@@ -204,6 +204,7 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
       ->capture_default_str();
   app->add_option("--backend", flags->backend, "auto | cpu | gpu | reference | identity")
       ->capture_default_str();
+  client::AddSecurityFlags(app, &c.security);
   app->add_option("--slab-kib", c.slab_kib, "Slab size sent to the server, KiB")
       ->capture_default_str();
   app->add_option("--threads", c.threads,
@@ -457,6 +458,7 @@ std::unique_ptr<client::Client> ConnectOrFail(const LoadConfig& config, std::str
   client::ClientOptions options;
   options.target = config.server;
   options.slab_bytes = config.slab_kib << 10;
+  client::ApplySecurityFlags(config.security, &options);
   options.connect_timeout = std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(config.connect_timeout_s * 1e3)));
   absl::StatusOr<std::unique_ptr<client::Client>> client = client::ConnectTarget(options);

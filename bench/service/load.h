@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "centroidkv/kernels/engine.h"
 #include "centroidkv/kernels/engine_factory.h"
+#include "client/cli/security_flags.h"
 
 namespace CLI {
 class App;
@@ -42,6 +43,7 @@ absl::StatusOr<ModelPreset> FindPreset(const std::string& name);
 
 struct LoadConfig {
   std::string server = "127.0.0.1:50051";
+  client::SecurityFlags security;  // --tls-ca, --tls-cert, --tls-key, --tls-server-name, --auth-token
   int32_t concurrency = 4;      // streams (client threads submitting to the in-process engine)
   int32_t pipeline = 2;         // jobs in flight per stream
   int64_t jobs = 0;             // total layer jobs; 0 with duration_s > 0: run for a time

@@ -19,11 +19,13 @@
 #include "centroidkv/common/status_macros.h"
 #include "centroidkv/kernels/engine_factory.h"
 #include "client/cli/commands.h"
+#include "client/cli/security_flags.h"
 
 namespace centroidkv::cli {
 namespace {
 
 struct CompressFlags {
+  client::SecurityFlags security;
   std::string in_dir;
   std::string keys_path, values_path, counts_path;
   std::string out_dir;
@@ -212,6 +214,7 @@ absl::StatusOr<client::LayerResult> RunRemote(const CompressFlags& flags,
   client::ClientOptions options;
   options.target = flags.server;
   options.slab_bytes = flags.slab_kib * 1024;
+  client::ApplySecurityFlags(flags.security, &options);
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> connected,
                        client::ConnectTarget(options));
   CKV_ASSIGN_OR_RETURN(std::vector<client::LayerResult> results,
@@ -344,6 +347,7 @@ void AddCompressCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(4, 4096));
   cmd->add_option("--layer", flags->layer_index, "Layer index to tag the job with");
   cmd->add_flag("--quiet", flags->quiet, "Print nothing on success");
+  client::AddSecurityFlags(cmd, &flags->security);
   cmd->callback([flags, exit_code] { RunCompress(*flags, exit_code); });
 }
 

@@ -9,12 +9,14 @@
 #include "centroidkv/client/client.h"
 #include "centroidkv/client/replica_pool.h"
 #include "client/cli/commands.h"
+#include "client/cli/security_flags.h"
 
 namespace centroidkv::cli {
 
 void AddInfoCommand(CLI::App& app, int* exit_code) {
   auto target = std::make_shared<std::string>("127.0.0.1:50051");
   auto timeout_s = std::make_shared<double>(10.0);
+  auto security = std::make_shared<client::SecurityFlags>();
   CLI::App* info = app.add_subcommand("info", "Show a server's version, backends and limits");
   info->add_option("--server", *target,
                    "Server address (HOST:PORT or unix:///path), or replicas to balance over: "
@@ -24,9 +26,11 @@ void AddInfoCommand(CLI::App& app, int* exit_code) {
                    "Seconds to wait for the server to become reachable (probes use ~2)")
       ->check(CLI::Range(0.001, 3600.0))
       ->capture_default_str();
-  info->callback([target, timeout_s, exit_code] {
+  client::AddSecurityFlags(info, security.get());
+  info->callback([target, timeout_s, security, exit_code] {
     client::ClientOptions options;
     options.target = *target;
+    client::ApplySecurityFlags(*security, &options);
     options.connect_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1e3));
     auto connected = client::ConnectTarget(options);

@@ -110,8 +110,10 @@ std::map<uint64_t, CompressResult> DecodeResults(
   return results;
 }
 
-RawStream::RawStream(v1::CentroidKV::Stub* stub, std::chrono::milliseconds deadline) {
+RawStream::RawStream(v1::CentroidKV::Stub* stub, std::chrono::milliseconds deadline,
+                     const std::string& bearer_token) {
   if (deadline.count() > 0) context_.set_deadline(std::chrono::system_clock::now() + deadline);
+  if (!bearer_token.empty()) context_.AddMetadata("authorization", "Bearer " + bearer_token);
   stream_ = stub->Compress(&context_);
 }
 
@@ -119,7 +121,11 @@ bool RawStream::Write(const v1::CompressRequest& request) { return stream_->Writ
 
 bool RawStream::SendJob(uint64_t job_id, const LayerView& layer, const CompressOptions& options,
                         size_t slab_bytes, v1::Backend backend) {
-  if (!Write(StartJobRequest(job_id, layer, options, backend))) return false;
+  return Write(StartJobRequest(job_id, layer, options, backend)) &&
+         SendSlabs(job_id, layer, slab_bytes);
+}
+
+bool RawStream::SendSlabs(uint64_t job_id, const LayerView& layer, size_t slab_bytes) {
   struct Part {
     v1::Tensor tensor;
     const void* data;

@@ -41,14 +41,18 @@ std::map<uint64_t, CompressResult> DecodeResults(
 
 class RawStream {
  public:
-  // `deadline` > 0 sets the stream's deadline (it must be set before the call starts).
+  // `deadline` > 0 sets the stream's deadline (it must be set before the call starts);
+  // a `bearer_token` is sent as `authorization: Bearer <token>`.
   explicit RawStream(v1::CentroidKV::Stub* stub,
-                     std::chrono::milliseconds deadline = std::chrono::milliseconds(0));
+                     std::chrono::milliseconds deadline = std::chrono::milliseconds(0),
+                     const std::string& bearer_token = "");
   // False once the server has ended the stream.
   bool Write(const v1::CompressRequest& request);
   // StartJob, then every tensor in slabs of `slab_bytes`. False if a write failed.
   bool SendJob(uint64_t job_id, const LayerView& layer, const CompressOptions& options,
                size_t slab_bytes = 64 << 10, v1::Backend backend = v1::BACKEND_AUTO);
+  // Every tensor of an announced job in slabs of `slab_bytes`. False if a write failed.
+  bool SendSlabs(uint64_t job_id, const LayerView& layer, size_t slab_bytes = 64 << 10);
   // Half-closes the sending side.
   bool WritesDone() { return stream_->WritesDone(); }
   // Half-closes, reads every response until the end, and returns the final status.

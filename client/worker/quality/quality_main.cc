@@ -19,6 +19,7 @@
 #include "centroidkv/client/client.h"
 #include "centroidkv/client/replica_pool.h"
 #include "centroidkv/common/status_macros.h"
+#include "client/cli/security_flags.h"
 #include "client/worker/model.h"
 #include "client/worker/quality/calibration.h"
 #include "client/worker/quality/quality_run.h"
@@ -31,6 +32,7 @@ namespace centroidkv::worker::quality {
 namespace {
 
 struct Flags {
+  client::SecurityFlags security;
   std::string model = "../shared/models/stories260K.bin";
   std::string tokenizer = "../shared/models/tok512.bin";
   std::string server = "127.0.0.1:50051";
@@ -72,6 +74,7 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--server", f.server,
                  "CentroidKV server address, or replicas: HOST:PORT,HOST:PORT or dns:///NAME:PORT")
       ->capture_default_str();
+  client::AddSecurityFlags(&app, &f.security);
   app.add_option("--tokens-file", f.tokens_file,
                  "texts as token ids, one per line, BOS first (instead of sampling)");
   app.add_option("--texts", f.texts, "texts sampled from the model")->capture_default_str();
@@ -326,6 +329,7 @@ absl::Status Run(const Flags& f, const std::string& command) {
                       config.n_heads, model.ParameterCount());
   client::ClientOptions client_options;
   client_options.target = f.server;
+  client::ApplySecurityFlags(f.security, &client_options);
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
                        client::ConnectTarget(client_options));
   CKV_ASSIGN_OR_RETURN(const client::ServerInfo info, client->GetInfo());

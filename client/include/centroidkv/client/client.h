@@ -35,6 +35,15 @@ struct ClientOptions {
   std::chrono::milliseconds stream_deadline{0};
   // How long Connect() waits for the channel to become ready; zero: do not wait.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
+
+  // Security (docs/security.md). TLS is on when tls_ca or tls_cert is set.
+  std::string tls_ca;           // CA bundle (PEM) the server's certificate must chain to
+  std::string tls_cert;         // client certificate chain (PEM), for mTLS, with tls_key
+  std::string tls_key;          // its private key (PEM)
+  std::string tls_server_name;  // name the server certificate must carry (default: target's host)
+  // Sent as `authorization: Bearer <token>` on every call; empty = none. The CLI tools
+  // take it from --auth-token or $CENTROIDKV_TOKEN.
+  std::string auth_token;
 };
 
 // One layer job. The buffers in `layer` are borrowed: they must stay valid until the

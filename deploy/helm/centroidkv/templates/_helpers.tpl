@@ -27,3 +27,40 @@ readOnlyRootFilesystem: true
 capabilities:
   drop: ["ALL"]
 {{- end }}
+
+{{- /* The server's security flags (pool mode). */ -}}
+{{- define "centroidkv.securityArgs" -}}
+{{- with .Values.security }}
+{{- if .tls.enabled }}
+- --tls-cert=/etc/centroidkv/tls/tls.crt
+- --tls-key=/etc/centroidkv/tls/tls.key
+- --tls-refresh-seconds={{ .tls.refreshSeconds }}
+{{- if .tls.mtls }}
+- --tls-client-ca=/etc/centroidkv/tls/ca.crt
+{{- end }}
+{{- end }}
+{{- if .tokens.secretName }}
+- --auth-tokens-file=/etc/centroidkv/auth/tokens
+{{- end }}
+{{- if .maxCallerStreams }}
+- --max-caller-streams={{ .maxCallerStreams }}
+{{- end }}
+{{- if .maxCallerJobs }}
+- --max-caller-jobs={{ .maxCallerJobs }}
+{{- end }}
+{{- if ne (toString .maxCallerBytes) "0" }}
+- --max-caller-bytes={{ .maxCallerBytes }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- /* A probe of the gRPC port: the health service, or a TCP connect under TLS. */ -}}
+{{- define "centroidkv.probe" -}}
+{{- if .Values.security.tls.enabled }}
+tcpSocket:
+  port: {{ .Values.server.grpcPort }}
+{{- else }}
+grpc:
+  port: {{ .Values.server.grpcPort }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,94 @@
+// centroidkv-server as a process: SIGHUP re-reads --auth-tokens-file (a removed token is
+// UNAUTHENTICATED from then on, without a restart), and plaintext TCP logs a warning.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "centroidkv/client/client.h"
+
+namespace centroidkv::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Polls `path` for `pattern` for up to 20 s; returns the first match's group 1 ("" if none).
+std::string WaitForLog(const std::string& path, const std::regex& pattern) {
+  const auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < give_up) {
+    std::smatch match;
+    const std::string text = ReadFile(path);
+    if (std::regex_search(text, match, pattern)) return match.size() > 1 ? match[1].str() : "x";
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return "";
+}
+
+TEST(ServerMainTest, SighupRevokesARemovedToken) {
+  const std::string prefix = "/tmp/ckv-sighup-" + std::to_string(getpid());
+  const std::string tokens = prefix + ".tokens";
+  const std::string log_path = prefix + ".log";
+  std::ofstream(tokens) << "tok-alpha worker-a\ntok-beta worker-b\n";
+  std::vector<std::string> args = {std::string(CKV_BIN_DIR) + "/centroidkv-server",
+                                   "--listen", "127.0.0.1:0", "--threads", "1",
+                                   "--grace-period", "1", "--auth-tokens-file", tokens};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(log, 0);
+  const pid_t pid = fork();
+  if (pid == 0) {  // only async-signal-safe calls until exec
+    dup2(log, STDOUT_FILENO);
+    dup2(log, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(log);
+  ASSERT_GT(pid, 0);
+  const std::string port = WaitForLog(log_path, std::regex(R"(dials 127\.0\.0\.1:(\d+))"));
+  ASSERT_FALSE(port.empty()) << ReadFile(log_path);
+  EXPECT_NE(ReadFile(log_path).find("serving plaintext on TCP"), std::string::npos);
+
+  const auto info = [&port](const std::string& token) {
+    client::ClientOptions options;
+    options.target = "127.0.0.1:" + port;
+    options.auth_token = token;
+    auto client = client::Client::Connect(options);
+    if (!client.ok()) return client.status().code();
+    return (*client)->GetInfo().status().code();
+  };
+  EXPECT_EQ(info("tok-alpha"), absl::StatusCode::kOk);
+  EXPECT_EQ(info("tok-beta"), absl::StatusCode::kOk);
+  EXPECT_EQ(info(""), absl::StatusCode::kUnauthenticated);
+  std::ofstream(tokens) << "tok-beta worker-b\n";
+  EXPECT_EQ(info("tok-alpha"), absl::StatusCode::kOk) << "nothing changes before SIGHUP";
+  kill(pid, SIGHUP);
+  EXPECT_FALSE(WaitForLog(log_path, std::regex("SIGHUP: tokens re-read")).empty());
+  EXPECT_EQ(info("tok-alpha"), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(info("tok-beta"), absl::StatusCode::kOk);
+
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(log_path);
+  unlink(tokens.c_str());
+  unlink(log_path.c_str());
+}
+
+}  // namespace
+}  // namespace centroidkv::service

@@ -6,7 +6,9 @@
 #   address,undefined  the whole suite under ASan+UBSan, fuzz smoke runs included (build-asan/)
 #   thread             the service and client tests under TSan (build-tsan/)
 #   ci                 what CI runs after the normal suite: the service, client and proto tests
-#                      and the fuzz smoke runs under ASan+UBSan, then the TSan leg
+#                      and the fuzz smoke runs under ASan+UBSan. Not yet the TSan leg: with
+#                      Debian's uninstrumented oneTBB and gRPC it reports hundreds of races
+#                      TSan cannot order (docs/reliability.md), so it would always fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset CKV_SANITIZE_BUILD_DIR  # the legs use build-asan/ and build-tsan/
@@ -52,7 +54,6 @@ case "${1:-}" in
   address,undefined|undefined,address) leg "asan+ubsan (whole suite)" asan_all ;;
   thread) leg "tsan (service, client)" tsan_service_client ;;
   ci)
-    leg "asan+ubsan (service, client, proto, fuzz smoke)" asan_service_client
-    leg "tsan (service, client)" tsan_service_client ;;
+    leg "asan+ubsan (service, client, proto, fuzz smoke)" asan_service_client ;;
   *) echo "usage: test-sanitized.sh address,undefined|thread|ci" >&2; exit 2 ;;
 esac

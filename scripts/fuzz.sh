@@ -59,6 +59,11 @@ run_one() {
   mkdir -p "$out/corpus" "$out/artifacts"
   local limit=(-max_total_time="$seconds")
   [ -n "$runs" ] && limit=(-runs="$runs")
+  # compress_stream: no leak check after each input, only LeakSanitizer's check at exit (when
+  # the target has destroyed its engines). While an engine lives, the cpu backend's
+  # per-thread scratch sits in oneTBB containers whose offset pointers LSan cannot follow, so
+  # a TBB thread's first scratch looks leaked; a real leak is still unreachable at exit.
+  [ "$t" = compress_stream ] && limit+=(-detect_leaks=0)
   local start end status=0
   start=$(date +%s%N)
   "$bin" "${limit[@]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \

@@ -5,6 +5,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "centroidkv/common/cpu_features.h"
 #endif
 
 namespace centroidkv {
@@ -84,7 +86,7 @@ namespace {
 
 #if defined(__x86_64__)
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool has = __builtin_cpu_supports("avx") && CpuHasF16c();
   return has;
 }
 

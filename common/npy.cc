@@ -143,9 +143,23 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& name, const std::vector<uin
     array.shape.push_back(dim);
   }
 
+  // The element count and byte size, refused on overflow: a wrapped product could match a
+  // short file and hand out a shape far larger than the data (found by fuzz/npy_fuzzer.cc).
+  uint64_t elements = 1;
+  uint64_t expected = 0;
+  for (int64_t dim : array.shape) {
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(dim), &elements) ||
+        elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": shape ", *shape_text, " in .npy header is too large"));
+    }
+  }
+  if (__builtin_mul_overflow(elements, static_cast<uint64_t>(NpyTypeSize(array.type)),
+                             &expected)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": shape ", *shape_text, " in .npy header is too large"));
+  }
   const size_t data_start = header_start + header_len;
-  const int64_t elements = array.NumElements();
-  const uint64_t expected = static_cast<uint64_t>(elements) * NpyTypeSize(array.type);
   if (file.size() - data_start != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, ": .npy data is ", file.size() - data_start, " bytes but shape ", *shape_text,

@@ -10,6 +10,7 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev openssl
   python3 python3-numpy python3-yaml
+  clang-14 libclang-rt-14-dev llvm-14  # sanitizer builds and fuzz targets (scripts/test-sanitized.sh)
 )
 
 missing=()

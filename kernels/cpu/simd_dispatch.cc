@@ -5,6 +5,8 @@
 
 #include <cassert>
 
+#include "centroidkv/common/cpu_features.h"
+
 namespace centroidkv::cpu {
 namespace {
 
@@ -46,14 +48,14 @@ bool SimdLevelSupported(SimdLevel level) {
       return true;
     case SimdLevel::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+             CpuHasF16c();
     case SimdLevel::kAvx512:
       return SimdLevelSupported(SimdLevel::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vl");
     case SimdLevel::kAmx:
       return SimdLevelSupported(SimdLevel::kAvx512) && __builtin_cpu_supports("avx512bf16") &&
-             __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+             CpuHasAmxTile() && CpuHasAmxBf16() &&
              AmxTilesPermitted();
   }
   return false;

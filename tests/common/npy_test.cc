@@ -248,6 +248,19 @@ TEST(NpyTest, RejectsBadShape) {
               {"shape.npy", "shape"});
 }
 
+// Found by fuzz/npy_fuzzer.cc: products that wrap around 2^64 (to 0 here, matching the empty
+// data) were signed overflow and could accept a shape far larger than the data.
+TEST(NpyTest, RejectsShapeWhoseSizeOverflows) {
+  for (const char* shape : {"(4294967296, 4294967296, 4)", "(4611686018427387904, 4)",
+                            "(9223372036854775807, 2)"}) {
+    const std::vector<uint8_t> image = NpyImage(
+        1, std::string("{'descr': '<f4', 'fortran_order': False, 'shape': ") + shape + ", }",
+        {});
+    ExpectError(ParseNpy("huge.npy", image).status(), absl::StatusCode::kInvalidArgument,
+                {"huge.npy", "too large"});
+  }
+}
+
 TEST(NpyTest, RejectsMissingHeaderEntry) {
   const std::vector<uint8_t> image =
       NpyImage(1, "{'descr': '<f4', 'shape': (1,), }", FloatBytes({1}));

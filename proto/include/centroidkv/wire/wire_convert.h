@@ -11,8 +11,6 @@
 
 namespace centroidkv {
 
-namespace v1 = ::centroidkv::v1;
-
 // `field` names the message field in errors, e.g. "start_job.dtype".
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field);
 v1::DType DTypeToProto(DType dtype);

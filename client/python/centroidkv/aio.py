@@ -130,14 +130,19 @@ class AsyncClient:
             await asyncio.sleep(self.backoff.delay(attempt - 1))
 
     async def _stream(self, jobs: dict, slab_bytes: int):
+        """One Compress stream carrying `jobs`; yields (job_id, LayerResult | CompressError)
+        as each finishes. The call is read and written by tasks of its own: grpc.aio cancels
+        an RPC whose read or write is cancelled, and a cancelled caller must still be able
+        to send CancelJob on it."""
         call = self._compress(timeout=self.timeout)
+        jobs = dict(jobs)  # the caller removes jobs as they are returned
         assembler = Assembler(jobs)
-        finished = set()
-        started = set()  # jobs whose StartJob may have reached the server
-        stop = []        # set by a cancellation: the writer stops between two messages
+        finished, started = set(), set()  # started: StartJob may have reached the server
+        stop = []  # set by a cancellation: the writer stops between two messages
         # The write side stays open until every result is in, so that a cancellation can
         # still send CancelJob for jobs whose input has all gone out.
         answered = asyncio.Event()
+        outcomes: asyncio.Queue = asyncio.Queue()
 
         async def write_all():
             for job in list(jobs.values()):
@@ -150,43 +155,55 @@ class AsyncClient:
             if not stop:
                 await call.done_writing()
 
+        async def read_all():
+            try:
+                while (reply := await call.read()) is not grpc.aio.EOF:
+                    done = assembler.feed(reply)
+                    if done is not None:
+                        finished.add(done[0])
+                        if len(finished) == len(jobs):
+                            answered.set()
+                        outcomes.put_nowait(done)
+                outcomes.put_nowait(None)
+            except grpc.RpcError as e:
+                outcomes.put_nowait(stream_error(e, jobs))
+            except BaseException as e:  # noqa: B036 (handed to the consumer)
+                outcomes.put_nowait(e)
+                raise
+
         writer = asyncio.ensure_future(write_all())
+        reader = asyncio.ensure_future(read_all())
         clean_end = False
         try:
-            while True:
-                reply = await call.read()
-                if reply is grpc.aio.EOF:
-                    break
-                done = assembler.feed(reply)
-                if done is not None:
-                    finished.add(done[0])
-                    if len(finished) == len(jobs):
-                        answered.set()
-                    yield done
-            if writer.done() and writer.exception() is not None:
-                raise writer.exception()
+            while (item := await outcomes.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            await writer  # its errors, if any (a failed write also ends the read side)
             clean_end = True
-        except grpc.RpcError as e:
-            raise stream_error(e, jobs) from None
         finally:
             if not clean_end:
                 stop.append(True)
                 answered.set()
-                await _cancel_jobs(call, writer, started - finished)
+                await _cancel_jobs(call, writer, reader, started - finished)
 
 
-async def _cancel_jobs(call, writer: asyncio.Future, job_ids: set) -> None:
-    """Lets the writer stop, tells the server to drop `job_ids` (CancelJob) and lets it end
-    the stream; cancels the RPC if it does not within CANCEL_GRACE_SECONDS (or on error)."""
+async def _cancel_jobs(call, writer, reader, job_ids: set) -> None:
+    """Lets the writer stop, tells the server to drop `job_ids` (CancelJob), half-closes and
+    waits for the server to end the stream; cancels the RPC if it does not within
+    CANCEL_GRACE_SECONDS, or on any error."""
     try:
-        await asyncio.wait_for(_drop_and_drain(call, writer, job_ids), CANCEL_GRACE_SECONDS)
+        await asyncio.wait_for(_drop_and_drain(call, writer, reader, job_ids),
+                               CANCEL_GRACE_SECONDS)
     except (asyncio.TimeoutError, asyncio.CancelledError, grpc.RpcError, Exception):
         pass
     finally:
         call.cancel()
+        for task in (writer, reader):
+            task.cancel()
 
 
-async def _drop_and_drain(call, writer: asyncio.Future, job_ids: set) -> None:
+async def _drop_and_drain(call, writer, reader, job_ids: set) -> None:
     try:
         await writer
     except (asyncio.CancelledError, Exception):
@@ -196,5 +213,4 @@ async def _drop_and_drain(call, writer: asyncio.Future, job_ids: set) -> None:
     for job_id in sorted(job_ids):
         await call.write(_wire.encode_cancel(job_id))
     await call.done_writing()
-    while await call.read() is not grpc.aio.EOF:
-        pass
+    await reader  # drops what still comes, until the server ends the stream

@@ -189,6 +189,7 @@ class Client:
             for job in list(jobs.values()):
                 yield from job.requests(slab_bytes)
 
+        jobs = dict(jobs)  # the caller removes jobs as they are returned
         assembler = Assembler(jobs)
         call = self._compress(requests(), timeout=self.timeout)
         try:

@@ -15,7 +15,7 @@ import grpc.aio
 
 from . import _wire
 from ._jobs import Assembler, make_job, normalize_layer, stream_error
-from .client import Backoff, channel_options, choose_slab_bytes
+from .client import ClientCore, choose_slab_bytes
 from .errors import CompressError, UnavailableError, make_error
 from .result import LayerResult, ServerInfo, server_info_from_proto
 from .targets import parse_target
@@ -26,28 +26,11 @@ from .v1 import centroidkv_pb2 as pb
 CANCEL_GRACE_SECONDS = 5.0
 
 
-class AsyncClient:
+class AsyncClient(ClientCore):
     """Like Client (same target forms and options), for asyncio code."""
 
-    def __init__(self, target: str, *, timeout: Optional[float] = None,
-                 connect_timeout: float = 10.0, slab_bytes: Optional[int] = None,
-                 max_attempts: Optional[int] = None, grpc_options=()):
-        self.target = parse_target(target)
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self._slab_request = slab_bytes
-        self.max_attempts = max_attempts or (4 if self.target.is_replica_set else 1)
-        self.backoff = Backoff()
-        self._channel = grpc.aio.insecure_channel(
-            self.target.grpc_target, options=channel_options(self.target, grpc_options))
-        self._compress = self._channel.stream_stream(
-            _wire.METHOD_COMPRESS, request_serializer=None,
-            response_deserializer=_wire.decode_response)
-        self._get_info = self._channel.unary_unary(
-            _wire.METHOD_GET_INFO, request_serializer=pb.GetInfoRequest.SerializeToString,
-            response_deserializer=pb.GetInfoResponse.FromString)
-        self._info: Optional[ServerInfo] = None
-        self._next_job_id = 1
+    def __init__(self, target: str, **options):
+        super().__init__(grpc.aio.insecure_channel, target, **options)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -89,19 +72,6 @@ class AsyncClient:
             yield result
 
     # -- internals -----------------------------------------------------------------------
-    def _job_id(self) -> int:
-        job_id = self._next_job_id
-        self._next_job_id += 1
-        return job_id
-
-    def _make_jobs(self, layers, options) -> dict:
-        jobs = {}
-        for index, layer in enumerate(layers):
-            keys, values, counts = normalize_layer(layer)
-            job_id = self._job_id()
-            jobs[job_id] = make_job(job_id, index, keys, values, counts, **options)
-        return jobs
-
     async def _run(self, jobs: dict):
         slab_bytes = choose_slab_bytes(self._slab_request, await self.info())
         pending = dict(jobs)

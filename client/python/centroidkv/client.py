@@ -56,17 +56,13 @@ class Backoff:
         return min(self.cap, self.base * (2 ** attempt)) * random.uniform(0.5, 1.5)
 
 
-class Client:
-    """A connection to a CentroidKV server or replica set.
+class ClientCore:
+    """What Client and AsyncClient share: the target, the options, the channel made by
+    `channel_factory` (grpc.insecure_channel or grpc.aio.insecure_channel), its two methods
+    and the numbering of jobs."""
 
-    target: "host:port", "unix:///path", a comma list of replicas, or "dns:///name:port".
-    timeout: deadline in seconds of each call (None: none). slab_bytes: request slab payload
-    (clamped to the server's max_message_bytes). max_attempts: streams tried per call when
-    one fails with UNAVAILABLE (default 4 for a replica set, 1 for one address).
-    """
-
-    def __init__(self, target: str, *, timeout: Optional[float] = None,
-                 connect_timeout: float = 10.0, slab_bytes: Optional[int] = None,
+    def __init__(self, channel_factory, target: str, *, timeout: Optional[float] = None,
+                 connect_timeout: float = 30.0, slab_bytes: Optional[int] = None,
                  max_attempts: Optional[int] = None, grpc_options=()):
         self.target = parse_target(target)
         self.timeout = timeout
@@ -74,8 +70,8 @@ class Client:
         self._slab_request = slab_bytes
         self.max_attempts = max_attempts or (4 if self.target.is_replica_set else 1)
         self.backoff = Backoff()
-        self._channel = grpc.insecure_channel(self.target.grpc_target,
-                                              options=channel_options(self.target, grpc_options))
+        self._channel = channel_factory(self.target.grpc_target,
+                                        options=channel_options(self.target, grpc_options))
         self._compress = self._channel.stream_stream(
             _wire.METHOD_COMPRESS, request_serializer=None,
             response_deserializer=_wire.decode_response)
@@ -84,6 +80,32 @@ class Client:
             response_deserializer=pb.GetInfoResponse.FromString)
         self._info: Optional[ServerInfo] = None
         self._next_job_id = 1
+
+    def _job_id(self) -> int:
+        job_id = self._next_job_id
+        self._next_job_id += 1
+        return job_id
+
+    def _make_jobs(self, layers, options) -> dict:
+        jobs = {}
+        for index, layer in enumerate(layers):
+            keys, values, counts = normalize_layer(layer)
+            job_id = self._job_id()
+            jobs[job_id] = make_job(job_id, index, keys, values, counts, **options)
+        return jobs
+
+
+class Client(ClientCore):
+    """A connection to a CentroidKV server or replica set.
+
+    target: "host:port", "unix:///path", a comma list of replicas, or "dns:///name:port".
+    timeout: deadline in seconds of each call (None: none). slab_bytes: request slab payload
+    (clamped to the server's max_message_bytes). max_attempts: streams tried per call when
+    one fails with UNAVAILABLE (default 4 for a replica set, 1 for one address).
+    """
+
+    def __init__(self, target: str, **options):
+        super().__init__(grpc.insecure_channel, target, **options)
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
@@ -139,19 +161,6 @@ class Client:
             yield result
 
     # -- internals -----------------------------------------------------------------------
-    def _job_id(self) -> int:
-        job_id = self._next_job_id
-        self._next_job_id += 1
-        return job_id
-
-    def _make_jobs(self, layers, options) -> dict:
-        jobs = {}
-        for index, layer in enumerate(layers):
-            keys, values, counts = normalize_layer(layer)
-            job_id = self._job_id()
-            jobs[job_id] = make_job(job_id, index, keys, values, counts, **options)
-        return jobs
-
     def _run(self, jobs: dict) -> Iterator[tuple]:
         """Yields (job_id, LayerResult) for every job exactly once, resending on a new
         stream the jobs of a stream (or the jobs) that failed with UNAVAILABLE."""

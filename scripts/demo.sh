@@ -58,6 +58,14 @@ else
 fi
 
 echo
+echo "== the Python client (client/python/examples/compress.py, as in README.md; .venv)"
+CKV_TARGET="$socket" .venv/bin/python client/python/examples/compress.py
+if [ -f "$model" ]; then
+  echo "== transformers generate() with a CentroidKV cache (client/python/examples/generate.py)"
+  CKV_TARGET="$socket" .venv/bin/python client/python/examples/generate.py "$model"
+fi
+
+echo
 echo "== synthetic KV (labelled synthetic): 8 heads x 4096 tokens x 128, fp16, paper defaults"
 "$bin/centroidkv" generate --out "$work/synthetic" --heads 8 --tokens 4096 --key-dim 128 \
   --value-dim 128 --dtype float16 --seed 7 >/dev/null

@@ -9,7 +9,7 @@ packages=(
   libtbb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev openssl
-  python3 python3-numpy python3-yaml
+  python3 python3-numpy python3-yaml python3-venv
   clang-14 libclang-rt-14-dev llvm-14  # sanitizer builds and fuzz targets (scripts/test-sanitized.sh)
 )
 
@@ -31,7 +31,9 @@ else
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# What the containers smoke test needs (podman, kubectl, helm). The images' build stage
-# copies this file alone, so it installs none of that.
-deploy_setup="$(dirname "$0")/../deploy/setup.sh"
-if [ -f "$deploy_setup" ]; then bash "$deploy_setup"; fi
+# What the containers smoke test needs (podman, kubectl, helm) and the Python client's
+# environment (.venv; PyPI packages once per machine). The images' build stage copies this
+# file alone, so it installs neither there.
+here="$(dirname "$0")"
+if [ -f "$here/../deploy/setup.sh" ]; then bash "$here/../deploy/setup.sh"; fi
+if [ -f "$here/setup_python.sh" ]; then bash "$here/setup_python.sh"; fi

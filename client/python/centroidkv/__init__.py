@@ -1,0 +1,30 @@
+"""CentroidKV's Python client: compress an LLM's KV cache through a CentroidKV server.
+
+    import centroidkv
+    client = centroidkv.Client("127.0.0.1:50051")
+    result = client.compress(keys, values, target_ratio=0.25)   # keys [H, n, dk]
+    result.keys, result.values, result.counts, result.offsets   # heads concatenated
+
+centroidkv.torch has the count-aware attention helpers, centroidkv.transformers a cache for
+Hugging Face transformers' generate(). The wire API is proto/centroidkv/v1/centroidkv.proto.
+"""
+from .client import Client
+from .errors import (CancelledError, CompressError, DeadlineExceededError,
+                     FailedPreconditionError, InternalError, InvalidArgumentError,
+                     ResourceExhaustedError, UnavailableError)
+from .result import HeadResult, LayerResult, Limits, ServerInfo
+
+__version__ = "0.1.0"
+
+__all__ = ["Client", "AsyncClient", "CompressError", "InvalidArgumentError",
+           "ResourceExhaustedError", "FailedPreconditionError", "UnavailableError",
+           "DeadlineExceededError", "CancelledError", "InternalError", "LayerResult",
+           "HeadResult", "ServerInfo", "Limits"]
+
+
+def __getattr__(name):
+    if name == "AsyncClient":  # grpc.aio is imported only by those who use it
+        from .aio import AsyncClient
+
+        return AsyncClient
+    raise AttributeError(f"module 'centroidkv' has no attribute {name!r}")

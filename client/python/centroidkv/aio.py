@@ -1,0 +1,186 @@
+"""AsyncClient: the asyncio API on grpc.aio, the same calls as Client.
+
+Cancelling the task that awaits compress() / compress_layers() (or leaving a
+stream_layers() loop) sends CancelJob for every job still in flight, half-closes the stream
+and lets the server end it, so the server drops the jobs and frees their memory at once.
+Replica sets are retried on UNAVAILABLE as Client does, each job returned exactly once.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Iterable, Optional
+
+import grpc
+import grpc.aio
+
+from . import _wire
+from ._jobs import Assembler, make_job, normalize_layer, stream_error
+from .client import ClientCore, choose_slab_bytes
+from .errors import CompressError, UnavailableError, make_error
+from .result import LayerResult, ServerInfo, server_info_from_proto
+from .targets import parse_target
+from .v1 import centroidkv_pb2 as pb
+
+# How long a cancelled call waits for the server to acknowledge the CancelJobs by ending
+# the stream before it cancels the RPC itself.
+CANCEL_GRACE_SECONDS = 5.0
+
+
+class AsyncClient(ClientCore):
+    """Like Client (same target forms and options), for asyncio code."""
+
+    def __init__(self, target: str, **options):
+        super().__init__(grpc.aio.insecure_channel, target, **options)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def info(self, refresh: bool = False) -> ServerInfo:
+        if self._info is None or refresh:
+            timeout = self.connect_timeout if self.timeout is None else self.timeout
+            try:
+                reply = await self._get_info(pb.GetInfoRequest(), timeout=timeout,
+                                             wait_for_ready=True)
+            except grpc.RpcError as e:
+                raise make_error(e.code(), f"GetInfo: {e.details()}") from None
+            self._info = server_info_from_proto(reply)
+        return self._info
+
+    async def compress(self, keys, values, counts=None, *, layer_index: int = 0,
+                       **options) -> LayerResult:
+        job_id = self._job_id()
+        jobs = {job_id: make_job(job_id, layer_index, keys, values, counts, **options)}
+        results = [result async for _, result in self._run(jobs)]
+        return results[0]
+
+    async def compress_layers(self, layers: Iterable, **options) -> list:
+        jobs = self._make_jobs(layers, options)
+        results = {}
+        async for job_id, result in self._run(jobs):
+            results[job_id] = result
+        return [results[job_id] for job_id in jobs]
+
+    async def stream_layers(self, layers: Iterable, **options) -> AsyncIterator[LayerResult]:
+        """Yields each layer's LayerResult as it completes (result.layer_index says which)."""
+        async for _, result in self._run(self._make_jobs(layers, options)):
+            yield result
+
+    # -- internals -----------------------------------------------------------------------
+    async def _run(self, jobs: dict):
+        slab_bytes = choose_slab_bytes(self._slab_request, await self.info())
+        pending = dict(jobs)
+        attempt = 0
+        while True:
+            retry: Optional[CompressError] = None
+            try:
+                async for job_id, outcome in self._stream(pending, slab_bytes):
+                    if isinstance(outcome, UnavailableError):
+                        retry = outcome
+                        continue
+                    if isinstance(outcome, CompressError):
+                        raise outcome
+                    del pending[job_id]
+                    yield job_id, outcome
+            except UnavailableError as e:
+                retry = e
+            if not pending:
+                return
+            attempt += 1
+            if retry is None:
+                raise make_error(grpc.StatusCode.INTERNAL,
+                                 f"the stream ended with {len(pending)} jobs unanswered")
+            if attempt >= self.max_attempts:
+                raise retry
+            await asyncio.sleep(self.backoff.delay(attempt - 1))
+
+    async def _stream(self, jobs: dict, slab_bytes: int):
+        """One Compress stream carrying `jobs`; yields (job_id, LayerResult | CompressError)
+        as each finishes. The call is read and written by tasks of its own: grpc.aio cancels
+        an RPC whose read or write is cancelled, and a cancelled caller must still be able
+        to send CancelJob on it."""
+        call = self._compress(timeout=self.timeout)
+        jobs = dict(jobs)  # the caller removes jobs as they are returned
+        assembler = Assembler(jobs)
+        finished, started = set(), set()  # started: StartJob may have reached the server
+        stop = []  # set by a cancellation: the writer stops between two messages
+        # The write side stays open until every result is in, so that a cancellation can
+        # still send CancelJob for jobs whose input has all gone out.
+        answered = asyncio.Event()
+        outcomes: asyncio.Queue = asyncio.Queue()
+
+        async def write_all():
+            for job in list(jobs.values()):
+                started.add(job.job_id)
+                for request in job.requests(slab_bytes):
+                    if stop:
+                        return
+                    await call.write(request)
+            await answered.wait()
+            if not stop:
+                await call.done_writing()
+
+        async def read_all():
+            try:
+                while (reply := await call.read()) is not grpc.aio.EOF:
+                    done = assembler.feed(reply)
+                    if done is not None:
+                        finished.add(done[0])
+                        if len(finished) == len(jobs):
+                            answered.set()
+                        outcomes.put_nowait(done)
+                outcomes.put_nowait(None)
+            except grpc.RpcError as e:
+                outcomes.put_nowait(stream_error(e, jobs))
+            except BaseException as e:  # noqa: B036 (handed to the consumer)
+                outcomes.put_nowait(e)
+                raise
+
+        writer = asyncio.ensure_future(write_all())
+        reader = asyncio.ensure_future(read_all())
+        clean_end = False
+        try:
+            while (item := await outcomes.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            await writer  # its errors, if any (a failed write also ends the read side)
+            clean_end = True
+        finally:
+            if not clean_end:
+                stop.append(True)
+                answered.set()
+                await _cancel_jobs(call, writer, reader, started - finished)
+
+
+async def _cancel_jobs(call, writer, reader, job_ids: set) -> None:
+    """Lets the writer stop, tells the server to drop `job_ids` (CancelJob), half-closes and
+    waits for the server to end the stream; cancels the RPC if it does not within
+    CANCEL_GRACE_SECONDS, or on any error."""
+    try:
+        await asyncio.wait_for(_drop_and_drain(call, writer, reader, job_ids),
+                               CANCEL_GRACE_SECONDS)
+    except (asyncio.TimeoutError, asyncio.CancelledError, grpc.RpcError, Exception):
+        pass
+    finally:
+        call.cancel()
+        for task in (writer, reader):
+            task.cancel()
+
+
+async def _drop_and_drain(call, writer, reader, job_ids: set) -> None:
+    try:
+        await writer
+    except (asyncio.CancelledError, Exception):
+        pass
+    if call.done():
+        return
+    for job_id in sorted(job_ids):
+        await call.write(_wire.encode_cancel(job_id))
+    await call.done_writing()
+    await reader  # drops what still comes, until the server ends the stream

@@ -1,0 +1,130 @@
+"""Caller arrays <-> wire bytes: numpy arrays and torch tensors (fp32, fp16, bf16) in, the
+same kind out. torch is imported only when the caller passes a tensor.
+
+On the way out an array becomes a flat uint8 view of its own memory (no copy when it is
+C-contiguous on the CPU); on the way in, result bytes land in a preallocated numpy buffer
+that the returned arrays / tensors share.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .errors import invalid_argument
+from .v1 import centroidkv_pb2 as pb
+
+DTYPE_NAMES = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
+               "bfloat16": pb.DTYPE_BFLOAT16}
+DTYPE_SIZE = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT16: 2, pb.DTYPE_BFLOAT16: 2}
+_NUMPY_DTYPE = {pb.DTYPE_FLOAT32: np.dtype(np.float32), pb.DTYPE_FLOAT16: np.dtype(np.float16)}
+
+
+def is_torch(x: Any) -> bool:
+    return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
+
+
+@dataclass
+class Kind:
+    """What the caller passed, so results come back the same way."""
+
+    torch: bool
+    device: Any = None            # torch device of the input
+    numpy_bf16: Any = None        # the numpy bfloat16 dtype (ml_dtypes) the caller used
+
+
+@dataclass
+class WireArray:
+    dtype: int                    # pb.DType (or 0 for counts)
+    shape: tuple
+    data: memoryview              # flat, C-contiguous bytes of the array
+    owner: Any                    # keeps `data`'s memory alive
+
+
+def dtype_code(dtype: Any, field: str) -> int:
+    """pb.DType of a dtype given as a name, a numpy dtype or a torch dtype."""
+    if dtype is None:
+        return pb.DTYPE_UNSPECIFIED
+    name = str(dtype).replace("torch.", "")
+    name = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
+            "fp16": "float16"}.get(name, name)
+    if name not in DTYPE_NAMES:
+        raise invalid_argument(field, f"dtype {dtype} is not one of float32, float16, bfloat16")
+    return DTYPE_NAMES[name]
+
+
+def to_wire(x: Any, field: str) -> tuple[WireArray, Kind]:
+    """keys / values: a 3-D float32, float16 or bfloat16 array or tensor."""
+    if is_torch(x):
+        torch = sys.modules["torch"]
+        kind = Kind(torch=True, device=x.device)
+        code = {torch.float32: pb.DTYPE_FLOAT32, torch.float16: pb.DTYPE_FLOAT16,
+                torch.bfloat16: pb.DTYPE_BFLOAT16}.get(x.dtype)
+        if code is None:
+            raise invalid_argument(field, f"dtype {x.dtype} is not float32, float16 or bfloat16")
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        flat = t.reshape(-1).view(torch.uint8).numpy()
+        return WireArray(code, tuple(x.shape), memoryview(flat), t), kind
+    a = np.asarray(x)
+    kind = Kind(torch=False)
+    if a.dtype == np.float32 or a.dtype == np.float16:
+        code = DTYPE_NAMES[a.dtype.name]
+    elif a.dtype.name == "bfloat16" and a.dtype.itemsize == 2:  # ml_dtypes.bfloat16
+        code = pb.DTYPE_BFLOAT16
+        kind.numpy_bf16 = a.dtype
+    else:
+        raise invalid_argument(field, f"dtype {a.dtype} is not float32, float16 or bfloat16")
+    a = np.ascontiguousarray(a)
+    return WireArray(code, a.shape, memoryview(a.reshape(-1).view(np.uint8)), a), kind
+
+
+def counts_to_wire(x: Any) -> WireArray:
+    """counts: a 2-D array of non-negative integers, sent as uint32."""
+    if is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "ui":
+        raise invalid_argument("counts", f"dtype {a.dtype} is not an integer type")
+    if a.dtype != np.uint32:
+        if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
+            raise invalid_argument("counts", "values must be in [0, 2^32)")
+        a = a.astype(np.uint32)
+    a = np.ascontiguousarray(a)
+    return WireArray(0, a.shape, memoryview(a.reshape(-1).view(np.uint8)), a)
+
+
+def rows_from_wire(buf: np.ndarray, dtype: int, dim: int, kind: Kind):
+    """[total, dim] keys or values from the received bytes, in the caller's kind."""
+    if kind.torch:
+        torch = sys.modules["torch"]
+        tdtype = {pb.DTYPE_FLOAT32: torch.float32, pb.DTYPE_FLOAT16: torch.float16,
+                  pb.DTYPE_BFLOAT16: torch.bfloat16}[dtype]
+        t = torch.from_numpy(buf).view(tdtype).reshape(-1, dim)
+        return t if kind.device is None or kind.device.type == "cpu" else t.to(kind.device)
+    if dtype == pb.DTYPE_BFLOAT16:
+        bf16 = kind.numpy_bf16 or _ml_bfloat16()
+        if bf16 is not None:
+            return buf.view(bf16).reshape(-1, dim)
+        # No numpy bfloat16 type installed: widen exactly to float32 (bf16 is its top half).
+        return (buf.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, dim)
+    return buf.view(_NUMPY_DTYPE[dtype]).reshape(-1, dim)
+
+
+def ints_from_wire(a: np.ndarray, kind: Kind):
+    """counts / offsets / assignment: numpy as received; torch as int64 (what indexing and
+    arithmetic take)."""
+    if kind.torch:
+        torch = sys.modules["torch"]
+        t = torch.from_numpy(a.astype(np.int64, copy=False))
+        return t if kind.device is None or kind.device.type == "cpu" else t.to(kind.device)
+    return a
+
+
+def _ml_bfloat16() -> Optional[np.dtype]:
+    module = sys.modules.get("ml_dtypes")
+    return np.dtype(module.bfloat16) if module is not None else None

@@ -1,0 +1,212 @@
+"""Client: the synchronous API. compress() sends one layer job; compress_layers() sends all
+layers of a sequence on one stream, pipelined (the request slabs are produced on gRPC's
+sending thread while results are read here as they finish), and returns them in order.
+
+Against a replica set (a comma list or dns:///), streams are spread by round_robin over
+the healthy replicas, and the jobs of a stream that fails with UNAVAILABLE (a replica killed
+or draining) are sent again on a new stream, with capped, jittered backoff; every job is
+returned exactly once.
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Iterable, Iterator, Optional
+
+import grpc
+
+from . import _wire
+from ._jobs import Assembler, Job, make_job, normalize_layer, stream_error
+from .errors import CompressError, UnavailableError, invalid_argument, make_error
+from .result import LayerResult, ServerInfo, server_info_from_proto
+from .targets import parse_target
+from .v1 import centroidkv_pb2 as pb
+
+DEFAULT_SLAB_BYTES = 4 << 20  # large enough that Python's per-message cost stays small
+MAX_RECEIVE_BYTES = 1 << 30
+
+
+def channel_options(target, extra=()) -> list:
+    options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+               ("grpc.max_send_message_length", -1)]
+    if target.service_config:
+        options.append(("grpc.service_config", target.service_config))
+    return options + list(extra)
+
+
+def choose_slab_bytes(requested: Optional[int], info: ServerInfo) -> int:
+    """Slab payload size: the request (or DEFAULT_SLAB_BYTES), never more than the server's
+    largest message less the slab's own fields."""
+    limit = info.limits.max_message_bytes - _wire.SLAB_OVERHEAD_BYTES
+    if limit <= 0:
+        limit = DEFAULT_SLAB_BYTES
+    size = requested if requested is not None else DEFAULT_SLAB_BYTES
+    if size < 1:
+        raise invalid_argument("slab_bytes", f"must be positive (got {size})")
+    return min(size, limit)
+
+
+class Backoff:
+    """Capped, jittered exponential backoff between resends."""
+
+    def __init__(self, base: float = 0.05, cap: float = 2.0):
+        self.base, self.cap = base, cap
+
+    def delay(self, attempt: int) -> float:
+        return min(self.cap, self.base * (2 ** attempt)) * random.uniform(0.5, 1.5)
+
+
+class ClientCore:
+    """What Client and AsyncClient share: the target, the options, the channel made by
+    `channel_factory` (grpc.insecure_channel or grpc.aio.insecure_channel), its two methods
+    and the numbering of jobs."""
+
+    def __init__(self, channel_factory, target: str, *, timeout: Optional[float] = None,
+                 connect_timeout: float = 30.0, slab_bytes: Optional[int] = None,
+                 max_attempts: Optional[int] = None, grpc_options=()):
+        self.target = parse_target(target)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._slab_request = slab_bytes
+        self.max_attempts = max_attempts or (4 if self.target.is_replica_set else 1)
+        self.backoff = Backoff()
+        self._channel = channel_factory(self.target.grpc_target,
+                                        options=channel_options(self.target, grpc_options))
+        self._compress = self._channel.stream_stream(
+            _wire.METHOD_COMPRESS, request_serializer=None,
+            response_deserializer=_wire.decode_response)
+        self._get_info = self._channel.unary_unary(
+            _wire.METHOD_GET_INFO, request_serializer=pb.GetInfoRequest.SerializeToString,
+            response_deserializer=pb.GetInfoResponse.FromString)
+        self._info: Optional[ServerInfo] = None
+        self._next_job_id = 1
+
+    def _job_id(self) -> int:
+        job_id = self._next_job_id
+        self._next_job_id += 1
+        return job_id
+
+    def _make_jobs(self, layers, options) -> dict:
+        jobs = {}
+        for index, layer in enumerate(layers):
+            keys, values, counts = normalize_layer(layer)
+            job_id = self._job_id()
+            jobs[job_id] = make_job(job_id, index, keys, values, counts, **options)
+        return jobs
+
+
+class Client(ClientCore):
+    """A connection to a CentroidKV server or replica set.
+
+    target: "host:port", "unix:///path", a comma list of replicas, or "dns:///name:port".
+    timeout: deadline in seconds of each call (None: none). slab_bytes: request slab payload
+    (clamped to the server's max_message_bytes). max_attempts: streams tried per call when
+    one fails with UNAVAILABLE (default 4 for a replica set, 1 for one address).
+    """
+
+    def __init__(self, target: str, **options):
+        super().__init__(grpc.insecure_channel, target, **options)
+
+    # -- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- calls ---------------------------------------------------------------------------
+    def info(self, refresh: bool = False) -> ServerInfo:
+        """The server's version, backends, devices, limits and defaults (GetInfo)."""
+        if self._info is None or refresh:
+            timeout = self.connect_timeout if self.timeout is None else self.timeout
+            try:
+                reply = self._get_info(pb.GetInfoRequest(), timeout=timeout, wait_for_ready=True)
+            except grpc.RpcError as e:
+                raise make_error(e.code(), f"GetInfo: {e.details()}") from None
+            self._info = server_info_from_proto(reply)
+        return self._info
+
+    @property
+    def slab_bytes(self) -> int:
+        return choose_slab_bytes(self._slab_request, self.info())
+
+    def compress(self, keys, values, counts=None, *, layer_index: int = 0,
+                 **options) -> LayerResult:
+        """Compresses one layer: keys [H, n, dk] and values [H, n, dv] (or [n, H, d] with
+        layout="token_major"), counts [H, n] or None. Keyword arguments: every SPEC
+        parameter (target_ratio, target_tokens, chunk_size, sink_tokens, recent_tokens,
+        min_similarity, tighten_per_pass, max_passes, uniform_heads, passthrough_heads; None
+        = the server's default), layout, output_dtype, return_assignment, backend."""
+        job_id = self._job_id()
+        jobs = {job_id: make_job(job_id, layer_index, keys, values, counts, **options)}
+        return [result for _, result in self._run(jobs)][0]
+
+    def compress_layers(self, layers: Iterable, **options) -> list:
+        """Compresses every layer of a sequence on one stream, pipelined, and returns the
+        LayerResults in the order of `layers` (each (keys, values[, counts]) or a dict)."""
+        results = {}
+        jobs = self._make_jobs(layers, options)
+        order = list(jobs)
+        for job_id, result in self._run(jobs):
+            results[job_id] = result
+        return [results[job_id] for job_id in order]
+
+    def iter_compress_layers(self, layers: Iterable, **options) -> Iterator[LayerResult]:
+        """As compress_layers, yielding each LayerResult as soon as it is complete (in
+        completion order; result.layer_index says which)."""
+        for _, result in self._run(self._make_jobs(layers, options)):
+            yield result
+
+    # -- internals -----------------------------------------------------------------------
+    def _run(self, jobs: dict) -> Iterator[tuple]:
+        """Yields (job_id, LayerResult) for every job exactly once, resending on a new
+        stream the jobs of a stream (or the jobs) that failed with UNAVAILABLE."""
+        slab_bytes = self.slab_bytes
+        pending = dict(jobs)
+        attempt = 0
+        while True:
+            retry: Optional[CompressError] = None
+            try:
+                for job_id, outcome in self._stream(pending, slab_bytes):
+                    if isinstance(outcome, UnavailableError):
+                        retry = outcome  # a draining replica refused it: resend
+                        continue
+                    if isinstance(outcome, CompressError):
+                        raise outcome
+                    del pending[job_id]
+                    yield job_id, outcome
+            except UnavailableError as e:
+                retry = e
+            if not pending:
+                return
+            attempt += 1
+            if retry is None:
+                retry = make_error(grpc.StatusCode.INTERNAL,
+                                   f"the stream ended with {len(pending)} jobs unanswered")
+                raise retry
+            if attempt >= self.max_attempts:
+                raise retry
+            time.sleep(self.backoff.delay(attempt - 1))
+
+    def _stream(self, jobs: dict, slab_bytes: int) -> Iterator[tuple]:
+        """One Compress stream carrying `jobs`; yields (job_id, LayerResult | CompressError)
+        as each finishes. A failed stream raises its CompressError."""
+        def requests():
+            for job in list(jobs.values()):
+                yield from job.requests(slab_bytes)
+
+        jobs = dict(jobs)  # the caller removes jobs as they are returned
+        assembler = Assembler(jobs)
+        call = self._compress(requests(), timeout=self.timeout)
+        try:
+            for reply in call:
+                done = assembler.feed(reply)
+                if done is not None:
+                    yield done
+        except grpc.RpcError as e:
+            raise stream_error(e, jobs) from None
+        finally:
+            call.cancel()  # a no-op once the stream has ended; ends it if the caller stopped

@@ -1,0 +1,130 @@
+"""centroidkv.transformers on a real LlamaForCausalLM converted from stories260K
+(centroidkv.convert_llama2c), against the C++ reference worker (client/worker): uncompressed
+logits, a ratio-1.0 compression, and the SPEC section 4 quality at a 25% budget next to
+centroidkv-quality's on the same texts."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from centroidkv.convert_llama2c import to_transformers
+from centroidkv.transformers import CentroidKVCache, enable
+from server_process import BIN_DIR, SHARED_DIR
+
+MODEL = SHARED_DIR / "models" / "stories260K.bin"
+QUALITY = dict(chunk_size=32, sink_tokens=4, recent_tokens=32)  # centroidkv-quality's defaults
+PREFILL, CONTINUATION, TEXTS = 384, 96, 8
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = to_transformers(MODEL)
+    enable(m)
+    return m
+
+
+@pytest.fixture(scope="module")
+def texts(model):
+    """Texts sampled from the model itself (temperature 0.8, BOS/EOS suppressed), BOS first."""
+    out = []
+    with torch.no_grad():
+        for i in range(TEXTS):
+            g = torch.Generator().manual_seed(1000 + i)
+            ids = [1]
+            cache = CentroidKVCache(None, compress_on_prefill=False)
+            logits = model(torch.tensor([ids]), past_key_values=cache).logits[0, -1]
+            while len(ids) < PREFILL + CONTINUATION:
+                logits[[1, 2]] = -float("inf")
+                token = int(torch.multinomial(torch.softmax(logits / 0.8, -1), 1, generator=g))
+                ids.append(token)
+                logits = model(torch.tensor([[token]]), past_key_values=cache).logits[0, -1]
+            out.append(ids)
+    return out
+
+
+def worker_logits(tmp_path, tokens):
+    out = tmp_path / "logits.f32"
+    subprocess.run([str(BIN_DIR / "ckv_worker_logits"), str(MODEL), str(out)] +
+                   [str(t) for t in tokens], check=True)
+    return torch.from_numpy(np.fromfile(out, np.float32).reshape(len(tokens), -1))
+
+
+def test_uncompressed_logits_equal_the_cpp_worker(model, texts, tmp_path):
+    tokens = texts[0][:200]
+    expected = worker_logits(tmp_path, tokens)
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0]
+    assert logits.shape == expected.shape
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)
+
+
+def _continuation(model, cache, ids):
+    """Prefill ids[:PREFILL] (compressed after it when the cache says so), then the
+    continuation teacher-forced in one call; its logits [CONTINUATION, V]."""
+    with torch.no_grad():
+        model(torch.tensor([ids[:PREFILL]]), past_key_values=cache)
+        return model(torch.tensor([ids[PREFILL:PREFILL + CONTINUATION]]),
+                     past_key_values=cache).logits[0]
+
+
+def test_ratio_one_gives_the_uncompressed_logits(model, texts, client):
+    ids = texts[1]
+    with torch.no_grad():
+        full = model(torch.tensor([ids[:PREFILL + CONTINUATION]])).logits[0, PREFILL:]
+    cache = CentroidKVCache(client, target_ratio=1.0, **QUALITY)
+    logits = _continuation(model, cache, ids)
+    assert cache.compressed
+    assert all(int(r.counts.max()) == 1 and r.total_entries == r.num_heads * PREFILL
+               for r in cache.results)
+    torch.testing.assert_close(logits, full, rtol=0, atol=1e-4)
+
+
+def test_generate_decodes_from_the_compressed_cache(model, texts, client):
+    ids = torch.tensor([texts[2][:PREFILL]])
+    cache = CentroidKVCache(client, target_ratio=0.25, **QUALITY)
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=16, do_sample=False)
+    assert cache.compressed and out.shape[1] == PREFILL + 16
+    kept = cache.results[0].total_entries
+    assert kept == cache.results[0].num_heads * (PREFILL // 4)
+    # The cache reports true positions; it holds the centroids plus the new tokens.
+    assert cache.get_seq_length() == PREFILL + 15
+    assert cache.layers[0].keys.shape[-2] == kept // cache.results[0].num_heads + 15
+
+
+def _agreement(full: torch.Tensor, logits: torch.Tensor):
+    p = torch.log_softmax(full.double(), -1)
+    q = torch.log_softmax(logits.double(), -1)
+    kl = (p.exp() * (p - q)).sum(-1)
+    return kl.sum().item(), (full.argmax(-1) == logits.argmax(-1)).sum().item()
+
+
+def test_quarter_budget_quality_equals_centroidkv_quality(model, texts, client, server, tmp_path):
+    kl_sum, top1, steps = 0.0, 0, 0
+    for ids in texts:
+        with torch.no_grad():
+            full = model(torch.tensor([ids])).logits[0, PREFILL:PREFILL + CONTINUATION]
+        cache = CentroidKVCache(client, target_ratio=0.25, **QUALITY)
+        kl, matches = _agreement(full, _continuation(model, cache, ids))
+        kl_sum, top1, steps = kl_sum + kl, top1 + matches, steps + CONTINUATION
+    ours = dict(mean_kl=kl_sum / steps, top1=top1 / steps)
+
+    tokens_file = tmp_path / "texts.txt"
+    tokens_file.write_text("\n".join(" ".join(map(str, t)) for t in texts) + "\n")
+    report = tmp_path / "quality.json"
+    subprocess.run([str(BIN_DIR / "centroidkv-quality"), "--model", str(MODEL), "--tokenizer",
+                    str(SHARED_DIR / "models" / "tok512.bin"), "--server", server.target,
+                    "--tokens-file", str(tokens_file), "--prefill", str(PREFILL),
+                    "--continuation", str(CONTINUATION), "--budgets", "0.25",
+                    "--methods", "centroidkv", "--calibration-texts", "0",
+                    "--chunk-size", "32", "--sink-tokens", "4", "--recent-tokens", "32",
+                    "--report-md", "", "--report-json", str(report), "--quiet"],
+                   check=True, capture_output=True)
+    theirs = [r for r in json.loads(report.read_text()) if r["method"] == "centroidkv"][0]
+    print(f"25% budget: python mean KL {ours['mean_kl']:.5f} top-1 {ours['top1']:.4f}; "
+          f"centroidkv-quality mean KL {theirs['mean_kl']:.5f} top-1 {theirs['top1']:.4f}")
+    assert ours["mean_kl"] == pytest.approx(theirs["mean_kl"], rel=0.02)
+    assert ours["top1"] == pytest.approx(theirs["top1"], rel=0.02)

@@ -2,6 +2,7 @@
 #include "centroidkv/wire/wire_convert.h"
 
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -152,6 +153,56 @@ v1::CompressionParams OptionsToProto(const CompressOptions& options) {
     params.add_passthrough_heads(static_cast<uint32_t>(head));
   }
   return params;
+}
+
+std::string WireField(absl::string_view engine_field) {
+  static constexpr absl::string_view kStartJobFields[] = {
+      "num_heads", "num_tokens", "key_dim", "value_dim", "head_tokens", "layout", "dtype",
+      "pad_to",    "pad_heads",  "exact_target", "output_layout", "timeout_ms", "priority"};
+  static constexpr absl::string_view kTensors[] = {"keys", "values", "counts"};
+  for (absl::string_view tensor : kTensors) {
+    if (engine_field == tensor) return std::string(engine_field);
+  }
+  if (engine_field.find('.') != absl::string_view::npos) return std::string(engine_field);
+  for (absl::string_view field : kStartJobFields) {
+    if (engine_field == field) return absl::StrCat("start_job.", engine_field);
+  }
+  return absl::StrCat("start_job.params.", engine_field);
+}
+
+StopReason StopReasonFromProto(v1::StopReason reason) {
+  switch (reason) {
+    case v1::STOP_REASON_PASSTHROUGH:
+      return StopReason::kPassthrough;
+    case v1::STOP_REASON_SIMILARITY_FLOOR:
+      return StopReason::kSimilarityFloor;
+    case v1::STOP_REASON_MAX_PASSES:
+      return StopReason::kMaxPasses;
+    case v1::STOP_REASON_PROTECTED:
+      return StopReason::kProtected;
+    case v1::STOP_REASON_UNIFORM_HEADS:
+      return StopReason::kUniformHeads;
+    default:
+      return StopReason::kTargetReached;
+  }
+}
+
+v1::StopReason StopReasonToProto(StopReason reason) {
+  switch (reason) {
+    case StopReason::kTargetReached:
+      return v1::STOP_REASON_TARGET_REACHED;
+    case StopReason::kPassthrough:
+      return v1::STOP_REASON_PASSTHROUGH;
+    case StopReason::kSimilarityFloor:
+      return v1::STOP_REASON_SIMILARITY_FLOOR;
+    case StopReason::kMaxPasses:
+      return v1::STOP_REASON_MAX_PASSES;
+    case StopReason::kProtected:
+      return v1::STOP_REASON_PROTECTED;
+    case StopReason::kUniformHeads:
+      return v1::STOP_REASON_UNIFORM_HEADS;
+  }
+  return v1::STOP_REASON_UNSPECIFIED;
 }
 
 }  // namespace centroidkv

@@ -117,7 +117,6 @@ TEST(RaggedLayerTest, CountZeroPaddingIsIgnoredInBothLayouts) {
       for (int32_t t = 60; t < 120; ++t) EXPECT_EQ(got->assignment[3 * 120 + t], -1);
     }
     // Head 3 alone, without its padding, is what head 3 of the padded job is.
-    RandomLayerSpec spec = padded.spec();
     std::vector<float> keys, values;
     std::vector<uint32_t> counts;
     for (int32_t t = 0; t < 60; ++t) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "centroidkv/client/client.h"
 #include "centroidkv/kernels/engine_factory.h"
@@ -1047,9 +1048,19 @@ TEST_F(CompressReactorTest, EveryMissedTargetIsReportedWithItsReason) {
 TEST_F(CompressReactorTest, ExpiredJobDeadlineDropsItsWorkWhileOtherJobsComplete) {
   RandomLayer slow = SlowLayer();
   RandomLayer small = SmallLayer(45);
-  auto requests = ValidJob(slow, SlowOptions(), 1);
+  // The slow job in 1 MiB slabs (its tensors are larger than a message).
+  const LayerView view = slow.view();
+  std::vector<v1::CompressRequest> requests = {StartJobRequest(1, view, SlowOptions())};
   requests[0].mutable_start_job()->set_backend(v1::BACKEND_REFERENCE);
   requests[0].mutable_start_job()->set_timeout_ms(300);
+  for (const auto& [tensor, data, size] :
+       {std::tuple{v1::TENSOR_KEYS, view.keys, KeyBytes(view)},
+        std::tuple{v1::TENSOR_VALUES, view.values, ValueBytes(view)}}) {
+    for (uint64_t offset = 0; offset < size; offset += 1 << 20) {
+      requests.push_back(SlabRequest(1, tensor, offset, static_cast<const char*>(data) + offset,
+                                     std::min<uint64_t>(1 << 20, size - offset)));
+    }
+  }
   auto other = ValidJob(small, SmallOptions(), 2);
   requests.insert(requests.end(), other.begin(), other.end());
   const auto start = std::chrono::steady_clock::now();

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/field_status.h"
+#include "centroidkv/wire/account_convert.h"
 #include "centroidkv/wire/grpc_status.h"
 #include "centroidkv/wire/wire_convert.h"
 
@@ -341,18 +342,16 @@ void GrpcCompressStream::HandleResponse() {
       result.passes_run = static_cast<int32_t>(header.passes_run());
       result.compute_seconds = header.compute_seconds();
       result.queue_seconds = header.queue_seconds();
-      result.target_length = static_cast<int64_t>(header.target_tokens());
-      result.target_reached = header.target_reached();
-      result.head_entries.assign(header.head_entries().begin(), header.head_entries().end());
-      result.head_input_tokens.assign(header.head_input_tokens().begin(),
-                                      header.head_input_tokens().end());
-      for (int reason : header.stop_reasons()) {
-        result.stop_reasons.push_back(StopReasonFromProto(static_cast<v1::StopReason>(reason)));
-      }
-      result.head_tokens.assign(header.head_tokens().begin(), header.head_tokens().end());
-      result.padded_length = static_cast<int32_t>(header.padded_length());
-      result.layout = header.layout() == v1::LAYOUT_TOKEN_MAJOR ? TensorLayout::kTokenMajor
-                                                                 : TensorLayout::kHeadMajor;
+      CompressResult account;
+      AccountFromProto(header, &account);
+      result.target_length = account.target_length;
+      result.target_reached = account.target_reached;
+      result.head_entries.assign(account.head_entries.begin(), account.head_entries.end());
+      result.head_input_tokens = std::move(account.head_input_tokens);
+      result.stop_reasons = std::move(account.stop_reasons);
+      result.head_tokens.assign(account.head_tokens.begin(), account.head_tokens.end());
+      result.padded_length = account.padded_length;
+      result.layout = account.layout;
       const uint64_t missing = header.out_keys_bytes() + header.out_values_bytes() +
                                header.out_counts_bytes() + header.assignment_bytes();
       partial_[header.job_id()] = std::move(result);

@@ -1,10 +1,12 @@
-// Wire <-> engine conversions for enums and CompressionParams.
+// Wire <-> engine conversions for enums, CompressionParams, field names, stop reasons and
+// the result account (account_convert.h).
 #include "centroidkv/wire/wire_convert.h"
 
 #include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "centroidkv/wire/account_convert.h"
 
 namespace centroidkv {
 namespace {
@@ -203,6 +205,22 @@ v1::StopReason StopReasonToProto(StopReason reason) {
       return v1::STOP_REASON_UNIFORM_HEADS;
   }
   return v1::STOP_REASON_UNSPECIFIED;
+}
+
+void AccountFromProto(const v1::JobResult& header, CompressResult* result) {
+  result->target_length = static_cast<int64_t>(header.target_tokens());
+  result->target_reached = header.target_reached();
+  result->head_entries.assign(header.head_entries().begin(), header.head_entries().end());
+  result->head_input_tokens.assign(header.head_input_tokens().begin(),
+                                   header.head_input_tokens().end());
+  result->stop_reasons.clear();
+  for (int reason : header.stop_reasons()) {
+    result->stop_reasons.push_back(StopReasonFromProto(static_cast<v1::StopReason>(reason)));
+  }
+  result->head_tokens.assign(header.head_tokens().begin(), header.head_tokens().end());
+  result->padded_length = static_cast<int32_t>(header.padded_length());
+  result->layout = header.layout() == v1::LAYOUT_TOKEN_MAJOR ? TensorLayout::kTokenMajor
+                                                              : TensorLayout::kHeadMajor;
 }
 
 }  // namespace centroidkv

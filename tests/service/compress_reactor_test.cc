@@ -1076,8 +1076,9 @@ TEST_F(CompressReactorTest, ExpiredJobDeadlineDropsItsWorkWhileOtherJobsComplete
   ASSERT_EQ(results.count(2), 1u);
   test::ExpectBitIdentical(Expected(small.view(), SmallOptions()), results[2]);
   EXPECT_EQ(results.count(1), 0u);
-  // The reference needs tens of seconds for the whole job; it stopped at the deadline.
-  EXPECT_LT(seconds, 10.0);
+  // The reference needs tens of seconds for the whole job; it stopped at the deadline
+  // (the bound leaves room for a busy machine: sending the job alone takes seconds there).
+  EXPECT_LT(seconds, 15.0);
   EXPECT_EQ(stats().jobs_dropped.load(), 1);
   EXPECT_EQ(stats().jobs_completed.load(), 1);
   ExpectResultsReturned(*server_);

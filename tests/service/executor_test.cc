@@ -39,12 +39,14 @@ int32_t PeakConcurrency(int32_t threads) {
 
 TEST(WorkExecutorTest, QueuedTasksRunHighestPriorityFirstThenInOrder) {
   WorkExecutor executor(1);
-  std::atomic<bool> release{false};
+  std::atomic<bool> release{false}, started{false};
   std::mutex mu;
   std::vector<int> order;
   executor.Submit([&] {  // holds the one thread until the others are queued
+    started.store(true);
     while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
+  while (!started.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const int priorities[] = {0, 3, -1, 3, 7, 0};
   for (int i = 0; i < 6; ++i) {
     executor.Submit(

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "centroidkv/wire/account_convert.h"
 #include "centroidkv/wire/wire_convert.h"
 
 namespace centroidkv::service::testing {
@@ -92,18 +93,7 @@ std::map<uint64_t, CompressResult> DecodeResults(
       result.value_dim = static_cast<int32_t>(header.value_dim());
       result.offsets.assign(header.offsets().begin(), header.offsets().end());
       result.passes_run = static_cast<int32_t>(header.passes_run());
-      result.target_length = static_cast<int64_t>(header.target_tokens());
-      result.target_reached = header.target_reached();
-      result.head_entries.assign(header.head_entries().begin(), header.head_entries().end());
-      result.head_input_tokens.assign(header.head_input_tokens().begin(),
-                                      header.head_input_tokens().end());
-      for (int reason : header.stop_reasons()) {
-        result.stop_reasons.push_back(StopReasonFromProto(static_cast<v1::StopReason>(reason)));
-      }
-      result.head_tokens.assign(header.head_tokens().begin(), header.head_tokens().end());
-      result.padded_length = static_cast<int32_t>(header.padded_length());
-      result.layout = header.layout() == v1::LAYOUT_TOKEN_MAJOR ? TensorLayout::kTokenMajor
-                                                                 : TensorLayout::kHeadMajor;
+      AccountFromProto(header, &result);
     }
     if (response.has_slab()) {
       const v1::TensorSlab& slab = response.slab();

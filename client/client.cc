@@ -1,6 +1,9 @@
 // Client: channel set-up, GetInfo, and the blocking CompressLayers convenience.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 #include "centroidkv/client/client.h"
 #include "centroidkv/common/status_macros.h"
@@ -23,10 +26,23 @@ class GrpcClient final : public Client {
   absl::StatusOr<ServerInfo> GetInfo() override { return FetchServerInfo(*stub_); }
 
   std::unique_ptr<CompressStream> OpenStream() override {
-    return std::make_unique<GrpcCompressStream>(stub_.get(), options_);
+    return std::make_unique<GrpcCompressStream>(stub_.get(), SizedOptions());
   }
 
  private:
+  // options_ with slab_bytes within the server's max_slab_bytes, asked once; a server that
+  // does not answer (or predates the field) leaves slab_bytes as it is.
+  ClientOptions SizedOptions() {
+    std::call_once(sized_, [this] {
+      absl::StatusOr<ServerInfo> info = FetchServerInfo(*stub_);
+      if (info.ok() && info->max_slab_bytes > 0) {
+        options_.slab_bytes = std::min(options_.slab_bytes, info->max_slab_bytes);
+      }
+    });
+    return options_;
+  }
+
+  std::once_flag sized_;
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CentroidKV::Stub> stub_;
@@ -57,6 +73,7 @@ absl::StatusOr<ServerInfo> FetchServerInfo(v1::CentroidKV::Stub& stub) {
   info.max_stream_bytes = static_cast<int64_t>(response.limits().max_stream_bytes());
   info.max_total_bytes = static_cast<int64_t>(response.limits().max_total_bytes());
   info.max_message_bytes = static_cast<int32_t>(response.limits().max_message_bytes());
+  info.max_slab_bytes = static_cast<int32_t>(response.limits().max_slab_bytes());
   info.max_tokens = static_cast<int32_t>(response.limits().max_tokens());
   info.max_heads = static_cast<int32_t>(response.limits().max_heads());
   info.max_dim = static_cast<int32_t>(response.limits().max_dim());

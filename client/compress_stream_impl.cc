@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "centroidkv/common/field_status.h"
+#include "centroidkv/wire/account_convert.h"
 #include "centroidkv/wire/grpc_status.h"
 #include "centroidkv/wire/wire_convert.h"
 
@@ -142,7 +144,7 @@ std::string GrpcCompressStream::peer() const { return context_.peer(); }
 
 uint64_t GrpcCompressStream::StageBytes(const Outgoing& out) const {
   const LayerView& layer = out.job.layer;
-  const uint64_t rows = uint64_t(layer.num_heads) * uint64_t(layer.num_tokens);
+  const uint64_t rows = uint64_t(layer.TotalRows());
   switch (out.stage) {
     case 1:
       return rows * layer.key_dim * DTypeSize(layer.dtype);
@@ -195,6 +197,19 @@ bool GrpcCompressStream::NextRequest() {
       start->set_return_assignment(job.options.compute_assignment);
       if (job.output_dtype.has_value()) start->set_output_dtype(DTypeToProto(*job.output_dtype));
       start->set_backend(BackendToProto(job.backend));
+      if (job.layer.head_offsets != nullptr) {
+        for (int32_t h = 0; h < job.layer.num_heads; ++h) {
+          start->add_head_tokens(static_cast<uint32_t>(job.layer.HeadTokens(h)));
+        }
+      }
+      start->set_pad_heads(job.options.pad_heads);
+      start->set_pad_to(static_cast<uint32_t>(std::max(job.options.pad_to, 0)));
+      start->set_exact_target(job.options.exact_target);
+      if (job.options.output_layout != TensorLayout::kHeadMajor) {
+        start->set_output_layout(LayoutToProto(job.options.output_layout));
+      }
+      start->set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(job.timeout.count(), 0)));
+      start->set_priority(job.priority);
       out.stage = 1;
       out.cursor = 0;
       return true;
@@ -327,6 +342,16 @@ void GrpcCompressStream::HandleResponse() {
       result.passes_run = static_cast<int32_t>(header.passes_run());
       result.compute_seconds = header.compute_seconds();
       result.queue_seconds = header.queue_seconds();
+      CompressResult account;
+      AccountFromProto(header, &account);
+      result.target_length = account.target_length;
+      result.target_reached = account.target_reached;
+      result.head_entries.assign(account.head_entries.begin(), account.head_entries.end());
+      result.head_input_tokens = std::move(account.head_input_tokens);
+      result.stop_reasons = std::move(account.stop_reasons);
+      result.head_tokens.assign(account.head_tokens.begin(), account.head_tokens.end());
+      result.padded_length = account.padded_length;
+      result.layout = account.layout;
       const uint64_t missing = header.out_keys_bytes() + header.out_values_bytes() +
                                header.out_counts_bytes() + header.assignment_bytes();
       partial_[header.job_id()] = std::move(result);
@@ -377,7 +402,13 @@ void GrpcCompressStream::HandleResponse() {
       result.job_id = error.job_id();
       result.layer_index = layer_of_[error.job_id()];
       layer_of_.erase(error.job_id());
-      result.status = absl::Status(static_cast<absl::StatusCode>(error.code()), error.message());
+      result.status = absl::Status(FromWireCode(error.code()), error.message());
+      if (!error.field().empty()) {
+        FieldLocation location{error.field()};
+        if (error.has_head()) location.head = error.head();
+        if (error.has_token()) location.token = error.token();
+        result.status = FieldError(result.status.code(), location, error.message());
+      }
       completed_.push_back(std::move(result));
       changed_.notify_all();
       return;

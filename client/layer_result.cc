@@ -45,6 +45,14 @@ LayerResult LayerResultFromEngine(uint32_t layer_index, const CompressResult& re
   out.counts = result.counts;
   out.assignment = result.assignment;
   out.passes_run = result.passes_run;
+  out.target_length = result.target_length;
+  out.target_reached = result.target_reached;
+  out.head_entries.assign(result.head_entries.begin(), result.head_entries.end());
+  out.head_input_tokens = result.head_input_tokens;
+  out.stop_reasons = result.stop_reasons;
+  out.head_tokens.assign(result.head_tokens.begin(), result.head_tokens.end());
+  out.padded_length = result.padded_length;
+  out.layout = result.layout;
   return out;
 }
 

@@ -8,7 +8,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "centroidkv/common/field_status.h"
 #include "centroidkv/common/status_macros.h"
+#include "kernels/ragged_layer.h"
+#include "kernels/result_shape.h"
 
 namespace centroidkv {
 namespace {
@@ -25,64 +28,93 @@ absl::Status CheckDims(const LayerView& layer, const EngineLimits& limits) {
                       {"value_dim", layer.value_dim, limits.max_dim}};
   for (const Dim& dim : dims) {
     if (dim.value <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(dim.field, " must be positive (got ", dim.value, ")"));
+      return InvalidFieldError({dim.field},
+                               absl::StrCat(dim.field, " must be positive (got ", dim.value, ")"));
     }
     if (dim.value > dim.max) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(dim.field, " is ", dim.value, ", above the limit of ", dim.max));
+      return InvalidFieldError(
+          {dim.field}, absl::StrCat(dim.field, " is ", dim.value, ", above the limit of ", dim.max));
     }
   }
-  const int64_t elements = int64_t{layer.num_heads} * layer.num_tokens *
-                           (int64_t{layer.key_dim} + layer.value_dim);
+  if (layer.head_offsets != nullptr) {
+    if (layer.layout != TensorLayout::kHeadMajor) {
+      return InvalidFieldError({"layout"}, "layout must be head-major when heads are ragged");
+    }
+    int32_t longest = 0;
+    for (int32_t h = 0; h < layer.num_heads; ++h) {
+      const int64_t length = layer.head_offsets[h + 1] - layer.head_offsets[h];
+      if ((h == 0 && layer.head_offsets[0] != 0) || length < 1 || length > limits.max_tokens) {
+        return InvalidFieldError(
+            {"head_tokens", h},
+            absl::StrCat("head_tokens of head ", h, " is ", length, ", outside [1, ",
+                         limits.max_tokens, "]"));
+      }
+      longest = std::max(longest, static_cast<int32_t>(length));
+    }
+    if (longest != layer.num_tokens) {
+      return InvalidFieldError({"num_tokens"},
+                               absl::StrCat("num_tokens is ", layer.num_tokens,
+                                            ", not the longest head_tokens (", longest, ")"));
+    }
+  }
+  const int64_t elements = layer.TotalRows() * (int64_t{layer.key_dim} + layer.value_dim);
   if (elements > limits.max_layer_elements) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "num_heads * num_tokens * (key_dim + value_dim) = ", elements,
-        " elements exceeds the per-job limit of ", limits.max_layer_elements));
+    return FieldError(absl::StatusCode::kResourceExhausted, {"num_tokens"},
+                      absl::StrCat("num_heads * num_tokens * (key_dim + value_dim) = ", elements,
+                                   " elements exceeds the per-job limit of ",
+                                   limits.max_layer_elements));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckOptions(const LayerView& layer, const CompressOptions& options) {
   if (options.target_ratio.has_value() && options.target_tokens.has_value()) {
-    return absl::InvalidArgumentError("set only one of target_ratio and target_tokens");
+    return InvalidFieldError({"target_tokens"}, "set only one of target_ratio and target_tokens");
   }
   if (options.target_ratio.has_value() &&
       !(*options.target_ratio > 0.0 && *options.target_ratio <= 1.0)) {
-    return absl::InvalidArgumentError(
+    return InvalidFieldError(
+        {"target_ratio"},
         absl::StrCat("target_ratio must be in (0, 1] (got ", *options.target_ratio, ")"));
   }
   if (options.target_tokens.has_value() && *options.target_tokens < 1) {
-    return absl::InvalidArgumentError(
+    return InvalidFieldError(
+        {"target_tokens"},
         absl::StrCat("target_tokens must be at least 1 (got ", *options.target_tokens, ")"));
   }
   if (options.chunk_size < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk_size must be at least 2 (got ", options.chunk_size, ")"));
+    return InvalidFieldError(
+        {"chunk_size"}, absl::StrCat("chunk_size must be at least 2 (got ", options.chunk_size, ")"));
   }
   if (options.sink_tokens < 0 || options.recent_tokens < 0) {
-    return absl::InvalidArgumentError(options.sink_tokens < 0
-                                          ? "sink_tokens must not be negative"
-                                          : "recent_tokens must not be negative");
+    return options.sink_tokens < 0
+               ? InvalidFieldError({"sink_tokens"}, "sink_tokens must not be negative")
+               : InvalidFieldError({"recent_tokens"}, "recent_tokens must not be negative");
   }
   if (options.min_similarity.has_value() &&
       !(*options.min_similarity >= -1.0 && *options.min_similarity <= 1.0)) {
-    return absl::InvalidArgumentError(
+    return InvalidFieldError(
+        {"min_similarity"},
         absl::StrCat("min_similarity must be in [-1, 1] (got ", *options.min_similarity, ")"));
   }
   if (!(options.tighten_per_pass >= 0.0) || !std::isfinite(options.tighten_per_pass)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tighten_per_pass must be a finite value >= 0 (got ", options.tighten_per_pass, ")"));
+    return InvalidFieldError(
+        {"tighten_per_pass"}, absl::StrCat("tighten_per_pass must be a finite value >= 0 (got ",
+                                           options.tighten_per_pass, ")"));
   }
   if (options.max_passes < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_passes must be at least 1 (got ", options.max_passes, ")"));
+    return InvalidFieldError(
+        {"max_passes"}, absl::StrCat("max_passes must be at least 1 (got ", options.max_passes, ")"));
   }
   for (int32_t head : options.passthrough_heads) {
     if (head < 0 || head >= layer.num_heads) {
-      return absl::InvalidArgumentError(absl::StrCat("passthrough_heads names head ", head,
-                                                     ", outside [0, ", layer.num_heads, ")"));
+      return InvalidFieldError({"passthrough_heads", head},
+                               absl::StrCat("passthrough_heads names head ", head,
+                                            ", outside [0, ", layer.num_heads, ")"));
     }
+  }
+  if (options.pad_to < 0) {
+    return InvalidFieldError({"pad_to"}, "pad_to must not be negative");
   }
   return absl::OkStatus();
 }
@@ -118,63 +150,95 @@ bool AllFinite(const void* data, DType dtype, int64_t count) {
 }
 
 // The common case of CheckData in one fast sweep: every element finite, every count
-// positive and every head's counts summing within uint32. Only when this fails does
-// CheckData walk the job element by element to name the first offending field.
+// positive (or count-0 padding after a head's last entry) and every head's counts summing
+// within uint32. Only when this fails does CheckData walk the job element by element to
+// name the first offending field.
 bool LooksValid(const LayerView& layer) {
-  const int64_t rows = int64_t{layer.num_heads} * layer.num_tokens;
+  const int64_t rows = layer.TotalRows();
   if (!AllFinite(layer.keys, layer.dtype, rows * layer.key_dim) ||
       !AllFinite(layer.values, layer.dtype, rows * layer.value_dim)) {
     return false;
   }
   if (layer.counts == nullptr) return true;
-  std::vector<uint64_t> sums(static_cast<size_t>(layer.num_heads), 0);
-  uint32_t zero = 0;
   for (int32_t h = 0; h < layer.num_heads; ++h) {
-    for (int32_t t = 0; t < layer.num_tokens; ++t) {
+    const int32_t n = layer.HeadTokens(h);
+    uint64_t sum = 0;
+    uint32_t zero = 0, misplaced_zero = 0;
+    for (int32_t t = 0; t < n; ++t) {
       const uint32_t count = layer.counts[layer.RowIndex(h, t)];
+      misplaced_zero |= zero & static_cast<uint32_t>(count != 0);
       zero |= static_cast<uint32_t>(count == 0);
-      sums[h] += count;
+      sum += count;
+    }
+    if (misplaced_zero != 0 || sum == 0 || sum > std::numeric_limits<uint32_t>::max()) {
+      return false;
     }
   }
-  return zero == 0 && std::all_of(sums.begin(), sums.end(), [](uint64_t sum) {
-           return sum <= std::numeric_limits<uint32_t>::max();
-         });
+  return true;
 }
 
-// Every key and value must be finite; every count positive, and a head's counts must sum
-// to something a uint32 output count can hold.
+// Every key and value must be finite; every count positive except count-0 padding at the
+// end of a head (which must hold at least one entry), and a head's counts must sum to
+// something a uint32 output count can hold.
 absl::Status CheckData(const LayerView& layer) {
   if (LooksValid(layer)) return absl::OkStatus();
   for (int32_t h = 0; h < layer.num_heads; ++h) {
+    const int32_t n = layer.HeadTokens(h);
     uint64_t count_sum = 0;
-    for (int32_t t = 0; t < layer.num_tokens; ++t) {
+    int32_t first_zero = -1;
+    for (int32_t t = 0; t < n; ++t) {
       const int64_t key_base = layer.KeyOffset(h, t);
       for (int32_t j = 0; j < layer.key_dim; ++j) {
         if (!std::isfinite(LoadAsFloat(layer.keys, layer.dtype, key_base + j))) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "keys hold a NaN or Inf at head ", h, ", token ", t, ", dim ", j));
+          return InvalidFieldError({"keys", h, t},
+                                   absl::StrCat("keys hold a NaN or Inf at head ", h, ", token ",
+                                                t, ", dim ", j));
         }
       }
       const int64_t value_base = layer.ValueOffset(h, t);
       for (int32_t j = 0; j < layer.value_dim; ++j) {
         if (!std::isfinite(LoadAsFloat(layer.values, layer.dtype, value_base + j))) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "values hold a NaN or Inf at head ", h, ", token ", t, ", dim ", j));
+          return InvalidFieldError({"values", h, t},
+                                   absl::StrCat("values hold a NaN or Inf at head ", h,
+                                                ", token ", t, ", dim ", j));
         }
       }
       const uint32_t count = layer.CountAt(h, t);
-      if (count == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("counts must be at least 1; head ", h, ", token ", t, " has 0"));
+      if (count == 0 && first_zero < 0) first_zero = t;
+      if (count != 0 && first_zero >= 0) {
+        return InvalidFieldError(
+            {"counts", h, first_zero},
+            absl::StrCat("counts must be at least 1; head ", h, ", token ", first_zero,
+                         " has 0 (count-0 padding may only follow a head's last entry)"));
       }
       count_sum += count;
     }
+    if (count_sum == 0) {
+      return InvalidFieldError({"counts", h},
+                               absl::StrCat("counts must be at least 1; every entry of head ", h,
+                                            " has 0 (a head needs at least one entry)"));
+    }
     if (count_sum > std::numeric_limits<uint32_t>::max()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "counts of head ", h, " sum to ", count_sum, ", more than a uint32 can hold"));
+      return InvalidFieldError({"counts", h},
+                               absl::StrCat("counts of head ", h, " sum to ", count_sum,
+                                            ", more than a uint32 can hold"));
     }
   }
   return absl::OkStatus();
+}
+
+// Entries of each head without its count-0 padding (the padding itself is checked by
+// CheckData): only the rows from the end back to the last counted one are read.
+std::vector<int32_t> RealHeadLengths(const LayerView& layer) {
+  std::vector<int32_t> lengths(static_cast<size_t>(layer.num_heads));
+  for (int32_t h = 0; h < layer.num_heads; ++h) {
+    int32_t n = layer.HeadTokens(h);
+    if (layer.counts != nullptr) {
+      while (n > 1 && layer.counts[layer.RowIndex(h, n - 1)] == 0) --n;
+    }
+    lengths[h] = n;
+  }
+  return lengths;
 }
 
 }  // namespace
@@ -208,17 +272,24 @@ absl::StatusOr<LayerPlan> Plan(const LayerView& layer, const CompressOptions& op
     return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
                                                             : "values are missing");
   }
-  if (check_data) CKV_RETURN_IF_ERROR(CheckData(layer));
-
   LayerPlan plan;
   plan.options = options;
+  plan.head_lengths = RealHeadLengths(layer);
+  const int32_t longest = *std::max_element(plan.head_lengths.begin(), plan.head_lengths.end());
+  plan.regular = layer.head_offsets == nullptr && longest == layer.num_tokens &&
+                 std::all_of(plan.head_lengths.begin(), plan.head_lengths.end(),
+                             [&](int32_t length) { return length == layer.num_tokens; });
+  // Padded and ragged jobs are split above the backends, which never see padding: check
+  // their data here whatever the backend does.
+  if (check_data || !plan.regular) CKV_RETURN_IF_ERROR(CheckData(layer));
+  // n of the target is the longest head without its padding.
   if (options.target_tokens.has_value()) {
-    plan.target_length = std::min<int64_t>(*options.target_tokens, layer.num_tokens);
+    plan.target_length = std::min<int64_t>(*options.target_tokens, longest);
   } else {
     // The same double arithmetic as the SPEC's ceil(rho * n), so that boundary cases such
     // as 0.3 * 40 round exactly as the golden implementation does.
     const double rho = options.target_ratio.value_or(CompressOptions::kDefaultTargetRatio);
-    plan.target_length = static_cast<int64_t>(std::ceil(rho * layer.num_tokens));
+    plan.target_length = static_cast<int64_t>(std::ceil(rho * longest));
   }
   plan.passthrough.assign(layer.num_heads, false);
   for (int32_t head : options.passthrough_heads) plan.passthrough[head] = true;
@@ -236,26 +307,44 @@ absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOption
 absl::StatusOr<CompressResult> ClusterEngine::Compress(const LayerView& layer,
                                                        const CompressOptions& options,
                                                        const CompressControl& control) const {
-  CKV_ASSIGN_OR_RETURN(LayerPlan plan, Plan(layer, options, limits_, !ChecksLayerData()));
-  if (control.IsCancelled()) {
-    return absl::CancelledError("job cancelled before it started");
-  }
   CompressResult result;
-  CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, control, &result));
-  RoundResultRows(options.result_dtype, &result);
+  CKV_RETURN_IF_ERROR(Run(layer, options, control, /*reuse=*/false, &result));
   return result;
 }
 
 absl::Status ClusterEngine::CompressInto(const LayerView& layer, const CompressOptions& options,
                                          CompressResult* result,
                                          const CompressControl& control) const {
+  return Run(layer, options, control, /*reuse=*/true, result);
+}
+
+// The part every backend shares: validation, ragged / padded input split into regular
+// jobs, exact_target's second stage, the honest account, padding and the output layout.
+// A job that asks for none of them runs exactly as before: plan, backend, rounding.
+absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& options,
+                                const CompressControl& control, bool reuse,
+                                CompressResult* result) const {
   CKV_ASSIGN_OR_RETURN(LayerPlan plan, Plan(layer, options, limits_, !ChecksLayerData()));
   if (control.IsCancelled()) {
     return absl::CancelledError("job cancelled before it started");
   }
-  CKV_RETURN_IF_ERROR(CompressReusingImpl(plan, layer, control, result));
+  // The stages above the backend work on float32 rows and round once at the end.
+  const bool staged = !plan.regular || options.exact_target;
+  if (staged) plan.options.result_dtype = DType::kFloat32;
+  if (plan.regular) {
+    if (reuse) {
+      CKV_RETURN_IF_ERROR(CompressReusingImpl(plan, layer, control, result));
+    } else {
+      CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, control, result));
+    }
+    FillStopReasons(plan, result->passes_run, /*first_head=*/0, layer.num_heads, result);
+  } else {
+    CKV_RETURN_IF_ERROR(RunRagged(*this, plan, layer, control, result));
+  }
+  if (options.exact_target) CKV_RETURN_IF_ERROR(ReachExactTarget(*this, plan, layer, control, result));
+  FillAccount(plan, layer, result);
   RoundResultRows(options.result_dtype, result);
-  return absl::OkStatus();
+  return ShapeRows(options, result);
 }
 
 absl::Status ClusterEngine::CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
@@ -271,6 +360,7 @@ absl::Status ClusterEngine::CompressReusingImpl(const LayerPlan& plan, const Lay
   out->counts.clear();
   out->assignment.clear();
   out->passes_run = 0;
+  ResetAccount(out);
   return CompressImpl(plan, layer, control, out);
 }
 

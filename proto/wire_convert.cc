@@ -1,9 +1,12 @@
-// Wire <-> engine conversions for enums and CompressionParams.
+// Wire <-> engine conversions for enums, CompressionParams, field names, stop reasons and
+// the result account (account_convert.h).
 #include "centroidkv/wire/wire_convert.h"
 
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "centroidkv/wire/account_convert.h"
 
 namespace centroidkv {
 namespace {
@@ -152,6 +155,72 @@ v1::CompressionParams OptionsToProto(const CompressOptions& options) {
     params.add_passthrough_heads(static_cast<uint32_t>(head));
   }
   return params;
+}
+
+std::string WireField(absl::string_view engine_field) {
+  static constexpr absl::string_view kStartJobFields[] = {
+      "num_heads", "num_tokens", "key_dim", "value_dim", "head_tokens", "layout", "dtype",
+      "pad_to",    "pad_heads",  "exact_target", "output_layout", "timeout_ms", "priority"};
+  static constexpr absl::string_view kTensors[] = {"keys", "values", "counts"};
+  for (absl::string_view tensor : kTensors) {
+    if (engine_field == tensor) return std::string(engine_field);
+  }
+  if (engine_field.find('.') != absl::string_view::npos) return std::string(engine_field);
+  for (absl::string_view field : kStartJobFields) {
+    if (engine_field == field) return absl::StrCat("start_job.", engine_field);
+  }
+  return absl::StrCat("start_job.params.", engine_field);
+}
+
+StopReason StopReasonFromProto(v1::StopReason reason) {
+  switch (reason) {
+    case v1::STOP_REASON_PASSTHROUGH:
+      return StopReason::kPassthrough;
+    case v1::STOP_REASON_SIMILARITY_FLOOR:
+      return StopReason::kSimilarityFloor;
+    case v1::STOP_REASON_MAX_PASSES:
+      return StopReason::kMaxPasses;
+    case v1::STOP_REASON_PROTECTED:
+      return StopReason::kProtected;
+    case v1::STOP_REASON_UNIFORM_HEADS:
+      return StopReason::kUniformHeads;
+    default:
+      return StopReason::kTargetReached;
+  }
+}
+
+v1::StopReason StopReasonToProto(StopReason reason) {
+  switch (reason) {
+    case StopReason::kTargetReached:
+      return v1::STOP_REASON_TARGET_REACHED;
+    case StopReason::kPassthrough:
+      return v1::STOP_REASON_PASSTHROUGH;
+    case StopReason::kSimilarityFloor:
+      return v1::STOP_REASON_SIMILARITY_FLOOR;
+    case StopReason::kMaxPasses:
+      return v1::STOP_REASON_MAX_PASSES;
+    case StopReason::kProtected:
+      return v1::STOP_REASON_PROTECTED;
+    case StopReason::kUniformHeads:
+      return v1::STOP_REASON_UNIFORM_HEADS;
+  }
+  return v1::STOP_REASON_UNSPECIFIED;
+}
+
+void AccountFromProto(const v1::JobResult& header, CompressResult* result) {
+  result->target_length = static_cast<int64_t>(header.target_tokens());
+  result->target_reached = header.target_reached();
+  result->head_entries.assign(header.head_entries().begin(), header.head_entries().end());
+  result->head_input_tokens.assign(header.head_input_tokens().begin(),
+                                   header.head_input_tokens().end());
+  result->stop_reasons.clear();
+  for (int reason : header.stop_reasons()) {
+    result->stop_reasons.push_back(StopReasonFromProto(static_cast<v1::StopReason>(reason)));
+  }
+  result->head_tokens.assign(header.head_tokens().begin(), header.head_tokens().end());
+  result->padded_length = static_cast<int32_t>(header.padded_length());
+  result->layout = header.layout() == v1::LAYOUT_TOKEN_MAJOR ? TensorLayout::kTokenMajor
+                                                              : TensorLayout::kHeadMajor;
 }
 
 }  // namespace centroidkv

@@ -68,6 +68,7 @@ grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext
   limits->set_max_stream_bytes(options.max_stream_bytes);
   limits->set_max_total_bytes(options.max_total_bytes);
   limits->set_max_message_bytes(static_cast<uint32_t>(options.max_message_bytes));
+  limits->set_max_slab_bytes(static_cast<uint32_t>(MaxSlabBytes(options)));
   limits->set_result_slab_bytes(static_cast<uint32_t>(options.result_slab_bytes));
   *response->mutable_defaults() = OptionsToProto(CompressOptions{});
   response->set_worker_threads(static_cast<uint32_t>(context_->executor->threads()));

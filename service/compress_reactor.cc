@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "centroidkv/common/field_status.h"
 #include "centroidkv/wire/grpc_status.h"
+#include "centroidkv/wire/wire_convert.h"
 
 namespace centroidkv::service {
 namespace {
@@ -17,6 +19,13 @@ constexpr size_t kMaxRefusedJobsPerStream = 4096;
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+absl::Status DeadlineError(uint64_t job_id) {
+  return FieldError(absl::StatusCode::kDeadlineExceeded, {"start_job.timeout_ms"},
+                    absl::StrCat("job ", job_id,
+                                 ": its deadline (start_job.timeout_ms) passed; the work was "
+                                 "dropped"));
 }
 
 }  // namespace
@@ -60,15 +69,8 @@ void CompressReactor::OnReadDone(bool ok) {
       // The stream is ending; drop whatever arrived.
     } else if (!ok) {
       reads_done_ = true;
-      if (!receiving_.empty() || waiting_.has_value()) {
-        const uint64_t job_id =
-            waiting_.has_value() ? waiting_->job->job_id() : receiving_.begin()->first;
-        FailStream(absl::FailedPreconditionError(absl::StrCat(
-                       "stream half-closed while job ", job_id, " still expected slabs")),
-                   &actions);
-      } else {
-        MaybeFinish(&actions);
-      }
+      FailIncompleteJobs(&actions);
+      MaybeFinish(&actions);
     } else if (absl::Status status = HandleRequest(&actions); !status.ok()) {
       FailStream(status, &actions);
     } else if (!waiting_.has_value() && !finish_requested_ && !read_in_flight_) {
@@ -155,7 +157,9 @@ absl::Status CompressReactor::HandleRequest(Actions* actions) {
 
 absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions* actions) {
   const uint64_t job_id = start.job_id();
-  if (receiving_.count(job_id) || computing_.count(job_id) || rejected_.count(job_id)) {
+  // A job answered with a JobError may be announced again: its id is free once more.
+  rejected_.erase(job_id);
+  if (receiving_.count(job_id) || computing_.count(job_id)) {
     return absl::FailedPreconditionError(
         absl::StrCat("start_job.job_id ", job_id, " is already in flight on this stream"));
   }
@@ -174,16 +178,25 @@ absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions*
                   0, actions);
     return absl::OkStatus();
   }
+  // Everything wrong with one StartJob fails that job only.
   absl::StatusOr<std::unique_ptr<IncomingJob>> job;
   try {
     job = IncomingJob::Create(start, context_->options);
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("start_job: out of memory allocating job ", job_id));
+    job = FieldError(absl::StatusCode::kResourceExhausted, {"start_job.num_tokens"},
+                     absl::StrCat("start_job: out of memory allocating job ", job_id));
   }
-  if (!job.ok()) return job.status();
+  if (!job.ok()) {
+    RejectJob(job_id, job.status(), actions);
+    return absl::OkStatus();
+  }
   absl::StatusOr<const ClusterEngine*> engine = context_->engines->Select((*job)->backend());
-  if (!engine.ok()) return engine.status();
+  if (!engine.ok()) {
+    RejectJob(job_id, FieldError(engine.status().code(), {"start_job.backend"},
+                                 engine.status().message()),
+              actions);
+    return absl::OkStatus();
+  }
   // The caller's own limits: over them this job alone is refused (its slabs are dropped
   // unread) and the stream, and every other caller, goes on.
   if (absl::Status admitted = caller_->AdmitJob((*job)->footprint_bytes()); !admitted.ok()) {
@@ -191,26 +204,35 @@ absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions*
     // The ids of refused jobs are kept (their slabs are dropped); a stream that keeps
     // sending jobs over its caller's limit would grow the set without bound.
     if (rejected_.size() >= kMaxRefusedJobsPerStream) return admitted;
-    rejected_.insert(job_id);
-    QueueJobError(job_id, admitted, 0, actions);
+    RejectJob(job_id, admitted, actions);
     return absl::OkStatus();
   }
   waiting_ = ReceivingJob{std::move(*job), *engine};
-  return AdmitWaitingJob(actions);
+  AdmitWaitingJob(actions);
+  return absl::OkStatus();
 }
 
-absl::Status CompressReactor::AdmitWaitingJob(Actions* actions) {
-  if (!waiting_.has_value() || finish_requested_) return absl::OkStatus();
+void CompressReactor::AdmitWaitingJob(Actions* actions) {
+  if (!waiting_.has_value() || finish_requested_) return;
   const uint64_t footprint = waiting_->job->footprint_bytes();
   const ServerOptions& options = context_->options;
   if (footprint > options.max_stream_bytes || footprint > options.max_total_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "start_job: job ", waiting_->job->job_id(), " needs ", footprint,
-        " bytes for input and result, above max_stream_bytes ", options.max_stream_bytes,
-        " or max_total_bytes ", options.max_total_bytes));
+    // It can never fit: that job fails, and reading goes on.
+    const uint64_t job_id = waiting_->job->job_id();
+    caller_->ReleaseJob(footprint);  // admitted for its caller at StartJob
+    waiting_.reset();
+    RejectJob(job_id,
+              FieldError(absl::StatusCode::kResourceExhausted, {"start_job.num_tokens"},
+                         absl::StrCat("start_job: job ", job_id, " needs ", footprint,
+                                      " bytes for input and result, above max_stream_bytes ",
+                                      options.max_stream_bytes, " or max_total_bytes ",
+                                      options.max_total_bytes)),
+              actions);
+    StartReadIfIdle(actions);
+    return;
   }
   if (stream_bytes_ + footprint > options.max_stream_bytes) {
-    return absl::OkStatus();  // wait for this stream's own jobs to drain
+    return;  // wait for this stream's own jobs to drain
   }
   if (!context_->budget.TryReserve(footprint)) {
     if (!budget_wait_.has_value()) {
@@ -221,7 +243,7 @@ absl::Status CompressReactor::AdmitWaitingJob(Actions* actions) {
       });
     }
     // A release may have happened between the failed reservation and the registration.
-    if (!context_->budget.TryReserve(footprint)) return absl::OkStatus();
+    if (!context_->budget.TryReserve(footprint)) return;
     if (context_->budget.CancelWait(*budget_wait_)) Unref();
     budget_wait_.reset();
   }
@@ -229,12 +251,15 @@ absl::Status CompressReactor::AdmitWaitingJob(Actions* actions) {
   const uint64_t job_id = waiting_->job->job_id();
   receiving_.emplace(job_id, std::move(*waiting_));
   waiting_.reset();
-  if (!read_in_flight_ && !reads_done_) {
+  StartReadIfIdle(actions);
+}
+
+void CompressReactor::StartReadIfIdle(Actions* actions) {
+  if (!read_in_flight_ && !reads_done_ && !finish_requested_) {
     read_in_flight_ = true;
     ++calls_in_progress_;
     actions->start_read = true;
   }
-  return absl::OkStatus();
 }
 
 void CompressReactor::OnBudgetAvailable() {
@@ -242,9 +267,7 @@ void CompressReactor::OnBudgetAvailable() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     budget_wait_.reset();
-    if (absl::Status status = AdmitWaitingJob(&actions); !status.ok()) {
-      FailStream(status, &actions);
-    }
+    AdmitWaitingJob(&actions);
   }
   Perform(actions);
 }
@@ -257,14 +280,65 @@ absl::Status CompressReactor::HandleSlab(const v1::TensorSlab& slab, Actions* ac
         "slab.job_id ", slab.job_id(),
         " is not a job receiving data on this stream (send start_job first)"));
   }
-  if (absl::Status status = it->second.job->AddSlab(slab); !status.ok()) return status;
+  const int32_t max_slab = MaxSlabBytes(context_->options);
+  if (slab.data().size() > static_cast<size_t>(max_slab)) {
+    FailReceivingJob(it, FieldError(absl::StatusCode::kResourceExhausted, {"slab.data"},
+                                    absl::StrCat("slab.data of job ", slab.job_id(), " is ",
+                                                 slab.data().size(),
+                                                 " bytes, above the server's max_slab_bytes ",
+                                                 max_slab, " (GetInfo limits.max_slab_bytes)")),
+                     actions);
+    return absl::OkStatus();
+  }
+  if (absl::Status status = it->second.job->AddSlab(slab); !status.ok()) {
+    // An overlap or a gap breaks the stream's framing; a slab that does not fit the job's
+    // tensors fails the job.
+    if (status.code() == absl::StatusCode::kFailedPrecondition) return status;
+    FailReceivingJob(it, status, actions);
+    return absl::OkStatus();
+  }
   if (it->second.job->complete()) {
     ReceivingJob job = std::move(it->second);
     receiving_.erase(it);
-    SubmitJob(std::move(job));
+    SubmitJob(std::move(job), actions);
   }
-  (void)actions;
   return absl::OkStatus();
+}
+
+void CompressReactor::FailReceivingJob(std::map<uint64_t, ReceivingJob>::iterator it,
+                                       const absl::Status& status, Actions* actions) {
+  const uint64_t job_id = it->first;
+  const uint64_t footprint = it->second.job->footprint_bytes();
+  receiving_.erase(it);
+  ReleaseFootprint(footprint, actions);
+  RejectJob(job_id, status, actions);
+}
+
+void CompressReactor::FailIncompleteJobs(Actions* actions) {
+  while (!receiving_.empty()) {
+    auto it = receiving_.begin();
+    const IncomingJob& job = *it->second.job;
+    const absl::Status status =
+        FieldError(absl::StatusCode::kFailedPrecondition, {job.FirstMissingField()},
+                   absl::StrCat("stream half-closed while job ", it->first,
+                                " still expected slabs: ", job.MissingTensors()));
+    FailReceivingJob(it, status, actions);
+  }
+  if (waiting_.has_value()) {
+    const uint64_t job_id = waiting_->job->job_id();
+    caller_->ReleaseJob(waiting_->job->footprint_bytes());  // admitted at StartJob
+    waiting_.reset();
+    QueueJobError(job_id,
+                  FieldError(absl::StatusCode::kFailedPrecondition, {"keys"},
+                             absl::StrCat("stream half-closed while job ", job_id,
+                                          " still expected slabs (it waited for memory)")),
+                  0, actions);
+  }
+}
+
+void CompressReactor::RejectJob(uint64_t job_id, const absl::Status& status, Actions* actions) {
+  rejected_.insert(job_id);
+  QueueJobError(job_id, status, 0, actions);
 }
 
 void CompressReactor::HandleCancelJob(const v1::CancelJob& cancel, Actions* actions) {
@@ -293,8 +367,15 @@ void CompressReactor::HandleCancelJob(const v1::CancelJob& cancel, Actions* acti
 // ---------------------------------------------------------------------------------------
 // Jobs in the pool.
 
-void CompressReactor::SubmitJob(ReceivingJob job) {
+void CompressReactor::SubmitJob(ReceivingJob job, Actions* actions) {
   const uint64_t job_id = job.job->job_id();
+  if (job.job->deadline().has_value() &&
+      std::chrono::steady_clock::now() >= *job.job->deadline()) {
+    // Expired while its bytes arrived: dropped without computing.
+    context_->stats.jobs_dropped.fetch_add(1);
+    QueueJobError(job_id, DeadlineError(job_id), job.job->footprint_bytes(), actions);
+    return;
+  }
   auto cancelled = std::make_shared<std::atomic<bool>>(false);
   computing_.emplace(job_id, cancelled);
   computing_footprint_.emplace(job_id, job.job->footprint_bytes());
@@ -306,10 +387,13 @@ void CompressReactor::SubmitJob(ReceivingJob job) {
   std::shared_ptr<IncomingJob> input(std::move(job.job));
   const ClusterEngine* engine = job.engine;
   const double enqueue_time = NowSeconds();
-  context_->executor->Submit([this, job_id, input, engine, cancelled, enqueue_time] {
-    RunJob(job_id, input, engine, cancelled, enqueue_time);
-    Unref();
-  });
+  const int32_t priority = input->priority();
+  context_->executor->Submit(
+      [this, job_id, input, engine, cancelled, enqueue_time] {
+        RunJob(job_id, input, engine, cancelled, enqueue_time);
+        Unref();
+      },
+      priority);
 }
 
 void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
@@ -325,20 +409,27 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
   // rounded by the encoder as it copies.
   CompressOptions options = job->options();
   if (engine->WritesResultDType(job->output_dtype())) options.result_dtype = job->output_dtype();
-  PooledResult result =
-      context_->results->Acquire(ResultPool::ResultBytesFor(job->view(), options));
+  CompressControl control{cancelled.get()};
+  if (job->deadline().has_value()) control.deadline = *job->deadline();
+  PooledResult result;
   absl::Status status;
-  try {
-    status = engine->CompressInto(job->view(), options, result.get(),
-                                  CompressControl{cancelled.get()});
-  } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError(
-        absl::StrCat("job ", job_id, ": out of memory while clustering"));
+  if (control.IsCancelled()) {
+    status = absl::CancelledError("job cancelled or expired before it started");
+  } else {
+    result = context_->results->Acquire(ResultPool::ResultBytesFor(job->view(), options));
+    try {
+      status = engine->CompressInto(job->view(), options, result.get(), control);
+    } catch (const std::bad_alloc&) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("job ", job_id, ": out of memory while clustering"));
+    }
   }
   timings.compute_seconds = NowSeconds() - start;
   context_->metrics.JobComputed(engine->name(), timings.queue_seconds, timings.compute_seconds);
+  const bool expired = status.code() == absl::StatusCode::kCancelled && control.Expired() &&
+                       !cancelled->load();
   const ResultMeta meta{job->layer_index(), job->output_dtype(), std::string(engine->name()),
-                        timings};
+                        timings, expired};
   job.reset();  // free the input before the result is queued
   OnJobComputed(job_id, status, std::move(result), meta);
 }
@@ -354,21 +445,20 @@ void CompressReactor::OnJobComputed(uint64_t job_id, const absl::Status& status,
     const uint64_t footprint = computing_footprint_[job_id];
     computing_.erase(job_id);
     computing_footprint_.erase(job_id);
-    if (finish_requested_ || job_cancelled ||
-        status.code() == absl::StatusCode::kCancelled) {
+    if (finish_requested_ || (job_cancelled && !meta.deadline_exceeded) ||
+        (status.code() == absl::StatusCode::kCancelled && !meta.deadline_exceeded)) {
       stats.jobs_dropped.fetch_add(1);
       ReleaseFootprint(footprint, &actions);
-    } else if (status.code() == absl::StatusCode::kInvalidArgument) {
-      // Bad data (NaN, zero counts, ...) is bad input: the stream fails, naming the field.
-      stats.jobs_failed.fetch_add(1);
-      ReleaseFootprint(footprint, &actions);
-      FailStream(absl::InvalidArgumentError(
-                     absl::StrCat("job ", job_id, ": ", status.message())),
-                 &actions);
+    } else if (meta.deadline_exceeded) {
+      // Its deadline passed while it waited or computed: the work was dropped.
+      stats.jobs_dropped.fetch_add(1);
+      QueueJobError(job_id, DeadlineError(job_id), footprint, &actions);
     } else if (!status.ok()) {
-      // A valid job that failed while computing: reported for that job only.
+      // Bad data (NaN, counts, ...) or a failure while computing: that job only, naming the
+      // field; the stream goes on.
       stats.jobs_failed.fetch_add(1);
-      QueueJobError(job_id, status, footprint, &actions);
+      QueueJobError(job_id, WithPrefix(status, absl::StrCat("job ", job_id, ": ")), footprint,
+                    &actions);
     } else {
       // The job's input is gone; the result needs at most the reserved footprint.
       stats.jobs_completed.fetch_add(1);
@@ -393,9 +483,14 @@ void CompressReactor::QueueJobError(uint64_t job_id, const absl::Status& status,
   output.error.emplace();
   v1::JobError* error = output.error->mutable_error();
   error->set_job_id(job_id);
-  error->set_code(static_cast<int32_t>(status.code()));
+  error->set_code(ToWireCode(status.code()));
   error->set_message(std::string(status.message()));
-  context_->metrics.Error(static_cast<int>(status.code()), "job");
+  if (std::optional<FieldLocation> location = GetFieldLocation(status); location.has_value()) {
+    error->set_field(WireField(location->field));
+    if (location->head.has_value()) error->set_head(static_cast<uint32_t>(*location->head));
+    if (location->token.has_value()) error->set_token(static_cast<uint32_t>(*location->token));
+  }
+  context_->metrics.Error(ToWireCode(status.code()), "job");
   outgoing_.push_back(std::move(output));
   PrepareWrite(actions);
 }
@@ -407,11 +502,7 @@ void CompressReactor::ReleaseFootprint(uint64_t bytes, Actions* actions) {
   caller_->ReleaseJob(bytes);
   stream_bytes_ -= bytes;
   actions->release_bytes += bytes;
-  if (waiting_.has_value() && !finish_requested_) {
-    if (absl::Status status = AdmitWaitingJob(actions); !status.ok()) {
-      FailStream(status, actions);
-    }
-  }
+  if (waiting_.has_value() && !finish_requested_) AdmitWaitingJob(actions);
 }
 
 void CompressReactor::PrepareWrite(Actions* actions) {

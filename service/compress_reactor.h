@@ -73,10 +73,17 @@ class CompressReactor final
   void HandleCancelJob(const v1::CancelJob& cancel, Actions* actions);
 
   // Reserves the waiting job's footprint (stream and shared budget) and, once it fits,
-  // admits it and resumes reading. Returns an error if the job can never fit.
-  absl::Status AdmitWaitingJob(Actions* actions);
+  // admits it and resumes reading. A job that can never fit gets a JobError.
+  void AdmitWaitingJob(Actions* actions);
+  void StartReadIfIdle(Actions* actions);
   void OnBudgetAvailable();
-  void SubmitJob(ReceivingJob job);
+  // A job that failed before computing: JobError, and its later slabs are dropped.
+  void RejectJob(uint64_t job_id, const absl::Status& status, Actions* actions);
+  void FailReceivingJob(std::map<uint64_t, ReceivingJob>::iterator it,
+                        const absl::Status& status, Actions* actions);
+  // At half-close: a JobError for each job still short of bytes.
+  void FailIncompleteJobs(Actions* actions);
+  void SubmitJob(ReceivingJob job, Actions* actions);
   void RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job, const ClusterEngine* engine,
               std::shared_ptr<std::atomic<bool>> cancelled, double enqueue_time);
   struct ResultMeta {
@@ -84,6 +91,7 @@ class CompressReactor final
     DType output_dtype;
     std::string backend;
     JobTimings timings;
+    bool deadline_exceeded = false;  // the engine stopped (or never started) on the deadline
   };
   // `result` is the job's pooled result (valid when `status` is OK); it returns to the
   // pool when its encoder is done with it, or at once when the job produced no reply.
@@ -111,7 +119,9 @@ class CompressReactor final
   std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> computing_;  // job -> cancel flag
   std::map<uint64_t, uint64_t> computing_footprint_;
   std::deque<Output> outgoing_;
-  std::set<uint64_t> rejected_;  // jobs refused while draining: their slabs are dropped
+  // Jobs answered with a JobError before computing (bad StartJob, draining, a slab that does
+  // not fit): their later slabs are dropped. An id leaves when announced again.
+  std::set<uint64_t> rejected_;
   std::optional<ReceivingJob> waiting_;  // a job waiting for memory; reading is paused
   std::optional<MemoryBudget::WaiterId> budget_wait_;
   uint64_t stream_bytes_ = 0;  // footprints of this stream's admitted jobs

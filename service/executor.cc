@@ -1,4 +1,5 @@
-// WorkExecutor: tbb::task_arena::enqueue plus a pending-task counter for shutdown.
+// WorkExecutor: a priority queue of tasks, tbb::task_arena::enqueue to run them, and a
+// pending-task counter for shutdown.
 #include "service/executor.h"
 
 #include <algorithm>
@@ -23,17 +24,30 @@ WorkExecutor::WorkExecutor(int32_t threads)
 
 WorkExecutor::~WorkExecutor() { WaitIdle(std::chrono::hours(1)); }
 
-void WorkExecutor::Submit(std::function<void()> task) {
+void WorkExecutor::Submit(std::function<void()> task, int32_t priority) {
   pending_.fetch_add(1);
   queued_.fetch_add(1);
-  arena_->enqueue([this, task = std::move(task)] {
-    queued_.fetch_sub(1);
-    task();
-    if (pending_.fetch_sub(1) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      idle_.notify_all();
-    }
-  });
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push(Queued{priority, next_sequence_++, std::move(task)});
+  }
+  arena_->enqueue([this] { RunNext(); });
+}
+
+void WorkExecutor::RunNext() {
+  std::function<void()> task;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    // One arena task per queued task: the queue is never empty here.
+    task = std::move(const_cast<Queued&>(queue_.top()).task);
+    queue_.pop();
+  }
+  queued_.fetch_sub(1);
+  task();
+  if (pending_.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.notify_all();
+  }
 }
 
 bool WorkExecutor::WaitIdle(std::chrono::milliseconds timeout) {

@@ -7,6 +7,8 @@
 // oneTBB start as many workers as the arena has slots. oneTBB's defaults (one slot kept
 // for an application thread, at most hardware_concurrency - 1 workers) would run the
 // clustering on `threads - 1` threads: one thread on a 2-core machine.
+// Tasks wait in one queue ordered by priority (higher first, then in submission order):
+// each task handed to the arena runs whichever queued task is first at that moment.
 // Thread-safe. The destructor waits for submitted work.
 #pragma once
 
@@ -17,6 +19,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <queue>
+#include <vector>
 
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
@@ -30,8 +34,8 @@ class WorkExecutor {
   ~WorkExecutor();
 
   int32_t threads() const { return threads_; }
-  // Queues `task`; returns at once.
-  void Submit(std::function<void()> task);
+  // Queues `task`; returns at once. Higher `priority` runs first among tasks not started.
+  void Submit(std::function<void()> task, int32_t priority = 0);
   // Tasks submitted and not yet finished.
   int64_t pending() const { return pending_.load(); }
   // Tasks submitted and not yet started (the queue depth).
@@ -46,8 +50,22 @@ class WorkExecutor {
   std::unique_ptr<tbb::task_arena> arena_;
   std::atomic<int64_t> pending_{0};
   std::atomic<int64_t> queued_{0};
+  struct Queued {
+    int32_t priority;
+    uint64_t sequence;
+    std::function<void()> task;
+    bool operator<(const Queued& other) const {  // the heap's top is the greatest
+      return priority != other.priority ? priority < other.priority : sequence > other.sequence;
+    }
+  };
+  // Runs the queue's first task (one per Submit).
+  void RunNext();
+
   std::mutex mu_;
   std::condition_variable idle_;
+  std::mutex queue_mu_;
+  std::priority_queue<Queued> queue_;
+  uint64_t next_sequence_ = 0;
 };
 
 }  // namespace centroidkv::service

@@ -4,8 +4,11 @@
 // Thread-compatible: owned by one stream, handed to one worker task when complete.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,11 +32,19 @@ class IncomingJob {
   static absl::StatusOr<std::unique_ptr<IncomingJob>> Create(const v1::StartJob& start,
                                                              const ServerOptions& options);
 
-  // Copies one slab into place. FAILED_PRECONDITION for an overlap or a gap,
-  // INVALID_ARGUMENT for an unknown tensor or bytes past the tensor's end.
+  // Copies one slab into place. FAILED_PRECONDITION for an overlap or a gap (framing: the
+  // stream ends), INVALID_ARGUMENT naming slab.tensor / slab.data for a tensor the job does
+  // not have or bytes past the tensor's end (the job fails, the stream goes on).
   absl::Status AddSlab(const v1::TensorSlab& slab);
 
   bool complete() const;
+  // The input tensors still short of bytes, e.g. "TENSOR_VALUES (0 of 4096 bytes)".
+  std::string MissingTensors() const;
+  // The first of them as a JobError field: "keys", "values" or "counts".
+  const char* FirstMissingField() const;
+  int32_t priority() const { return priority_; }
+  // From StartJob.timeout_ms, counted from Create(); nullopt = none.
+  std::optional<std::chrono::steady_clock::time_point> deadline() const { return deadline_; }
   uint64_t job_id() const { return job_id_; }
   uint32_t layer_index() const { return layer_index_; }
   BackendKind backend() const { return backend_; }
@@ -64,12 +75,17 @@ class IncomingJob {
   DType output_dtype_ = DType::kFloat32;
   CompressOptions options_;
   bool has_counts_ = false;
+  int32_t priority_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
+  std::vector<int64_t> head_offsets_;  // ragged input: [H + 1], view_.head_offsets
   TensorBuffer keys_, values_, counts_;
   uint64_t footprint_bytes_ = 0;
   LayerView view_;
 };
 
-// Worst-case bytes of a job's result (every entry kept), for the stream's reservation.
-uint64_t MaxResultBytes(const LayerView& shape, DType output_dtype, bool with_assignment);
+// Worst-case bytes of a job's result (every entry kept, padded as asked), for the stream's
+// reservation.
+uint64_t MaxResultBytes(const LayerView& shape, const CompressOptions& options,
+                        DType output_dtype);
 
 }  // namespace centroidkv::service

@@ -72,6 +72,20 @@ bool ResultEncoder::Next(v1::CompressResponse* message) {
     header->set_passes_run(static_cast<uint32_t>(result_->passes_run));
     header->set_compute_seconds(timings_.compute_seconds);
     header->set_queue_seconds(timings_.queue_seconds);
+    header->set_target_tokens(static_cast<uint64_t>(result_->target_length));
+    header->set_target_reached(result_->target_reached);
+    for (int32_t entries : result_->head_entries) {
+      header->add_head_entries(static_cast<uint32_t>(entries));
+    }
+    for (uint64_t tokens : result_->head_input_tokens) header->add_head_input_tokens(tokens);
+    for (StopReason reason : result_->stop_reasons) {
+      header->add_stop_reasons(StopReasonToProto(reason));
+    }
+    for (int32_t tokens : result_->head_tokens) {
+      header->add_head_tokens(static_cast<uint32_t>(tokens));
+    }
+    header->set_padded_length(static_cast<uint32_t>(result_->padded_length));
+    header->set_layout(LayoutToProto(result_->layout));
   } else {
     FillSlab(kOutputOrder[tensor_index_], message->mutable_slab());
   }

@@ -128,7 +128,11 @@ void Server::Shutdown() {
                                   std::chrono::steady_clock::now() - start);
     grpc_server_->Shutdown(std::chrono::system_clock::now() +
                            std::max(left, std::chrono::milliseconds(0)));
-    context_->executor->WaitIdle(grace);
+    // Every stream is cancelled by now, so its jobs stop at their next check; one may still
+    // be inside a head past the grace period, and must not outlive the server it reports to.
+    if (!context_->executor->WaitIdle(grace)) {
+      context_->executor->WaitIdle(std::chrono::minutes(10));
+    }
     if (metrics_http_ != nullptr) metrics_http_->Stop();
   });
 }

@@ -53,6 +53,11 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
                  "Largest gRPC message accepted")
       ->capture_default_str()
       ->check(CLI::Range(1 << 16, 1 << 30));
+  app.add_option("--max-slab-bytes", options.max_slab_bytes,
+                 "Largest slab payload taken (GetInfo max_slab_bytes; at most "
+                 "--max-message-bytes - 1 KiB)")
+      ->capture_default_str()
+      ->check(CLI::Range(1 << 10, 1 << 30));
   app.add_option("--result-slab-bytes", options.result_slab_bytes,
                  "Payload bytes per result slab sent back")
       ->capture_default_str()

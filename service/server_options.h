@@ -2,6 +2,7 @@
 // The flags in server_main.cc map one to one onto these fields.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -59,6 +60,11 @@ struct ServerOptions {
   uint64_t max_job_bytes = uint64_t{256} << 20;
   // Largest message accepted (slabs are 64 KiB - 1 MiB; this leaves room for headers).
   int32_t max_message_bytes = 8 << 20;
+  // Largest slab.data taken (GetInfo's max_slab_bytes; larger slabs fail their job with
+  // RESOURCE_EXHAUSTED naming slab.data). At most max_message_bytes - kSlabHeadroom, so
+  // that a slab up to twice the limit still reaches the server and gets that named error
+  // instead of gRPC's own "larger than max" (see MaxSlabBytes).
+  int32_t max_slab_bytes = 4 << 20;
   // Payload size of each result slab the server sends.
   int32_t result_slab_bytes = 1 << 20;
 
@@ -69,5 +75,13 @@ struct ServerOptions {
   EngineLimits engine_limits;
   SecurityOptions security;
 };
+
+// Room for a slab message's other fields (job id, tensor, offset, framing).
+inline constexpr int32_t kSlabHeadroom = 1 << 10;
+
+// The slab limit in force: max_slab_bytes, within what a message can carry.
+inline int32_t MaxSlabBytes(const ServerOptions& options) {
+  return std::max(1, std::min(options.max_slab_bytes, options.max_message_bytes - kSlabHeadroom));
+}
 
 }  // namespace centroidkv::service

@@ -1,7 +1,9 @@
 // `centroidkv compress`: reads keys.npy / values.npy / counts.npy ([H, n, d], float32 or
-// float16; counts uint32), compresses them on a server (--server) or in-process (--local),
-// and writes out_keys / out_values / out_counts / out_offsets / assignment .npy files in
-// the layout of ../shared/golden.
+// float16; counts uint32), or a ragged layer (keys [total, dk], values [total, dv], counts
+// [total] with offsets.npy [H + 1]: a previous result sent back as it is), compresses it on
+// a server (--server) or in-process (--local), and writes out_keys / out_values /
+// out_counts / out_offsets / assignment .npy files in the layout of ../shared/golden.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -27,7 +29,7 @@ namespace {
 struct CompressFlags {
   client::SecurityFlags security;
   std::string in_dir;
-  std::string keys_path, values_path, counts_path;
+  std::string keys_path, values_path, counts_path, offsets_path;
   std::string out_dir;
   std::string server = "127.0.0.1:50051";
   bool local = false;
@@ -47,6 +49,12 @@ struct CompressFlags {
   int32_t slab_kib = 256;
   uint32_t layer_index = 0;
   bool quiet = false;
+  bool pad_heads = false;
+  int32_t pad_to = 0;
+  bool exact_target = false;
+  bool token_major_output = false;
+  int64_t timeout_ms = 0;
+  int32_t priority = 0;
 
   CLI::Option* target_ratio_flag = nullptr;
   CLI::Option* target_tokens_flag = nullptr;
@@ -58,6 +66,7 @@ struct LoadedLayer {
   NpyArray keys, values, counts;
   bool has_counts = false;
   std::vector<uint32_t> converted_counts;
+  std::vector<int64_t> head_offsets;  // ragged input: [H + 1]
   LayerView view;
 };
 
@@ -116,6 +125,75 @@ absl::Status ConvertCounts(LoadedLayer* layer, const std::string& path) {
   return absl::OkStatus();
 }
 
+// Heads concatenated, as a result comes back: keys [total, dk], values [total, dv], counts
+// [total] and offsets [H + 1] (int64 or int32, from 0 up to total).
+absl::StatusOr<std::unique_ptr<LoadedLayer>> LoadRaggedLayer(const CompressFlags& flags) {
+  if (flags.keys_path.empty() || flags.values_path.empty()) {
+    return absl::InvalidArgumentError("give --in DIR, or both --keys and --values");
+  }
+  auto layer = std::make_unique<LoadedLayer>();
+  CKV_ASSIGN_OR_RETURN(layer->keys, ReadNpy(flags.keys_path));
+  CKV_ASSIGN_OR_RETURN(layer->values, ReadNpy(flags.values_path));
+  CKV_RETURN_IF_ERROR(CheckRank(layer->keys, 2, flags.keys_path, "[total, dk]"));
+  CKV_RETURN_IF_ERROR(CheckRank(layer->values, 2, flags.values_path, "[total, dv]"));
+  CKV_ASSIGN_OR_RETURN(DType dtype, NpyToDType(layer->keys, flags.keys_path));
+  CKV_ASSIGN_OR_RETURN(DType value_dtype, NpyToDType(layer->values, flags.values_path));
+  const int64_t total = layer->keys.shape[0];
+  if (value_dtype != dtype || layer->values.shape[0] != total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flags.values_path, ": values must have the keys' dtype and ", total, " rows"));
+  }
+  CKV_ASSIGN_OR_RETURN(NpyArray offsets, ReadNpy(flags.offsets_path));
+  if (offsets.shape.size() != 1 || offsets.shape[0] < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flags.offsets_path, ": offsets must be [H + 1] with H >= 1"));
+  }
+  for (int64_t i = 0; i < offsets.shape[0]; ++i) {
+    int64_t value = 0;
+    if (offsets.type == NpyType::kInt64) {
+      value = offsets.As<int64_t>()[i];
+    } else if (offsets.type == NpyType::kInt32) {
+      value = offsets.As<int32_t>()[i];
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flags.offsets_path, ": offsets must be int64 or int32"));
+    }
+    const int64_t previous = layer->head_offsets.empty() ? 0 : layer->head_offsets.back();
+    if ((i == 0 && value != 0) || (i > 0 && value <= previous) || value > total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flags.offsets_path, ": offsets must rise from 0 to ", total,
+          " with at least one row per head (index ", i, " is ", value, ")"));
+    }
+    layer->head_offsets.push_back(value);
+  }
+  if (layer->head_offsets.back() != total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flags.offsets_path, ": the last offset must be ", total));
+  }
+  LayerView& view = layer->view;
+  view.dtype = dtype;
+  view.num_heads = static_cast<int32_t>(layer->head_offsets.size() - 1);
+  for (int32_t h = 0; h < view.num_heads; ++h) {
+    view.num_tokens = std::max<int32_t>(
+        view.num_tokens, static_cast<int32_t>(layer->head_offsets[h + 1] - layer->head_offsets[h]));
+  }
+  view.key_dim = static_cast<int32_t>(layer->keys.shape[1]);
+  view.value_dim = static_cast<int32_t>(layer->values.shape[1]);
+  view.keys = layer->keys.bytes.data();
+  view.values = layer->values.bytes.data();
+  view.head_offsets = layer->head_offsets.data();
+  if (!flags.counts_path.empty()) {
+    CKV_ASSIGN_OR_RETURN(layer->counts, ReadNpy(flags.counts_path));
+    if (layer->counts.shape.size() != 1 || layer->counts.shape[0] != total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flags.counts_path, ": counts must be [", total, "]"));
+    }
+    CKV_RETURN_IF_ERROR(ConvertCounts(layer.get(), flags.counts_path));
+    view.counts = layer->converted_counts.data();
+  }
+  return layer;
+}
+
 absl::StatusOr<std::unique_ptr<LoadedLayer>> LoadLayer(CompressFlags& flags) {
   namespace fs = std::filesystem;
   if (!flags.in_dir.empty()) {
@@ -125,7 +203,10 @@ absl::StatusOr<std::unique_ptr<LoadedLayer>> LoadLayer(CompressFlags& flags) {
     }
     const std::string counts = (fs::path(flags.in_dir) / "counts.npy").string();
     if (flags.counts_path.empty() && fs::exists(counts)) flags.counts_path = counts;
+    const std::string offsets = (fs::path(flags.in_dir) / "offsets.npy").string();
+    if (flags.offsets_path.empty() && fs::exists(offsets)) flags.offsets_path = offsets;
   }
+  if (!flags.offsets_path.empty()) return LoadRaggedLayer(flags);
   if (flags.keys_path.empty() || flags.values_path.empty()) {
     return absl::InvalidArgumentError("give --in DIR, or both --keys and --values");
   }
@@ -192,6 +273,12 @@ absl::StatusOr<client::LayerJob> MakeJob(const CompressFlags& flags, const Layer
   options.uniform_heads = flags.uniform_heads;
   options.passthrough_heads = flags.passthrough_heads;
   options.compute_assignment = flags.assignment;
+  options.pad_heads = flags.pad_heads;
+  options.pad_to = flags.pad_to;
+  options.exact_target = flags.exact_target;
+  if (flags.token_major_output) options.output_layout = TensorLayout::kTokenMajor;
+  job.timeout = std::chrono::milliseconds(flags.timeout_ms);
+  job.priority = flags.priority;
   job.output_dtype = flags.output_dtype == "float16" ? DType::kFloat16 : DType::kFloat32;
   if (flags.backend == "cpu") job.backend = BackendKind::kCpu;
   if (flags.backend == "gpu") job.backend = BackendKind::kGpu;
@@ -242,15 +329,19 @@ absl::Status WriteOutputs(const std::string& dir, const client::LayerResult& res
                                result.offsets.data()));
   if (!result.assignment.empty()) {
     std::vector<int64_t> wide(result.assignment.begin(), result.assignment.end());
-    CKV_RETURN_IF_ERROR(WriteNpy(path("assignment.npy"), NpyType::kInt64,
-                                 {result.num_heads, result.num_tokens}, wide.data()));
+    // [H, n], or [total] for ragged input (one entry per input row, -1 for padding).
+    const std::vector<int64_t> shape =
+        result.assignment.size() == static_cast<size_t>(result.num_heads) * result.num_tokens
+            ? std::vector<int64_t>{result.num_heads, result.num_tokens}
+            : std::vector<int64_t>{static_cast<int64_t>(result.assignment.size())};
+    CKV_RETURN_IF_ERROR(WriteNpy(path("assignment.npy"), NpyType::kInt64, shape, wide.data()));
   }
   return absl::OkStatus();
 }
 
 void PrintSummary(const CompressFlags& flags, const LayerView& view,
                   const client::LayerResult& result, double seconds) {
-  const int64_t entries_in = int64_t{view.num_heads} * view.num_tokens;
+  const int64_t entries_in = view.TotalRows();
   const int64_t entries_out = result.total_entries();
   const double ratio = static_cast<double>(entries_out) / static_cast<double>(entries_in);
   const double bytes_in = static_cast<double>(entries_in) * (view.key_dim + view.value_dim) *
@@ -266,6 +357,16 @@ void PrintSummary(const CompressFlags& flags, const LayerView& view,
             << std::setprecision(2) << "  time " << seconds * 1e3 << " ms end to end";
   if (!flags.local) std::cout << ", " << result.compute_seconds * 1e3 << " ms clustering";
   std::cout << ", " << bytes_in / seconds / 1e6 << " MB/s of KV\n";
+  if (!result.stop_reasons.empty()) {  // an older server sends no account
+    std::cout << "  target " << result.target_length << (result.target_reached ? " reached" : " MISSED")
+              << "; entries per head";
+    for (size_t h = 0; h < result.head_entries.size(); ++h) {
+      std::cout << (h == 0 ? " " : ", ") << result.head_entries[h] << " ("
+                << StopReasonName(result.stop_reasons[h]) << ")";
+    }
+    if (result.padded_length > 0) std::cout << "; padded to " << result.padded_length;
+    std::cout << "\n";
+  }
 }
 
 void RunCompress(CompressFlags& flags, int* exit_code) {
@@ -303,6 +404,9 @@ void AddCompressCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--keys", flags->keys_path, "keys.npy, [H, n, dk] float32 or float16");
   cmd->add_option("--values", flags->values_path, "values.npy, [H, n, dv], same dtype as keys");
   cmd->add_option("--counts", flags->counts_path, "counts.npy, [H, n] uint32 (default: all 1)");
+  cmd->add_option("--offsets", flags->offsets_path,
+                  "offsets.npy [H + 1]: ragged input, keys [total, dk], values [total, dv], "
+                  "counts [total] (a result's out_* files sent back; --in finds offsets.npy)");
   cmd->add_option("--out", flags->out_dir,
                   "Folder for out_keys/out_values/out_counts/out_offsets/assignment .npy");
   auto* server = cmd->add_option("--server", flags->server,
@@ -346,6 +450,18 @@ void AddCompressCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(4, 4096));
   cmd->add_option("--layer", flags->layer_index, "Layer index to tag the job with");
+  cmd->add_flag("--pad-heads", flags->pad_heads,
+                "Pad every head with count-0 rows to the longest head's length");
+  cmd->add_option("--pad-to", flags->pad_to,
+                  "Pad every head to exactly this many rows (fails if a head is longer)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--exact-target", flags->exact_target,
+                "Merge past the floor and max_passes until each compressed head has t rows");
+  cmd->add_flag("--token-major-output", flags->token_major_output,
+                "Rows [L, H, d] (token-major, heads padded to L) instead of heads concatenated");
+  cmd->add_option("--timeout-ms", flags->timeout_ms, "The job's deadline on the server (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--priority", flags->priority, "Higher runs first among queued jobs");
   cmd->add_flag("--quiet", flags->quiet, "Print nothing on success");
   client::AddSecurityFlags(cmd, &flags->security);
   cmd->callback([flags, exit_code] { RunCompress(*flags, exit_code); });

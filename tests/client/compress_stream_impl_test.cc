@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "centroidkv/client/client.h"
+#include "centroidkv/common/field_status.h"
 #include "gtest/gtest.h"
 #include "tests/client/client_testing.h"
 #include "tests/testing/random_layer.h"
@@ -271,7 +272,7 @@ TEST_F(CompressStreamTest, DestroyingAStreamWithJobsInFlightReturnsPromptly) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
-TEST_F(CompressStreamTest, BadParameterFailsTheStreamNamingTheField) {
+TEST_F(CompressStreamTest, BadParameterFailsThatJobNamingTheFieldAndTheStreamGoesOn) {
   const RandomLayer layer = SmallLayer(10);
   LayerJob job = SmallJob(layer, 0);
   job.options.chunk_size = 1;
@@ -279,20 +280,34 @@ TEST_F(CompressStreamTest, BadParameterFailsTheStreamNamingTheField) {
   ASSERT_NE(client, nullptr);
   std::unique_ptr<CompressStream> stream = client->OpenStream();
   ASSERT_TRUE(stream->Submit(job).ok());
-  ExpectError(stream->Next().status(), absl::StatusCode::kInvalidArgument, "chunk_size");
-  ExpectError(stream->Close(), absl::StatusCode::kInvalidArgument, "chunk_size");
-  EXPECT_FALSE(stream->Submit(SmallJob(layer, 1)).ok());
+  absl::StatusOr<LayerResult> failed = stream->Next();
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  ExpectError(failed->status, absl::StatusCode::kInvalidArgument, "chunk_size");
+  auto location = GetFieldLocation(failed->status);
+  ASSERT_TRUE(location.has_value());
+  EXPECT_EQ(location->field, "start_job.params.chunk_size");
+  // The stream goes on.
+  ASSERT_TRUE(stream->Submit(SmallJob(layer, 1)).ok());
+  absl::StatusOr<LayerResult> next = stream->Next();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(next->status.ok()) << next->status;
+  EXPECT_TRUE(stream->Close().ok());
 }
 
-TEST_F(CompressStreamTest, ZeroCountFailsTheStreamNamingCounts) {
+TEST_F(CompressStreamTest, ZeroCountFailsThatJobNamingCountsHeadAndToken) {
   RandomLayer layer = SmallLayer(11);
   layer.SetCount(1, 20, 0);
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
   absl::StatusOr<std::vector<LayerResult>> results =
       client->CompressLayers({SmallJob(layer, 0)});
-  ASSERT_FALSE(results.ok());
-  ExpectError(results.status(), absl::StatusCode::kInvalidArgument, "counts");
+  ASSERT_TRUE(results.ok()) << results.status();
+  ExpectError((*results)[0].status, absl::StatusCode::kInvalidArgument, "counts");
+  auto location = GetFieldLocation((*results)[0].status);
+  ASSERT_TRUE(location.has_value());
+  EXPECT_EQ(location->field, "counts");
+  EXPECT_EQ(location->head, 1);
+  EXPECT_EQ(location->token, 20);
 }
 
 TEST_F(CompressStreamTest, GpuBackendWithoutAGpuIsFailedPrecondition) {
@@ -307,8 +322,8 @@ TEST_F(CompressStreamTest, GpuBackendWithoutAGpuIsFailedPrecondition) {
   LayerJob job = SmallJob(layer, 0);
   job.backend = BackendKind::kGpu;
   absl::StatusOr<std::vector<LayerResult>> results = client->CompressLayers({job});
-  ASSERT_FALSE(results.ok());
-  ExpectError(results.status(), absl::StatusCode::kFailedPrecondition, "gpu");
+  ASSERT_TRUE(results.ok()) << results.status();
+  ExpectError((*results)[0].status, absl::StatusCode::kFailedPrecondition, "gpu");
 }
 
 }  // namespace

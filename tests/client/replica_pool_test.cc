@@ -279,7 +279,7 @@ TEST(ReplicaPoolTest, NonRetryableErrorsAreReturnedWithoutResendingOnlyToTheGuil
   JobSet set = MakeVariedJobs(6, 7200, 0);
   LayerJob bad = set.jobs[2];
   bad.layer_index = 99;
-  bad.options.chunk_size = 1;  // INVALID_ARGUMENT: ends the whole gRPC stream
+  bad.options.chunk_size = 1;  // INVALID_ARGUMENT: a JobError for that job only
   std::unique_ptr<CompressStream> stream = pool->OpenStream();
   for (size_t i = 0; i < set.jobs.size(); ++i) {
     ASSERT_TRUE(stream->Submit(set.jobs[i]).ok());

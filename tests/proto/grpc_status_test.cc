@@ -117,5 +117,17 @@ TEST(ToGrpcStatusTest, OkIsOk) {
   EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK).ok());
 }
 
+TEST(WireCodeTest, JobErrorCodesRoundTripAndUnknownValuesBecomeUnknown) {
+  for (int code = 0; code <= 16; ++code) {
+    const auto absl_code = static_cast<absl::StatusCode>(code);
+    EXPECT_EQ(ToWireCode(absl_code), code);
+    EXPECT_EQ(FromWireCode(code), absl_code);
+  }
+  for (int32_t code : {17, 99, -1, 1 << 30}) {
+    EXPECT_EQ(FromWireCode(code), absl::StatusCode::kUnknown) << code;
+    EXPECT_EQ(ToWireCode(static_cast<absl::StatusCode>(code)), 2) << code;
+  }
+}
+
 }  // namespace
 }  // namespace centroidkv

@@ -408,5 +408,26 @@ INSTANTIATE_TEST_SUITE_P(Targets, OptionsRoundTripTest, ::testing::Bool(),
                            return info.param ? "TargetTokens" : "TargetRatio";
                          });
 
+TEST(WireFieldTest, EngineFieldsGetTheirWireNames) {
+  EXPECT_EQ(WireField("passthrough_heads"), "start_job.params.passthrough_heads");
+  EXPECT_EQ(WireField("target_ratio"), "start_job.params.target_ratio");
+  EXPECT_EQ(WireField("num_tokens"), "start_job.num_tokens");
+  EXPECT_EQ(WireField("head_tokens"), "start_job.head_tokens");
+  EXPECT_EQ(WireField("pad_to"), "start_job.pad_to");
+  EXPECT_EQ(WireField("keys"), "keys");
+  EXPECT_EQ(WireField("counts"), "counts");
+  EXPECT_EQ(WireField("slab.data"), "slab.data");
+  EXPECT_EQ(WireField("start_job.backend"), "start_job.backend");
+}
+
+TEST(StopReasonTest, EveryReasonRoundTrips) {
+  for (StopReason reason : {StopReason::kTargetReached, StopReason::kPassthrough,
+                            StopReason::kSimilarityFloor, StopReason::kMaxPasses,
+                            StopReason::kProtected, StopReason::kUniformHeads}) {
+    EXPECT_EQ(StopReasonFromProto(StopReasonToProto(reason)), reason);
+    EXPECT_NE(StopReasonToProto(reason), v1::STOP_REASON_UNSPECIFIED);
+  }
+}
+
 }  // namespace
 }  // namespace centroidkv

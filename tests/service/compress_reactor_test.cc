@@ -11,8 +11,11 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <thread>
+#include <tuple>
 
+#include "centroidkv/client/client.h"
 #include "centroidkv/kernels/engine_factory.h"
 #include "tests/service/service_test_util.h"
 #include "tests/testing/golden.h"
@@ -190,6 +193,9 @@ struct BadInput {
   std::function<std::vector<v1::CompressRequest>(RandomLayer&)> requests;
   grpc::StatusCode code;
   std::string field;  // must appear in the status message
+  // Empty: a framing violation, the stream ends with `code`. Otherwise an error of job 1
+  // only: a JobError with `code` whose field is `job_field`, and the stream goes on.
+  std::string job_field = "";
 };
 
 std::vector<v1::CompressRequest> ValidJob(RandomLayer& layer, const CompressOptions& options,
@@ -226,66 +232,67 @@ std::function<std::vector<v1::CompressRequest>(RandomLayer&)> EditOptions(
 
 std::vector<BadInput> BadInputs() {
   using grpc::StatusCode;
+  // Job-level cases first (the job fails, the stream goes on), then framing violations.
   std::vector<BadInput> cases = {
       {"UnknownDtype", EditStart([](v1::StartJob* s) { s->set_dtype(static_cast<v1::DType>(9)); }),
-       StatusCode::INVALID_ARGUMENT, "start_job.dtype"},
+       StatusCode::INVALID_ARGUMENT, "start_job.dtype", "start_job.dtype"},
       {"UnspecifiedLayout", EditStart([](v1::StartJob* s) { s->set_layout(v1::LAYOUT_UNSPECIFIED); }),
-       StatusCode::INVALID_ARGUMENT, "start_job.layout"},
+       StatusCode::INVALID_ARGUMENT, "start_job.layout", "start_job.layout"},
       {"ZeroHeads", EditStart([](v1::StartJob* s) { s->set_num_heads(0); }),
-       StatusCode::INVALID_ARGUMENT, "num_heads"},
+       StatusCode::INVALID_ARGUMENT, "num_heads", "start_job.num_heads"},
       {"ZeroKeyDim", EditStart([](v1::StartJob* s) { s->set_key_dim(0); }),
-       StatusCode::INVALID_ARGUMENT, "key_dim"},
+       StatusCode::INVALID_ARGUMENT, "key_dim", "start_job.key_dim"},
       {"AbsurdTokenCount", EditStart([](v1::StartJob* s) { s->set_num_tokens(1u << 30); }),
-       StatusCode::INVALID_ARGUMENT, "num_tokens"},
+       StatusCode::INVALID_ARGUMENT, "num_tokens", "start_job.num_tokens"},
       {"JobAboveMaxJobBytes",
        EditStart([](v1::StartJob* s) {
          s->set_num_heads(8), s->set_num_tokens(65536), s->set_key_dim(128), s->set_value_dim(128);
        }),
-       StatusCode::RESOURCE_EXHAUSTED, "max_job_bytes"},
+       StatusCode::RESOURCE_EXHAUSTED, "max_job_bytes", "start_job.num_tokens"},
       {"UnknownBackend", EditStart([](v1::StartJob* s) { s->set_backend(static_cast<v1::Backend>(42)); }),
-       StatusCode::INVALID_ARGUMENT, "start_job.backend"},
+       StatusCode::INVALID_ARGUMENT, "start_job.backend", "start_job.backend"},
       {"GpuOnServerWithoutGpu", EditStart([](v1::StartJob* s) { s->set_backend(v1::BACKEND_GPU); }),
-       StatusCode::FAILED_PRECONDITION, "gpu"},
+       StatusCode::FAILED_PRECONDITION, "gpu", "start_job.backend"},
       {"RatioZero", EditOptions([](CompressOptions* o) { o->target_ratio = 0.0; }),
-       StatusCode::INVALID_ARGUMENT, "target_ratio"},
+       StatusCode::INVALID_ARGUMENT, "target_ratio", "start_job.params.target_ratio"},
       {"RatioAboveOne", EditOptions([](CompressOptions* o) { o->target_ratio = 1.5; }),
-       StatusCode::INVALID_ARGUMENT, "target_ratio"},
+       StatusCode::INVALID_ARGUMENT, "target_ratio", "start_job.params.target_ratio"},
       {"ChunkSizeOne", EditOptions([](CompressOptions* o) { o->chunk_size = 1; }),
-       StatusCode::INVALID_ARGUMENT, "chunk_size"},
+       StatusCode::INVALID_ARGUMENT, "chunk_size", "start_job.params.chunk_size"},
       {"PassthroughHeadOutOfRange", EditOptions([](CompressOptions* o) { o->passthrough_heads = {2}; }),
-       StatusCode::INVALID_ARGUMENT, "passthrough_heads"},
+       StatusCode::INVALID_ARGUMENT, "passthrough_heads", "start_job.params.passthrough_heads"},
       {"NaNInKeys",
        [](RandomLayer& layer) {
          layer.SetKey(1, 50, 3, std::nanf(""));
          return ValidJob(layer, SmallOptions());
        },
-       StatusCode::INVALID_ARGUMENT, "keys"},
+       StatusCode::INVALID_ARGUMENT, "keys", "keys"},
       {"InfInKeys",
        [](RandomLayer& layer) {
          layer.SetKey(0, 0, 0, INFINITY);
          return ValidJob(layer, SmallOptions());
        },
-       StatusCode::INVALID_ARGUMENT, "keys"},
+       StatusCode::INVALID_ARGUMENT, "keys", "keys"},
       {"ZeroCount",
        [](RandomLayer& layer) {
          layer.SetCount(0, 10, 0);
          return ValidJob(layer, SmallOptions());
        },
-       StatusCode::INVALID_ARGUMENT, "counts"},
+       StatusCode::INVALID_ARGUMENT, "counts", "counts"},
       {"ValuesLongerThanKeys",  // V has more tokens than K: more bytes than the shape allows
        [](RandomLayer& layer) {
          auto requests = ValidJob(layer, SmallOptions());
          requests[2].mutable_slab()->mutable_data()->append(64, '\0');
          return requests;
        },
-       StatusCode::INVALID_ARGUMENT, "slab.data"},
+       StatusCode::INVALID_ARGUMENT, "slab.data", "slab.data"},
       {"ValuesShorterThanKeys",  // V has fewer tokens than K: the stream ends short
        [](RandomLayer& layer) {
          auto requests = ValidJob(layer, SmallOptions());
          requests[2].mutable_slab()->mutable_data()->resize(ValueBytes(layer.view()) / 2);
          return requests;
        },
-       StatusCode::FAILED_PRECONDITION, "still expected slabs"},
+       StatusCode::FAILED_PRECONDITION, "still expected slabs", "values"},
       {"OverlappingSlabs",
        [](RandomLayer& layer) {
          auto requests = ValidJob(layer, SmallOptions());
@@ -326,14 +333,14 @@ std::vector<BadInput> BadInputs() {
                          SlabRequest(1, v1::TENSOR_COUNTS, 0, ones, sizeof(ones)));
          return requests;
        },
-       StatusCode::INVALID_ARGUMENT, "slab.tensor"},
+       StatusCode::INVALID_ARGUMENT, "slab.tensor", "slab.tensor"},
       {"OutputTensorSentAsInput",
        [](RandomLayer& layer) {
          auto requests = ValidJob(layer, SmallOptions());
          requests[1].mutable_slab()->set_tensor(v1::TENSOR_OUT_KEYS);
          return requests;
        },
-       StatusCode::INVALID_ARGUMENT, "slab.tensor"},
+       StatusCode::INVALID_ARGUMENT, "slab.tensor", "slab.tensor"},
       {"EmptyRequest",
        [](RandomLayer&) { return std::vector<v1::CompressRequest>(1); },
        StatusCode::INVALID_ARGUMENT, "request"},
@@ -346,20 +353,40 @@ void PrintTo(const BadInput& input, std::ostream* os) { *os << input.name; }
 class BadInputTest : public CompressReactorTest,
                      public ::testing::WithParamInterface<BadInput> {};
 
-TEST_P(BadInputTest, EndsStreamWithCodeNamingFieldAndServerKeepsServing) {
+TEST_P(BadInputTest, FailsTheJobOrTheStreamWithCodeNamingFieldAndServerKeepsServing) {
+  const BadInput& input = GetParam();
   RandomLayer layer = SmallLayer(3);
-  const std::vector<v1::CompressRequest> requests = GetParam().requests(layer);
+  const std::vector<v1::CompressRequest> requests = input.requests(layer);
   RawStream stream(stub_.get());
   for (const v1::CompressRequest& request : requests) {
     if (!stream.Write(request)) break;  // the server may end the stream early
   }
+  // A valid job after the bad one, on the same stream.
+  RandomLayer good = SmallLayer(4);
+  if (!input.job_field.empty()) {
+    ASSERT_TRUE(stream.SendJob(2, good.view(), SmallOptions()));
+  }
   std::vector<v1::CompressResponse> responses;
   const grpc::Status status = stream.Finish(&responses);
-  EXPECT_EQ(status.error_code(), GetParam().code) << status.error_message();
-  EXPECT_NE(status.error_message().find(GetParam().field), std::string::npos)
-      << "message does not name '" << GetParam().field << "': " << status.error_message();
-  for (const v1::CompressResponse& response : responses) {
-    EXPECT_FALSE(response.has_result()) << "a failed stream returned a result";
+  std::map<uint64_t, v1::JobError> errors;
+  auto results = DecodeResults(responses, &errors);
+  if (input.job_field.empty()) {
+    EXPECT_EQ(status.error_code(), input.code) << status.error_message();
+    EXPECT_NE(status.error_message().find(input.field), std::string::npos)
+        << "message does not name '" << input.field << "': " << status.error_message();
+    EXPECT_TRUE(results.empty()) << "a failed stream returned a result";
+  } else {
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(errors.size(), 1u);
+    ASSERT_EQ(errors.count(1), 1u);
+    const v1::JobError& error = errors[1];
+    EXPECT_EQ(error.code(), static_cast<int32_t>(input.code)) << error.message();
+    EXPECT_EQ(error.field(), input.job_field) << error.message();
+    EXPECT_NE(error.message().find(input.field), std::string::npos)
+        << "message does not name '" << input.field << "': " << error.message();
+    EXPECT_EQ(results.count(1), 0u);
+    ASSERT_EQ(results.count(2), 1u) << "the stream's next job was lost";
+    test::ExpectBitIdentical(Expected(good.view(), SmallOptions()), results[2]);
   }
   ExpectServerStillServes();
   ExpectResultsReturned(*server_);
@@ -381,7 +408,12 @@ TEST_F(CompressReactorTest, BadStreamDoesNotDisturbAnotherStreamsJob) {
   bad.SetKey(0, 3, 0, std::nanf(""));
   RawStream broken(stub_.get());
   for (const auto& request : ValidJob(bad, SmallOptions(), 5)) broken.Write(request);
-  EXPECT_EQ(broken.Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  std::vector<v1::CompressResponse> broken_responses;
+  EXPECT_TRUE(broken.Finish(&broken_responses).ok());
+  std::map<uint64_t, v1::JobError> broken_errors;
+  DecodeResults(broken_responses, &broken_errors);
+  ASSERT_EQ(broken_errors.count(5), 1u);
+  EXPECT_EQ(broken_errors[5].field(), "keys");
 
   ASSERT_TRUE(healthy.Write(SlabRequest(5, v1::TENSOR_VALUES, 0, view.values, ValueBytes(view))));
   ASSERT_TRUE(healthy.Write(
@@ -602,6 +634,563 @@ TEST_F(CompressReactorTest, PoolOffStillMatchesTheEngine) {
   EXPECT_EQ(pool.reused, 0);
   EXPECT_EQ(pool.idle_results, 0);
   ExpectResultsReturned(*server);
+}
+
+// ---------------------------------------------------------------------------------------
+// What serving engines need (issue 14): job-level errors, ragged input, equal lengths,
+// honest results, slab limits, deadlines, priorities and token-major rows.
+
+// A result's rows sent back as the next job's input: heads concatenated, ragged.
+struct RaggedInput {
+  std::vector<float> keys, values;
+  std::vector<uint32_t> counts;
+  std::vector<int64_t> offsets;
+  int32_t num_heads = 0, num_tokens = 0, key_dim = 0, value_dim = 0;
+
+  explicit RaggedInput(const CompressResult& result)
+      : keys(result.keys),
+        values(result.values),
+        counts(result.counts),
+        offsets(result.offsets),
+        num_heads(result.num_heads),
+        key_dim(result.key_dim),
+        value_dim(result.value_dim) {
+    for (int32_t h = 0; h < num_heads; ++h) {
+      num_tokens = std::max<int32_t>(num_tokens, static_cast<int32_t>(offsets[h + 1] - offsets[h]));
+    }
+  }
+  LayerView view() const {
+    LayerView view;
+    view.num_heads = num_heads;
+    view.num_tokens = num_tokens;
+    view.key_dim = key_dim;
+    view.value_dim = value_dim;
+    view.keys = keys.data();
+    view.values = values.data();
+    view.counts = counts.data();
+    view.head_offsets = offsets.data();
+    return view;
+  }
+};
+
+// Sends `requests` and then half-closes; returns results and job errors.
+grpc::Status Exchange(RawStream* stream, const std::vector<v1::CompressRequest>& requests,
+                      std::map<uint64_t, CompressResult>* results,
+                      std::map<uint64_t, v1::JobError>* errors,
+                      std::vector<uint64_t>* order = nullptr) {
+  for (const v1::CompressRequest& request : requests) {
+    if (!stream->Write(request)) break;
+  }
+  std::vector<v1::CompressResponse> responses;
+  grpc::Status status = stream->Finish(&responses);
+  *results = DecodeResults(responses, errors);
+  if (order != nullptr) {
+    for (const auto& response : responses) {
+      if (response.has_result()) order->push_back(response.result().job_id());
+    }
+  }
+  return status;
+}
+
+// One job through the server: its result, or its JobError in *error.
+CompressResult ThroughServer(v1::CentroidKV::Stub* stub, const LayerView& layer,
+                             const CompressOptions& options, v1::JobError* error = nullptr,
+                             v1::Backend backend = v1::BACKEND_AUTO) {
+  RawStream stream(stub);
+  EXPECT_TRUE(stream.SendJob(1, layer, options, 4096, backend));
+  std::vector<v1::CompressResponse> responses;
+  EXPECT_TRUE(stream.Finish(&responses).ok());
+  std::map<uint64_t, v1::JobError> errors;
+  auto results = DecodeResults(responses, &errors);
+  if (error != nullptr && errors.count(1)) *error = errors[1];
+  EXPECT_EQ(results.count(1) + errors.count(1), 1u);
+  return results[1];
+}
+
+const ClusterEngine& Reference() {
+  static const auto* const engines = EngineSet::CreateAvailable().release();
+  return **engines->Select(BackendKind::kReference);
+}
+
+int64_t Entries(const CompressResult& result, int32_t head) {
+  return result.offsets[head + 1] - result.offsets[head];
+}
+
+TEST_F(CompressReactorTest, EightJobsInFlightOnlyTheBadOnesGetJobErrorsNamingTheField) {
+  std::vector<RandomLayer> layers;
+  std::vector<CompressOptions> options(8, SmallOptions());
+  for (uint64_t i = 0; i < 8; ++i) layers.push_back(SmallLayer(30 + i, i % 2 == 0));
+  layers[3].SetKey(1, 50, 3, std::nanf(""));
+  options[5].passthrough_heads = {7};  // the layers have 2 heads
+  std::vector<v1::CompressRequest> starts, keys, rest;
+  for (uint64_t i = 0; i < 8; ++i) {
+    auto job = ValidJob(layers[i], options[i], i);
+    starts.push_back(job[0]);
+    keys.push_back(job[1]);
+    rest.insert(rest.end(), job.begin() + 2, job.end());
+  }
+  std::vector<v1::CompressRequest> requests = starts;  // every job in flight at once
+  requests.insert(requests.end(), keys.begin(), keys.end());
+  requests.insert(requests.end(), rest.begin(), rest.end());
+  RawStream stream(stub_.get());
+  std::map<uint64_t, CompressResult> results;
+  std::map<uint64_t, v1::JobError> errors;
+  ASSERT_TRUE(Exchange(&stream, requests, &results, &errors).ok());
+
+  ASSERT_EQ(errors.size(), 2u);
+  ASSERT_EQ(errors.count(3), 1u);
+  EXPECT_EQ(errors[3].code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(errors[3].field(), "keys");
+  EXPECT_EQ(errors[3].head(), 1u);
+  EXPECT_EQ(errors[3].token(), 50u);
+  ASSERT_EQ(errors.count(5), 1u);
+  EXPECT_EQ(errors[5].code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(errors[5].field(), "start_job.params.passthrough_heads");
+  EXPECT_EQ(errors[5].head(), 7u);
+  EXPECT_FALSE(errors[5].has_token());
+  ASSERT_EQ(results.size(), 6u);
+  for (uint64_t i : {0, 1, 2, 4, 6, 7}) {
+    SCOPED_TRACE(i);
+    ASSERT_EQ(results.count(i), 1u);
+    test::ExpectBitIdentical(Expected(layers[i].view(), options[i]), results[i]);
+  }
+  ExpectResultsReturned(*server_);
+}
+
+TEST_F(CompressReactorTest, OldClientMessagesWorkUnchangedAndGetAnHonestHeader) {
+  RandomLayer layer = SmallLayer(40, /*with_counts=*/true);
+  const LayerView view = layer.view();
+  // Only the fields of the first version of centroidkv.v1, spelled out.
+  v1::CompressRequest start;
+  v1::StartJob* job = start.mutable_start_job();
+  job->set_job_id(9);
+  job->set_num_heads(2);
+  job->set_num_tokens(96);
+  job->set_key_dim(16);
+  job->set_value_dim(12);
+  job->set_dtype(v1::DTYPE_FLOAT32);
+  job->set_layout(v1::LAYOUT_HEAD_MAJOR);
+  job->set_has_counts(true);
+  job->mutable_params()->set_target_ratio(0.4);
+  job->mutable_params()->set_chunk_size(16);
+  job->mutable_params()->set_sink_tokens(2);
+  job->mutable_params()->set_recent_tokens(8);
+  job->set_return_assignment(true);
+  RawStream stream(stub_.get());
+  std::map<uint64_t, CompressResult> results;
+  std::map<uint64_t, v1::JobError> errors;
+  ASSERT_TRUE(Exchange(&stream,
+                       {start, SlabRequest(9, v1::TENSOR_KEYS, 0, view.keys, KeyBytes(view)),
+                        SlabRequest(9, v1::TENSOR_VALUES, 0, view.values, ValueBytes(view)),
+                        SlabRequest(9, v1::TENSOR_COUNTS, 0, view.counts,
+                                    testing::CountBytes(view))},
+                       &results, &errors)
+                  .ok());
+  ASSERT_EQ(results.count(9), 1u);
+  CompressOptions options = SmallOptions();
+  options.compute_assignment = true;
+  const CompressResult expected = Expected(view, options);
+  test::ExpectBitIdentical(expected, results[9]);
+  const CompressResult& got = results[9];
+  EXPECT_EQ(got.target_length, 39);  // ceil(0.4 * 96)
+  EXPECT_TRUE(got.target_reached);
+  EXPECT_EQ(got.head_tokens, (std::vector<int32_t>{96, 96}));
+  EXPECT_EQ(got.padded_length, 0);
+  EXPECT_EQ(got.layout, TensorLayout::kHeadMajor);
+  for (int32_t h = 0; h < 2; ++h) {
+    EXPECT_EQ(got.head_entries[h], Entries(got, h));
+    uint64_t sum = 0;
+    for (int32_t t = 0; t < 96; ++t) sum += layer.Count(h, t);
+    EXPECT_EQ(got.head_input_tokens[h], sum);
+    EXPECT_EQ(got.stop_reasons[h], StopReason::kTargetReached);
+  }
+}
+
+// Round 1 leaves heads of different lengths (a passthrough head; or, without uniform_heads,
+// a floor); round 2 sends that result back as it is.
+TEST_F(CompressReactorTest, RaggedResultSentBackRoundTripsLikeTheReferenceByHand) {
+  RandomLayerSpec spec = test::Spec(3, 160, 16, 8, 41);
+  spec.prototypes = 6;
+  spec.with_counts = true;
+  RandomLayer layer = RandomLayer::Generate(spec);
+  for (bool uniform : {true, false}) {
+    SCOPED_TRACE(uniform ? "uniform_heads" : "independent heads");
+    CompressOptions first = SmallOptions();
+    first.target_ratio = 0.5;
+    first.uniform_heads = uniform;
+    first.passthrough_heads = {1};
+    if (!uniform) first.min_similarity = 0.2;
+    const CompressResult round1 = ThroughServer(stub_.get(), layer.view(), first);
+    ASSERT_EQ(Entries(round1, 1), 160);
+    ASSERT_NE(Entries(round1, 0), 160);
+    const RaggedInput again(round1);
+
+    CompressOptions second = SmallOptions();
+    second.target_ratio.reset();
+    second.target_tokens = 30;
+    second.uniform_heads = uniform;
+    second.passthrough_heads = {1};
+    second.compute_assignment = true;
+    v1::JobError error;
+    const CompressResult round2 = ThroughServer(stub_.get(), again.view(), second, &error);
+    ASSERT_TRUE(error.message().empty()) << error.message();
+    // The server's backend (auto) equals the reference on the same ragged job ...
+    auto reference = Reference().Compress(again.view(), second);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    test::ExpectBitIdentical(*reference, round2);
+    // ... and the reference equals the heads compressed by hand as regular jobs: the
+    // compressed heads (one length when uniform) together or each alone, head 1 unchanged.
+    std::vector<std::vector<int32_t>> groups =
+        uniform ? std::vector<std::vector<int32_t>>{{0, 2}} : std::vector<std::vector<int32_t>>{{0}, {2}};
+    for (const std::vector<int32_t>& group : groups) {
+      const int32_t length = static_cast<int32_t>(Entries(round1, group[0]));
+      std::vector<float> keys, values;
+      std::vector<uint32_t> counts;
+      for (int32_t h : group) {
+        ASSERT_EQ(Entries(round1, h), length);
+        const int64_t b = round1.offsets[h], e = round1.offsets[h + 1];
+        keys.insert(keys.end(), round1.keys.begin() + b * 16, round1.keys.begin() + e * 16);
+        values.insert(values.end(), round1.values.begin() + b * 8, round1.values.begin() + e * 8);
+        counts.insert(counts.end(), round1.counts.begin() + b, round1.counts.begin() + e);
+      }
+      LayerView regular;
+      regular.num_heads = static_cast<int32_t>(group.size());
+      regular.num_tokens = length;
+      regular.key_dim = 16;
+      regular.value_dim = 8;
+      regular.keys = keys.data();
+      regular.values = values.data();
+      regular.counts = counts.data();
+      CompressOptions by_hand = second;
+      by_hand.passthrough_heads.clear();
+      auto part = Reference().Compress(regular, by_hand);
+      ASSERT_TRUE(part.ok()) << part.status();
+      for (size_t k = 0; k < group.size(); ++k) {
+        const int32_t h = group[k];
+        ASSERT_EQ(Entries(round2, h), Entries(*part, static_cast<int32_t>(k)));
+        EXPECT_LE(Entries(round2, h), 30);
+        for (int64_t r = 0; r < Entries(round2, h); ++r) {
+          EXPECT_EQ(round2.counts[round2.offsets[h] + r], part->counts[part->offsets[k] + r]);
+          for (int32_t j = 0; j < 16; ++j) {
+            ASSERT_EQ(round2.keys[(round2.offsets[h] + r) * 16 + j],
+                      part->keys[(part->offsets[k] + r) * 16 + j]);
+          }
+        }
+        for (int32_t i = 0; i < length; ++i) {
+          EXPECT_EQ(round2.assignment[round1.offsets[h] + i], part->assignment[k * length + i]);
+        }
+      }
+    }
+    // The passthrough head comes back unchanged; every head keeps its tokens.
+    EXPECT_EQ(Entries(round2, 1), 160);
+    EXPECT_EQ(round2.head_tokens, (std::vector<int32_t>{static_cast<int32_t>(Entries(round1, 0)),
+                                                         160, static_cast<int32_t>(Entries(round1, 2))}));
+    EXPECT_EQ(round2.head_input_tokens, round1.head_input_tokens);
+    EXPECT_EQ(round2.stop_reasons[1], StopReason::kPassthrough);
+  }
+}
+
+TEST_F(CompressReactorTest, PaddedOutputsHaveEqualLengthsCountZeroRowsAndTheSameRealRows) {
+  RandomLayerSpec spec = test::Spec(3, 128, 16, 8, 42);
+  spec.prototypes = 4;
+  spec.with_counts = true;
+  RandomLayer layer = RandomLayer::Generate(spec);
+  CompressOptions options = SmallOptions();
+  options.uniform_heads = false;
+  options.min_similarity = 0.3;
+  options.passthrough_heads = {2};
+  const CompressResult plain = ThroughServer(stub_.get(), layer.view(), options);
+  ASSERT_EQ(Entries(plain, 2), 128);
+  for (int32_t pad_to : {0, 150}) {
+    SCOPED_TRACE(pad_to);
+    CompressOptions padded_options = options;
+    padded_options.pad_heads = pad_to == 0;
+    padded_options.pad_to = pad_to;
+    const CompressResult padded = ThroughServer(stub_.get(), layer.view(), padded_options);
+    const int64_t length = pad_to == 0 ? 128 : pad_to;
+    EXPECT_EQ(padded.padded_length, length);
+    ASSERT_EQ(padded.offsets, (std::vector<int64_t>{0, length, 2 * length, 3 * length}));
+    EXPECT_EQ(padded.assignment, plain.assignment);
+    for (int32_t h = 0; h < 3; ++h) {
+      EXPECT_EQ(padded.head_entries[h], Entries(plain, h));
+      for (int64_t r = 0; r < length; ++r) {
+        const bool real = r < Entries(plain, h);
+        const int64_t row = padded.offsets[h] + r, from = plain.offsets[h] + r;
+        ASSERT_EQ(padded.counts[row], real ? plain.counts[from] : 0u) << h << " " << r;
+        for (int32_t j = 0; j < 16; ++j) {
+          ASSERT_EQ(padded.keys[row * 16 + j], real ? plain.keys[from * 16 + j] : 0.0f);
+        }
+        for (int32_t j = 0; j < 8; ++j) {
+          ASSERT_EQ(padded.values[row * 8 + j], real ? plain.values[from * 8 + j] : 0.0f);
+        }
+      }
+    }
+  }
+  // Too short a pad_to fails that job, naming the field and the head.
+  CompressOptions short_pad = options;
+  short_pad.pad_to = 10;
+  v1::JobError error;
+  ThroughServer(stub_.get(), layer.view(), short_pad, &error);
+  EXPECT_EQ(error.code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(error.field(), "start_job.pad_to");
+  EXPECT_TRUE(error.has_head());
+
+  // A padded result goes back in as a regular [H, L] job: its count-0 rows are padding,
+  // ignored (assignment -1), and it compresses exactly like the same rows sent ragged.
+  CompressOptions pad_options = options;
+  pad_options.pad_heads = true;
+  const CompressResult padded = ThroughServer(stub_.get(), layer.view(), pad_options);
+  LayerView as_regular;
+  as_regular.num_heads = 3;
+  as_regular.num_tokens = 128;
+  as_regular.key_dim = 16;
+  as_regular.value_dim = 8;
+  as_regular.keys = padded.keys.data();
+  as_regular.values = padded.values.data();
+  as_regular.counts = padded.counts.data();
+  CompressOptions second = SmallOptions();
+  second.target_ratio.reset();
+  second.target_tokens = 20;
+  second.uniform_heads = false;
+  second.compute_assignment = true;
+  const CompressResult from_padded = ThroughServer(stub_.get(), as_regular, second);
+  const RaggedInput ragged(plain);
+  const CompressResult from_ragged = ThroughServer(stub_.get(), ragged.view(), second);
+  EXPECT_EQ(from_padded.offsets, from_ragged.offsets);
+  EXPECT_EQ(from_padded.keys, from_ragged.keys);
+  EXPECT_EQ(from_padded.values, from_ragged.values);
+  EXPECT_EQ(from_padded.counts, from_ragged.counts);
+  for (int32_t h = 0; h < 3; ++h) {
+    for (int32_t i = 0; i < 128; ++i) {
+      const bool real = i < Entries(plain, h);
+      const int32_t owner = from_padded.assignment[h * 128 + i];
+      if (real) {
+        EXPECT_EQ(owner, from_ragged.assignment[plain.offsets[h] + i]);
+      } else {
+        EXPECT_EQ(owner, -1) << "padding row " << i << " of head " << h;
+      }
+    }
+  }
+}
+
+TEST_F(CompressReactorTest, ExactTargetHitsTOnEveryHeadEvenWithAFloor) {
+  RandomLayerSpec spec = test::Spec(4, 256, 16, 8, 43);
+  spec.prototypes = 12;
+  spec.noise = 0.3;
+  spec.with_counts = true;
+  RandomLayer layer = RandomLayer::Generate(spec);
+  CompressOptions options;
+  options.target_tokens = 40;
+  options.chunk_size = 32;
+  options.sink_tokens = 4;
+  options.recent_tokens = 8;
+  options.min_similarity = 0.99;
+  options.passthrough_heads = {3};
+  options.compute_assignment = true;
+  const CompressResult floored = ThroughServer(stub_.get(), layer.view(), options);
+  EXPECT_FALSE(floored.target_reached);
+  EXPECT_EQ(floored.stop_reasons[0], StopReason::kSimilarityFloor);
+  EXPECT_GT(Entries(floored, 0), 40);
+
+  options.exact_target = true;
+  const CompressResult exact = ThroughServer(stub_.get(), layer.view(), options);
+  EXPECT_TRUE(exact.target_reached);
+  for (int32_t h = 0; h < 3; ++h) {
+    EXPECT_EQ(Entries(exact, h), 40) << "head " << h;
+    EXPECT_EQ(exact.stop_reasons[h], StopReason::kTargetReached);
+    // Every input entry lands on a row of its head, and counts add up.
+    uint64_t sum = 0;
+    for (int64_t r = exact.offsets[h]; r < exact.offsets[h + 1]; ++r) sum += exact.counts[r];
+    EXPECT_EQ(sum, exact.head_input_tokens[h]);
+    for (int32_t i = 0; i < 256; ++i) {
+      const int32_t owner = exact.assignment[h * 256 + i];
+      ASSERT_GE(owner, 0);
+      ASSERT_LT(owner, 40);
+    }
+  }
+  EXPECT_EQ(Entries(exact, 3), 256);
+  EXPECT_EQ(exact.stop_reasons[3], StopReason::kPassthrough);
+  // The same bits as the reference engine doing the same in process.
+  auto reference = Reference().Compress(layer.view(), options);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  test::ExpectBitIdentical(*reference, exact);
+}
+
+TEST_F(CompressReactorTest, EveryMissedTargetIsReportedWithItsReason) {
+  RandomLayerSpec spec = test::Spec(2, 256, 16, 8, 44);
+  RandomLayer layer = RandomLayer::Generate(spec);
+  struct Case {
+    const char* name;
+    std::function<void(CompressOptions*)> edit;
+    StopReason reason;
+  };
+  const Case cases[] = {
+      {"max_passes", [](CompressOptions* o) { o->max_passes = 1; o->target_ratio = 0.05; },
+       StopReason::kMaxPasses},
+      {"floor", [](CompressOptions* o) { o->min_similarity = 0.99; }, StopReason::kSimilarityFloor},
+      {"protected", [](CompressOptions* o) { o->sink_tokens = 100; o->recent_tokens = 100; },
+       StopReason::kProtected},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    CompressOptions options = SmallOptions();
+    options.target_ratio = 0.25;
+    c.edit(&options);
+    const CompressResult result = ThroughServer(stub_.get(), layer.view(), options);
+    EXPECT_FALSE(result.target_reached);
+    for (int32_t h = 0; h < 2; ++h) {
+      EXPECT_GT(Entries(result, h), result.target_length);
+      EXPECT_EQ(result.stop_reasons[h], c.reason) << StopReasonName(result.stop_reasons[h]);
+    }
+  }
+}
+
+TEST_F(CompressReactorTest, ExpiredJobDeadlineDropsItsWorkWhileOtherJobsComplete) {
+  RandomLayer slow = SlowLayer();
+  RandomLayer small = SmallLayer(45);
+  // The slow job in 1 MiB slabs (its tensors are larger than a message).
+  const LayerView view = slow.view();
+  std::vector<v1::CompressRequest> requests = {StartJobRequest(1, view, SlowOptions())};
+  requests[0].mutable_start_job()->set_backend(v1::BACKEND_REFERENCE);
+  requests[0].mutable_start_job()->set_timeout_ms(300);
+  for (const auto& [tensor, data, size] :
+       {std::tuple{v1::TENSOR_KEYS, view.keys, KeyBytes(view)},
+        std::tuple{v1::TENSOR_VALUES, view.values, ValueBytes(view)}}) {
+    for (uint64_t offset = 0; offset < size; offset += 1 << 20) {
+      requests.push_back(SlabRequest(1, tensor, offset, static_cast<const char*>(data) + offset,
+                                     std::min<uint64_t>(1 << 20, size - offset)));
+    }
+  }
+  auto other = ValidJob(small, SmallOptions(), 2);
+  requests.insert(requests.end(), other.begin(), other.end());
+  const auto start = std::chrono::steady_clock::now();
+  RawStream stream(stub_.get());
+  std::map<uint64_t, CompressResult> results;
+  std::map<uint64_t, v1::JobError> errors;
+  ASSERT_TRUE(Exchange(&stream, requests, &results, &errors).ok());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(errors.count(1), 1u);
+  EXPECT_EQ(errors[1].code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(errors[1].field(), "start_job.timeout_ms");
+  ASSERT_EQ(results.count(2), 1u);
+  test::ExpectBitIdentical(Expected(small.view(), SmallOptions()), results[2]);
+  EXPECT_EQ(results.count(1), 0u);
+  // The reference needs tens of seconds for the whole job; it stopped at the deadline
+  // (the bound leaves room for a busy machine: sending the job alone takes seconds there).
+  EXPECT_LT(seconds, 15.0);
+  EXPECT_EQ(stats().jobs_dropped.load(), 1);
+  EXPECT_EQ(stats().jobs_completed.load(), 1);
+  ExpectResultsReturned(*server_);
+}
+
+TEST(CompressReactorPriorityTest, HigherPriorityJobsAreTakenFirstFromAQueuedBacklog) {
+  ServerOptions options;
+  options.worker_threads = 1;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  // A long job occupies the one clustering thread while the backlog queues behind it.
+  RandomLayer slow = SlowLayer();
+  RawStream stream(stub.get());
+  ASSERT_TRUE(stream.SendJob(1, slow.view(), SlowOptions(), 1 << 20, v1::BACKEND_REFERENCE));
+  ASSERT_TRUE(WaitFor([&] { return server->context().stats.jobs_received.load() == 1 &&
+                                   server->context().executor->queued() == 0; },
+                      std::chrono::seconds(20)));
+  std::vector<RandomLayer> layers;
+  const int32_t priorities[] = {0, 5, 1, 9, -3};
+  for (int i = 0; i < 5; ++i) layers.push_back(SmallLayer(50 + i));
+  for (int i = 0; i < 5; ++i) {
+    auto job = ValidJob(layers[i], SmallOptions(), 10 + i);
+    job[0].mutable_start_job()->set_priority(priorities[i]);
+    for (const auto& request : job) ASSERT_TRUE(stream.Write(request));
+  }
+  ASSERT_TRUE(WaitFor([&] { return server->context().executor->queued() == 5; },
+                      std::chrono::seconds(20)));
+  // The backlog is queued: drop the long job; the thread takes the backlog by priority.
+  v1::CompressRequest cancel;
+  cancel.mutable_cancel_job()->set_job_id(1);
+  ASSERT_TRUE(stream.Write(cancel));
+  std::map<uint64_t, CompressResult> results;
+  std::map<uint64_t, v1::JobError> errors;
+  std::vector<uint64_t> order;
+  ASSERT_TRUE(Exchange(&stream, {}, &results, &errors, &order).ok());
+  EXPECT_EQ(order, (std::vector<uint64_t>{13, 11, 12, 10, 14}));
+  EXPECT_TRUE(errors.empty());
+}
+
+TEST_F(CompressReactorTest, TokenMajorOutputIsTheTransposedHeadMajorOutput) {
+  RandomLayerSpec spec = test::Spec(3, 100, 16, 8, 46);
+  spec.prototypes = 5;
+  RandomLayer layer = RandomLayer::Generate(spec);
+  CompressOptions options = SmallOptions();
+  options.uniform_heads = false;
+  options.min_similarity = 0.4;
+  options.pad_heads = true;
+  const CompressResult heads = ThroughServer(stub_.get(), layer.view(), options);
+  options.output_layout = TensorLayout::kTokenMajor;
+  const CompressResult tokens = ThroughServer(stub_.get(), layer.view(), options);
+  EXPECT_EQ(tokens.layout, TensorLayout::kTokenMajor);
+  EXPECT_EQ(heads.layout, TensorLayout::kHeadMajor);
+  const int64_t length = heads.padded_length;
+  ASSERT_GT(length, 0);
+  EXPECT_EQ(tokens.padded_length, length);
+  EXPECT_EQ(tokens.head_entries, heads.head_entries);
+  EXPECT_EQ(tokens.assignment, heads.assignment);
+  ASSERT_EQ(tokens.keys.size(), heads.keys.size());
+  for (int64_t h = 0; h < 3; ++h) {
+    for (int64_t r = 0; r < length; ++r) {
+      ASSERT_EQ(tokens.counts[r * 3 + h], heads.counts[h * length + r]);
+      for (int32_t j = 0; j < 16; ++j) {
+        ASSERT_EQ(tokens.keys[(r * 3 + h) * 16 + j], heads.keys[(h * length + r) * 16 + j]);
+      }
+      for (int32_t j = 0; j < 8; ++j) {
+        ASSERT_EQ(tokens.values[(r * 3 + h) * 8 + j], heads.values[(h * length + r) * 8 + j]);
+      }
+    }
+  }
+}
+
+TEST(CompressReactorLimitsTest, OversizedSlabGetsANamedJobErrorAndTheClientSizesItsSlabs) {
+  ServerOptions options;
+  options.worker_threads = 1;
+  options.max_slab_bytes = 4096;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  {
+    grpc::ClientContext context;
+    v1::GetInfoResponse info;
+    ASSERT_TRUE(stub->GetInfo(&context, v1::GetInfoRequest(), &info).ok());
+    EXPECT_EQ(info.limits().max_slab_bytes(), 4096u);
+  }
+  RandomLayer layer = SmallLayer(47);  // keys: 2 x 96 x 16 floats = 12 KiB
+  RawStream stream(stub.get());
+  ASSERT_TRUE(stream.SendJob(1, layer.view(), SmallOptions(), /*slab_bytes=*/8192));
+  ASSERT_TRUE(stream.SendJob(2, layer.view(), SmallOptions(), /*slab_bytes=*/4096));
+  std::vector<v1::CompressResponse> responses;
+  ASSERT_TRUE(stream.Finish(&responses).ok());
+  std::map<uint64_t, v1::JobError> errors;
+  auto results = DecodeResults(responses, &errors);
+  ASSERT_EQ(errors.count(1), 1u);
+  EXPECT_EQ(errors[1].code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(errors[1].field(), "slab.data");
+  EXPECT_NE(errors[1].message().find("4096"), std::string::npos) << errors[1].message();
+  EXPECT_EQ(results.count(2), 1u);
+
+  // The C++ client asks for 64 KiB slabs and sends the server's 4 KiB instead.
+  client::ClientOptions client_options;
+  client_options.target = server->target();
+  client_options.slab_bytes = 64 << 10;
+  auto client = client::Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  client::LayerJob job;
+  job.layer = layer.view();
+  job.options = SmallOptions();
+  auto answers = (*client)->CompressLayers({job});
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ASSERT_TRUE((*answers)[0].status.ok()) << (*answers)[0].status;
+  EXPECT_EQ((*answers)[0].counts, results[2].counts);
 }
 
 }  // namespace

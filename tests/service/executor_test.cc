@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
+#include <vector>
 #include <chrono>
 #include <thread>
 
@@ -33,6 +35,31 @@ int32_t PeakConcurrency(int32_t threads) {
   EXPECT_TRUE(executor.WaitIdle(std::chrono::seconds(30)));
   EXPECT_EQ(executor.pending(), 0);
   return peak.load();
+}
+
+TEST(WorkExecutorTest, QueuedTasksRunHighestPriorityFirstThenInOrder) {
+  WorkExecutor executor(1);
+  std::atomic<bool> release{false}, started{false};
+  std::mutex mu;
+  std::vector<int> order;
+  executor.Submit([&] {  // holds the one thread until the others are queued
+    started.store(true);
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  while (!started.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int priorities[] = {0, 3, -1, 3, 7, 0};
+  for (int i = 0; i < 6; ++i) {
+    executor.Submit(
+        [&, i] {
+          std::lock_guard<std::mutex> lock(mu);
+          order.push_back(i);
+        },
+        priorities[i]);
+  }
+  EXPECT_EQ(executor.queued(), 6);
+  release.store(true);
+  ASSERT_TRUE(executor.WaitIdle(std::chrono::seconds(30)));
+  EXPECT_EQ(order, (std::vector<int>{4, 1, 3, 0, 5, 2}));
 }
 
 TEST(WorkExecutorTest, RunsAsManyTasksAtOnceAsItHasThreads) {

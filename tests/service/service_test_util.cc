@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "centroidkv/wire/account_convert.h"
 #include "centroidkv/wire/wire_convert.h"
 
 namespace centroidkv::service::testing {
@@ -23,13 +24,13 @@ std::unique_ptr<v1::CentroidKV::Stub> MakeStub(const std::string& target) {
 }
 
 uint64_t KeyBytes(const LayerView& layer) {
-  return uint64_t(layer.num_heads) * layer.num_tokens * layer.key_dim * DTypeSize(layer.dtype);
+  return uint64_t(layer.TotalRows()) * layer.key_dim * DTypeSize(layer.dtype);
 }
 uint64_t ValueBytes(const LayerView& layer) {
-  return uint64_t(layer.num_heads) * layer.num_tokens * layer.value_dim * DTypeSize(layer.dtype);
+  return uint64_t(layer.TotalRows()) * layer.value_dim * DTypeSize(layer.dtype);
 }
 uint64_t CountBytes(const LayerView& layer) {
-  return layer.counts == nullptr ? 0 : uint64_t(layer.num_heads) * layer.num_tokens * 4;
+  return layer.counts == nullptr ? 0 : uint64_t(layer.TotalRows()) * 4;
 }
 
 v1::CompressRequest StartJobRequest(uint64_t job_id, const LayerView& layer,
@@ -48,6 +49,19 @@ v1::CompressRequest StartJobRequest(uint64_t job_id, const LayerView& layer,
   start->set_return_assignment(options.compute_assignment);
   start->set_output_dtype(v1::DTYPE_FLOAT32);
   start->set_backend(backend);
+  // The fields after the first wire version only when the job uses them: a job that does
+  // not is exactly the message an older client sends.
+  if (layer.head_offsets != nullptr) {
+    for (int32_t h = 0; h < layer.num_heads; ++h) {
+      start->add_head_tokens(static_cast<uint32_t>(layer.HeadTokens(h)));
+    }
+  }
+  if (options.pad_heads) start->set_pad_heads(true);
+  if (options.pad_to > 0) start->set_pad_to(static_cast<uint32_t>(options.pad_to));
+  if (options.exact_target) start->set_exact_target(true);
+  if (options.output_layout == TensorLayout::kTokenMajor) {
+    start->set_output_layout(v1::LAYOUT_TOKEN_MAJOR);
+  }
   return request;
 }
 
@@ -79,6 +93,7 @@ std::map<uint64_t, CompressResult> DecodeResults(
       result.value_dim = static_cast<int32_t>(header.value_dim());
       result.offsets.assign(header.offsets().begin(), header.offsets().end());
       result.passes_run = static_cast<int32_t>(header.passes_run());
+      AccountFromProto(header, &result);
     }
     if (response.has_slab()) {
       const v1::TensorSlab& slab = response.slab();

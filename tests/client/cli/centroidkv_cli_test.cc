@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "centroidkv/common/npy.h"
+#include "centroidkv/kernels/engine_factory.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
 #include "tests/client/client_testing.h"
@@ -194,6 +195,83 @@ TEST_F(CliTest, ExplicitInputPathsWork) {
   CompressResult result;
   ASSERT_NO_FATAL_FAILURE(ReadResult(out, *golden, &result));
   test::ExpectMatchesGolden(*golden, result);
+}
+
+// A result with heads of different lengths (a passthrough head) sent back as it is, through
+// --offsets, equals the in-process engine on that ragged layer; --pad-heads pads every head
+// to one length with count-0 rows and reports each head.
+TEST_F(CliTest, RaggedResultGoesBackThroughOffsetsAndPadHeadsPads) {
+  absl::StatusOr<test::GoldenCase> golden = test::LoadGoldenCase("counts_in");
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  ASSERT_GE(golden->num_heads, 2);
+  const fs::path first = dir_ / "first", second = dir_ / "second", padded = dir_ / "padded";
+  CompressOptions options = golden->options;
+  options.passthrough_heads = {1};
+  CommandResult run = RunCommand(Binary() + " compress --in " + Quoted(golden->dir) + " --out " +
+                                 Quoted(first.string()) + Where(false) + ParameterFlags(options) +
+                                 " 2>&1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("(passthrough)"), std::string::npos) << run.output;
+  auto offsets = ReadOutput(first, "out_offsets.npy", NpyType::kInt64, 1);
+  ASSERT_TRUE(offsets);
+  const int64_t* o = offsets->As<int64_t>();
+  ASSERT_EQ(o[2] - o[1], golden->num_tokens);  // the passthrough head, unchanged
+  ASSERT_NE(o[1] - o[0], golden->num_tokens);  // a compressed one: the heads are ragged
+
+  CompressOptions again = options;
+  again.target_ratio.reset();
+  again.target_tokens = 5;
+  const std::string ragged_in =
+      " --keys " + Quoted((first / "out_keys.npy").string()) + " --values " +
+      Quoted((first / "out_values.npy").string()) + " --counts " +
+      Quoted((first / "out_counts.npy").string()) + " --offsets " +
+      Quoted((first / "out_offsets.npy").string());
+  run = RunCommand(Binary() + " compress" + ragged_in + " --out " + Quoted(second.string()) +
+                   Where(false) + ParameterFlags(again) + " 2>&1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  // The same ragged layer in process.
+  auto keys = ReadOutput(first, "out_keys.npy", NpyType::kFloat32, 2);
+  auto values = ReadOutput(first, "out_values.npy", NpyType::kFloat32, 2);
+  auto counts = ReadOutput(first, "out_counts.npy", NpyType::kUInt32, 1);
+  ASSERT_TRUE(keys && values && counts);
+  LayerView view;
+  view.num_heads = golden->num_heads;
+  view.num_tokens = golden->num_tokens;
+  view.key_dim = golden->key_dim;
+  view.value_dim = golden->value_dim;
+  view.keys = keys->As<float>();
+  view.values = values->As<float>();
+  view.counts = counts->As<uint32_t>();
+  view.head_offsets = o;
+  auto engines = EngineSet::CreateAvailable();
+  again.compute_assignment = true;
+  auto expected = (*engines->Select(BackendKind::kReference))->Compress(view, again);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  auto out_keys = ReadOutput(second, "out_keys.npy", NpyType::kFloat32, 2);
+  auto out_counts = ReadOutput(second, "out_counts.npy", NpyType::kUInt32, 1);
+  auto assignment = ReadOutput(second, "assignment.npy", NpyType::kInt64, 1);
+  ASSERT_TRUE(out_keys && out_counts && assignment);
+  EXPECT_EQ(std::vector<float>(out_keys->As<float>(), out_keys->As<float>() + out_keys->NumElements()),
+            expected->keys);
+  EXPECT_EQ(std::vector<uint32_t>(out_counts->As<uint32_t>(),
+                                  out_counts->As<uint32_t>() + out_counts->NumElements()),
+            expected->counts);
+  EXPECT_EQ(assignment->shape[0], o[golden->num_heads]);  // one per input row
+
+  run = RunCommand(Binary() + " compress --in " + Quoted(golden->dir) + " --out " +
+                   Quoted(padded.string()) + Where(false) + ParameterFlags(options) +
+                   " --pad-heads 2>&1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("padded to " + std::to_string(golden->num_tokens)), std::string::npos)
+      << run.output;
+  auto padded_offsets = ReadOutput(padded, "out_offsets.npy", NpyType::kInt64, 1);
+  auto padded_counts = ReadOutput(padded, "out_counts.npy", NpyType::kUInt32, 1);
+  ASSERT_TRUE(padded_offsets && padded_counts);
+  for (int64_t h = 0; h <= golden->num_heads; ++h) {
+    EXPECT_EQ(padded_offsets->As<int64_t>()[h], h * golden->num_tokens);
+  }
+  // Head 0's rows past its entries are count-0 padding.
+  EXPECT_EQ(padded_counts->As<uint32_t>()[golden->num_tokens - 1], 0u);
 }
 
 TEST_F(CliTest, InfoPrintsTheServerVersion) {

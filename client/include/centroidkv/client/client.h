@@ -27,7 +27,8 @@ namespace centroidkv::client {
 struct ClientOptions {
   // "host:port", "unix:///path/to.sock", or any gRPC target such as "dns:///svc:50051".
   std::string target = "127.0.0.1:50051";
-  // Payload bytes per slab sent (64 KiB - 1 MiB is the sweet spot for gRPC).
+  // Payload bytes per slab sent (64 KiB - 1 MiB is the sweet spot for gRPC); a stream
+  // never sends slabs above the server's GetInfo max_slab_bytes (asked once per Client).
   int32_t slab_bytes = 256 << 10;
   // Largest message accepted from the server (result slabs are 1 MiB by default).
   int32_t max_message_bytes = 8 << 20;
@@ -54,6 +55,10 @@ struct LayerJob {
   CompressOptions options;           // options.compute_assignment asks for the assignment
   std::optional<DType> output_dtype;  // default: the input dtype
   BackendKind backend = BackendKind::kAuto;
+  // Dropped by the server (DEADLINE_EXCEEDED in LayerResult::status) unless done within
+  // this time of its StartJob's arrival; zero = no deadline.
+  std::chrono::milliseconds timeout{0};
+  int32_t priority = 0;  // higher runs first among the server's queued jobs
 };
 
 // The result of one job, heads concatenated along the entry axis.
@@ -70,11 +75,21 @@ struct LayerResult {
   std::vector<uint8_t> keys;       // [total, key_dim] of dtype, little-endian
   std::vector<uint8_t> values;     // [total, value_dim] of dtype
   std::vector<uint32_t> counts;    // [total]
-  std::vector<int32_t> assignment; // [H, n], empty unless asked for
+  std::vector<int32_t> assignment; // [H, n] ([sum head_tokens] if ragged), -1 for padding;
+                                   // empty unless asked for
   std::string backend;
   int32_t passes_run = 0;
   double compute_seconds = 0.0;
   double queue_seconds = 0.0;
+  // The honest account (empty / zero from servers before it):
+  int64_t target_length = 0;             // t
+  bool target_reached = false;           // every compressed head has at most t entries
+  std::vector<uint32_t> head_entries;    // [H] real entries (count > 0) per head
+  std::vector<uint64_t> head_input_tokens;  // [H] sum of the input counts per head
+  std::vector<StopReason> stop_reasons;  // [H]
+  std::vector<uint32_t> head_tokens;     // [H] input entries per head
+  int32_t padded_length = 0;             // rows per head when padded
+  TensorLayout layout = TensorLayout::kHeadMajor;  // of keys, values and counts
 
   int64_t total_entries() const { return offsets.empty() ? 0 : offsets.back(); }
   std::vector<float> KeysAsFloat() const;
@@ -105,6 +120,7 @@ struct ServerInfo {
   int64_t max_stream_bytes = 0;
   int64_t max_total_bytes = 0;
   int32_t max_message_bytes = 0;
+  int32_t max_slab_bytes = 0;  // largest slab payload taken (0: an older server)
   int32_t max_tokens = 0;
   int32_t max_heads = 0;
   int32_t max_dim = 0;

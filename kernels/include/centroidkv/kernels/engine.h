@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -29,6 +30,10 @@ enum class TensorLayout : uint8_t { kHeadMajor, kTokenMajor };
 std::string_view TensorLayoutName(TensorLayout layout);
 
 // One layer of one sequence in host memory, borrowed for the duration of Compress().
+// Ragged layers (head_offsets set) give each head its own number of entries: the heads'
+// rows one after another, head-major only, num_tokens = the longest head. Count-0 rows at
+// the end of a head are padding (never merged, not returned, assignment -1). Backends never
+// see either: ClusterEngine::Compress runs such a layer as regular jobs (kernels/ragged_layer.h).
 struct LayerView {
   DType dtype = DType::kFloat32;
   TensorLayout layout = TensorLayout::kHeadMajor;
@@ -39,13 +44,26 @@ struct LayerView {
   const void* keys = nullptr;        // H * n * key_dim elements of dtype
   const void* values = nullptr;      // H * n * value_dim elements of dtype
   const uint32_t* counts = nullptr;  // H * n entries, or null for "all 1"
+  // [H + 1] when ragged: head h owns rows head_offsets[h] .. head_offsets[h + 1]; else null.
+  const int64_t* head_offsets = nullptr;
 
+  // Entries of head `head` (num_tokens unless ragged), and rows of the whole layer.
+  int32_t HeadTokens(int32_t head) const {
+    return head_offsets == nullptr
+               ? num_tokens
+               : static_cast<int32_t>(head_offsets[head + 1] - head_offsets[head]);
+  }
+  int64_t TotalRows() const {
+    return head_offsets == nullptr ? static_cast<int64_t>(num_heads) * num_tokens
+                                   : head_offsets[num_heads];
+  }
   // Element index of (head, token, 0) in keys / values, and of (head, token) in counts.
   int64_t KeyOffset(int32_t head, int32_t token) const { return RowIndex(head, token) * key_dim; }
   int64_t ValueOffset(int32_t head, int32_t token) const {
     return RowIndex(head, token) * value_dim;
   }
   int64_t RowIndex(int32_t head, int32_t token) const {
+    if (head_offsets != nullptr) return head_offsets[head] + token;
     return layout == TensorLayout::kHeadMajor
                ? static_cast<int64_t>(head) * num_tokens + token
                : static_cast<int64_t>(token) * num_heads + head;
@@ -79,7 +97,31 @@ struct CompressOptions {
   // float32 result rounded once, to nearest even): half the bytes to write and to send when
   // the caller wants half precision anyway (the service's output_dtype).
   DType result_dtype = DType::kFloat32;
+
+  // Above the backends (ClusterEngine::Compress), identical for every backend:
+  // Keep merging past the similarity floor and max_passes until every compressed head has
+  // exactly t entries, where sink and recent entries allow it: a second stage on the
+  // result, floor off and each head on its own (merging twice equals merging once).
+  bool exact_target = false;
+  // Every head padded at its end with count-0 rows (zero keys and values) to the longest
+  // head's length, or to pad_to rows when pad_to > 0 (FailedPrecondition if a head is longer).
+  bool pad_heads = false;
+  int32_t pad_to = 0;
+  // kTokenMajor: rows [L, H, d] and counts [L, H], every head padded to L as with pad_heads.
+  TensorLayout output_layout = TensorLayout::kHeadMajor;
 };
+
+// Why a head stopped merging (the wire's StopReason).
+enum class StopReason : uint8_t {
+  kTargetReached = 1,    // at most t entries
+  kPassthrough = 2,      // a passthrough head, returned unchanged
+  kSimilarityFloor = 3,  // no candidate edge reached the floor (this head's or, with
+                         // uniform_heads, another compressed head's)
+  kMaxPasses = 4,        // max_passes passes ran, each merging something
+  kProtected = 5,        // sink and recent entries leave fewer than 2 to merge
+  kUniformHeads = 6,     // uniform_heads: another compressed head could not merge
+};
+std::string_view StopReasonName(StopReason reason);
 
 // Size limits enforced before any backend runs (RESOURCE_EXHAUSTED / INVALID_ARGUMENT).
 struct EngineLimits {
@@ -106,7 +148,17 @@ struct CompressResult {
   std::vector<uint32_t> counts;      // [total]
   std::vector<int32_t> assignment;   // [H, n] head-local output row of each input entry,
                                      // empty unless CompressOptions::compute_assignment
-  int32_t passes_run = 0;            // passes that merged something
+  int32_t passes_run = 0;            // passes that merged something (both stages of
+                                     // exact_target)
+  // The honest account, filled by ClusterEngine for every backend:
+  TensorLayout layout = TensorLayout::kHeadMajor;  // of the rows (output_layout)
+  int32_t padded_length = 0;         // rows per head when padded, else 0
+  int64_t target_length = 0;         // t
+  bool target_reached = false;       // every compressed head has at most t entries
+  std::vector<int32_t> head_tokens;  // [H] input entries per head (padding included)
+  std::vector<int32_t> head_entries; // [H] real (count > 0) output entries per head
+  std::vector<uint64_t> head_input_tokens;  // [H] sum of the input counts per head
+  std::vector<StopReason> stop_reasons;     // [H]
 
   int64_t total_entries() const { return offsets.empty() ? 0 : offsets.back(); }
   // Elements of the key / value rows, whichever array holds them.
@@ -121,9 +173,16 @@ struct CompressControl {
   // When set and it becomes true, the engine stops at the next pass boundary and returns
   // absl::CancelledError. Borrowed; must outlive the call.
   const std::atomic<bool>* cancelled = nullptr;
+  // The job's deadline: past it the engine stops the same way (CancelledError); the caller
+  // tells the two apart (Expired()). max() = none.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 
   bool IsCancelled() const {
-    return cancelled != nullptr && cancelled->load(std::memory_order_relaxed);
+    return (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) || Expired();
+  }
+  bool Expired() const {
+    return deadline != std::chrono::steady_clock::time_point::max() &&
+           std::chrono::steady_clock::now() >= deadline;
   }
 };
 
@@ -141,6 +200,8 @@ struct LayerPlan {
   int64_t target_length = 0;           // t, the same for every head
   std::vector<bool> passthrough;       // [H]
   int32_t compressed_heads = 0;        // heads that are not passthrough
+  std::vector<int32_t> head_lengths;   // [H] real entries per head (without count-0 padding)
+  bool regular = true;                 // not ragged and no padding: the backend runs it as is
   CompressOptions options;
 
   // The similarity floor of pass p, or -infinity when the floor is off.
@@ -200,6 +261,9 @@ class ClusterEngine {
   virtual bool ChecksLayerData() const { return false; }
 
  private:
+  absl::Status Run(const LayerView& layer, const CompressOptions& options,
+                   const CompressControl& control, bool reuse, CompressResult* result) const;
+
   EngineLimits limits_;
 };
 

@@ -27,4 +27,13 @@ absl::StatusOr<CompressOptions> OptionsFromProto(const v1::CompressionParams& pa
 // Writes only what differs from "unset": every field of `options` is explicit.
 v1::CompressionParams OptionsToProto(const CompressOptions& options);
 
+// The request field an engine error names (FieldLocation::field), as the wire spells it:
+// "passthrough_heads" -> "start_job.params.passthrough_heads", "num_tokens" ->
+// "start_job.num_tokens"; the input tensors ("keys", "values", "counts") and names already
+// spelled the wire's way ("slab.data", "start_job....") stay as they are.
+std::string WireField(absl::string_view engine_field);
+
+StopReason StopReasonFromProto(v1::StopReason reason);
+v1::StopReason StopReasonToProto(StopReason reason);
+
 }  // namespace centroidkv

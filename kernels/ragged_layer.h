@@ -1,0 +1,36 @@
+// Jobs the backends do not run as they are, run through them as regular jobs, above every
+// backend (so every backend gives the same bits as the reference):
+//  - ragged or count-0-padded input: heads of different real lengths. Heads are independent
+//    except for uniform_heads, so each head is its own job, or, with uniform_heads, the
+//    compressed heads (which must then have one length) are one job and each passthrough
+//    head another; the results are stitched back in head order.
+//  - exact_target: a second stage on the result, each compressed head still above t on its
+//    own (floor off, uniform_heads off, up to kExactTargetPasses passes), its assignment
+//    composed with the first stage's (merging twice equals merging once over the originals,
+//    SPEC section 2).
+// Internal to kernels/ (ClusterEngine::Compress). Thread-safe like the engine.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "centroidkv/kernels/engine.h"
+
+namespace centroidkv {
+
+inline constexpr int32_t kExactTargetPasses = 64;
+
+// `plan` is of the whole (validated, not regular) layer; `out` gets a float32, head-major,
+// unpadded result with stop_reasons filled.
+absl::Status RunRagged(const ClusterEngine& engine, const LayerPlan& plan,
+                       const LayerView& layer, const CompressControl& control,
+                       CompressResult* out);
+
+// Merges every compressed head of `out` (float32 rows, head-major, unpadded) that is
+// longer than t down to t where sink and recent entries allow, updating its assignment
+// (laid out as `layer`'s entries), stop reasons and passes_run.
+absl::Status ReachExactTarget(const ClusterEngine& engine, const LayerPlan& plan,
+                              const LayerView& layer, const CompressControl& control,
+                              CompressResult* out);
+
+}  // namespace centroidkv

@@ -1,0 +1,228 @@
+// Ragged and count-0-padded layers, exact_target, padding and token-major rows, run above
+// the backends (kernels/ragged_layer.cc, kernels/result_shape.cc): every backend (reference,
+// cpu, and the CUDA backend's stages on the host) gives the reference's bits, and the
+// checks name the field, head and token.
+#include "kernels/ragged_layer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "centroidkv/common/field_status.h"
+#include "tests/kernels/engine_conformance.h"
+#include "tests/testing/random_layer.h"
+#include "tests/testing/result_checks.h"
+
+namespace centroidkv {
+namespace {
+
+using ::centroidkv::test::RandomLayer;
+using ::centroidkv::test::RandomLayerSpec;
+
+const ClusterEngine& Reference() {
+  return **conformance::Engines().Select(BackendKind::kReference);
+}
+
+std::vector<const ClusterEngine*> Backends() {
+  return {*conformance::Engines().Select(BackendKind::kCpu), &conformance::CudaStagesOnHost(),
+          &Reference()};
+}
+
+// A result's rows as a ragged layer (heads concatenated).
+struct Ragged {
+  CompressResult rows;
+  LayerView view() const {
+    LayerView view;
+    view.num_heads = rows.num_heads;
+    for (int32_t h = 0; h < rows.num_heads; ++h) {
+      view.num_tokens = std::max<int32_t>(
+          view.num_tokens, static_cast<int32_t>(rows.offsets[h + 1] - rows.offsets[h]));
+    }
+    view.key_dim = rows.key_dim;
+    view.value_dim = rows.value_dim;
+    view.keys = rows.keys.data();
+    view.values = rows.values.data();
+    view.counts = rows.counts.data();
+    view.head_offsets = rows.offsets.data();
+    return view;
+  }
+};
+
+CompressOptions Options() {
+  CompressOptions options;
+  options.target_ratio = 0.4;
+  options.chunk_size = 16;
+  options.sink_tokens = 2;
+  options.recent_tokens = 8;
+  return options;
+}
+
+RandomLayer Layer(uint64_t seed, TensorLayout layout = TensorLayout::kHeadMajor) {
+  RandomLayerSpec spec = test::Spec(4, 120, 16, 8, seed, DType::kFloat32, layout);
+  spec.prototypes = 6;
+  spec.with_counts = true;
+  return RandomLayer::Generate(spec);
+}
+
+TEST(RaggedLayerTest, EveryBackendGivesTheReferenceBitsOnRaggedInput) {
+  for (bool uniform : {true, false}) {
+    SCOPED_TRACE(uniform);
+    CompressOptions first = Options();
+    first.uniform_heads = uniform;
+    first.passthrough_heads = {2};
+    if (!uniform) first.min_similarity = 0.5;
+    RandomLayer layer = Layer(1);
+    auto round1 = Reference().Compress(layer.view(), first);
+    ASSERT_TRUE(round1.ok()) << round1.status();
+    const Ragged ragged{*round1};
+    CompressOptions second = Options();
+    second.target_ratio = 0.5;
+    second.uniform_heads = uniform;
+    second.passthrough_heads = {2};
+    auto expected = Reference().Compress(ragged.view(), second);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    EXPECT_EQ(expected->target_length, 60);  // ceil(0.5 * 120): the longest head
+    EXPECT_EQ(expected->offsets[3] - expected->offsets[2], 120);
+    for (const ClusterEngine* engine : Backends()) {
+      SCOPED_TRACE(engine->name());
+      auto got = engine->Compress(ragged.view(), second);
+      ASSERT_TRUE(got.ok()) << got.status();
+      test::ExpectBitIdentical(*expected, *got);
+      EXPECT_EQ(got->stop_reasons, expected->stop_reasons);
+      // And into a reused result of another shape.
+      CompressResult reused = *round1;
+      ASSERT_TRUE(engine->CompressInto(ragged.view(), second, &reused).ok());
+      test::ExpectBitIdentical(*expected, reused);
+    }
+  }
+}
+
+TEST(RaggedLayerTest, CountZeroPaddingIsIgnoredInBothLayouts) {
+  for (TensorLayout layout : {TensorLayout::kHeadMajor, TensorLayout::kTokenMajor}) {
+    RandomLayer padded = Layer(2, layout);
+    CompressOptions options = Options();
+    options.uniform_heads = false;
+    options.compute_assignment = true;
+    // Heads 1 and 3 end in padding (its values need not be what they were).
+    for (int32_t t = 100; t < 120; ++t) padded.SetCount(1, t, 0);
+    for (int32_t t = 60; t < 120; ++t) padded.SetCount(3, t, 0);
+    for (const ClusterEngine* engine : Backends()) {
+      SCOPED_TRACE(engine->name());
+      auto got = engine->Compress(padded.view(), options);
+      ASSERT_TRUE(got.ok()) << got.status();
+      test::ExpectBitIdentical(*Reference().Compress(padded.view(), options), *got);
+      EXPECT_EQ(got->head_tokens, (std::vector<int32_t>{120, 120, 120, 120}));
+      for (int32_t t = 100; t < 120; ++t) EXPECT_EQ(got->assignment[1 * 120 + t], -1);
+      for (int32_t t = 60; t < 120; ++t) EXPECT_EQ(got->assignment[3 * 120 + t], -1);
+    }
+    // Head 3 alone, without its padding, is what head 3 of the padded job is.
+    std::vector<float> keys, values;
+    std::vector<uint32_t> counts;
+    for (int32_t t = 0; t < 60; ++t) {
+      for (int32_t j = 0; j < 16; ++j) keys.push_back(padded.Key(3, t, j));
+      for (int32_t j = 0; j < 8; ++j) values.push_back(padded.Value(3, t, j));
+      counts.push_back(padded.Count(3, t));
+    }
+    LayerView alone;
+    alone.num_heads = 1;
+    alone.num_tokens = 60;
+    alone.key_dim = 16;
+    alone.value_dim = 8;
+    alone.keys = keys.data();
+    alone.values = values.data();
+    alone.counts = counts.data();
+    CompressOptions same = options;
+    same.target_ratio.reset();
+    same.target_tokens = 48;  // ceil(0.4 * 120), the padded job's t
+    auto head = Reference().Compress(alone, same);
+    auto whole = Reference().Compress(padded.view(), options);
+    ASSERT_TRUE(head.ok() && whole.ok());
+    const int64_t begin = whole->offsets[3];
+    ASSERT_EQ(whole->offsets[4] - begin, head->total_entries());
+    for (int64_t i = 0; i < head->total_entries() * 16; ++i) {
+      ASSERT_EQ(whole->keys[begin * 16 + i], head->keys[i]);
+    }
+  }
+}
+
+TEST(RaggedLayerTest, BadPaddingAndUnequalUniformHeadsNameTheField) {
+  RandomLayer layer = Layer(3);
+  layer.SetCount(1, 30, 0);  // a zero in the middle of head 1 is not padding
+  absl::Status status = Reference().Compress(layer.view(), Options()).status();
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  auto location = GetFieldLocation(status);
+  ASSERT_TRUE(location.has_value());
+  EXPECT_EQ(location->field, "counts");
+  EXPECT_EQ(location->head, 1);
+  EXPECT_EQ(location->token, 30);
+
+  RandomLayer empty_head = Layer(4);
+  for (int32_t t = 0; t < 120; ++t) empty_head.SetCount(2, t, 0);
+  status = Reference().Compress(empty_head.view(), Options()).status();
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetFieldLocation(status)->head, 2);
+
+  RandomLayer uneven = Layer(5);
+  for (int32_t t = 90; t < 120; ++t) uneven.SetCount(0, t, 0);
+  status = Reference().Compress(uneven.view(), Options()).status();  // uniform_heads
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetFieldLocation(status)->field, "uniform_heads");
+  EXPECT_NE(status.message().find("uniform_heads to false"), absl::string_view::npos);
+}
+
+TEST(RaggedLayerTest, ExactTargetReachesTOnEveryBackendWithTheReferenceBits) {
+  RandomLayer layer = Layer(6);
+  CompressOptions options = Options();
+  options.target_ratio.reset();
+  options.target_tokens = 24;
+  options.min_similarity = 0.995;  // stops at once without exact_target
+  options.passthrough_heads = {0};
+  options.exact_target = true;
+  options.result_dtype = DType::kFloat16;
+  auto expected = Reference().Compress(layer.view(), options);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_TRUE(expected->target_reached);
+  EXPECT_EQ(expected->dtype, DType::kFloat16);
+  for (int32_t h = 1; h < 4; ++h) EXPECT_EQ(expected->offsets[h + 1] - expected->offsets[h], 24);
+  for (const ClusterEngine* engine : Backends()) {
+    SCOPED_TRACE(engine->name());
+    auto got = engine->Compress(layer.view(), options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    test::ExpectBitIdentical(*expected, *got);
+  }
+  // Protected entries can make t unreachable: reported, not hidden.
+  options.sink_tokens = 20;
+  options.recent_tokens = 20;
+  auto protected_rows = Reference().Compress(layer.view(), options);
+  ASSERT_TRUE(protected_rows.ok());
+  EXPECT_FALSE(protected_rows->target_reached);
+  EXPECT_EQ(protected_rows->stop_reasons[1], StopReason::kProtected);
+}
+
+TEST(RaggedLayerTest, PaddingAndTokenMajorRowsOnEveryBackend) {
+  RandomLayer layer = Layer(7);
+  CompressOptions options = Options();
+  options.uniform_heads = false;
+  options.min_similarity = 0.6;
+  options.output_layout = TensorLayout::kTokenMajor;
+  options.pad_to = 130;
+  auto expected = Reference().Compress(layer.view(), options);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ(expected->padded_length, 130);
+  EXPECT_EQ(expected->layout, TensorLayout::kTokenMajor);
+  EXPECT_EQ(expected->counts.size(), 4u * 130u);
+  for (const ClusterEngine* engine : Backends()) {
+    SCOPED_TRACE(engine->name());
+    auto got = engine->Compress(layer.view(), options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    test::ExpectBitIdentical(*expected, *got);
+  }
+  options.pad_to = 20;  // shorter than every head (t = 48)
+  const absl::Status status = Reference().Compress(layer.view(), options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(GetFieldLocation(status)->field, "pad_to");
+}
+
+}  // namespace
+}  // namespace centroidkv

@@ -168,8 +168,11 @@ TEST_F(CallerGateTest, MetricsCountCallersByNameNeverByToken) {
   EXPECT_NE(text.find("centroidkv_caller_requests_total{caller=\"worker-a\",rpc=\"Compress\"} 1"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("centroidkv_caller_requests_total{caller=\"worker-a\",rpc=\"GetInfo\"} 1"),
-            std::string::npos);
+  // Two GetInfo calls: the client asks once for the server's slab limit before its first
+  // job, then the explicit one above.
+  EXPECT_NE(text.find("centroidkv_caller_requests_total{caller=\"worker-a\",rpc=\"GetInfo\"} 2"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("centroidkv_caller_rejections_total{caller=\"unauthenticated\","
                       "reason=\"bad_token\"} 1"),
             std::string::npos);
@@ -186,6 +189,14 @@ TEST_F(CallerGateTest, CallerOverItsStreamLimitIsRefusedWhileAnotherWorks) {
   RandomLayer layer = SmallLayer(7);
   // The first stream is live (a job announced, no data yet) and holds worker-a's one slot.
   ASSERT_TRUE(first.Write(StartJobRequest(1, layer.view(), SmallOptions())));
+  // Write() returns once the message is queued: wait until the server holds the slot, or the
+  // second stream could be the one that takes it.
+  const auto held_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (server_->context().callers.registry().usage("worker-a").streams != 1 &&
+         std::chrono::steady_clock::now() < held_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(server_->context().callers.registry().usage("worker-a").streams, 1);
   RawStream second(stub.get(), std::chrono::milliseconds(0), kTokenA);
   EXPECT_EQ(second.Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   auto b = ConnectAs(*server_, kTokenB);

@@ -33,6 +33,7 @@
 #include "centroidkv/client/client.h"
 #include "centroidkv/client/replica_pool.h"
 #include "centroidkv/v1/centroidkv.grpc.pb.h"
+#include "client/channel.h"
 #include "client/compress_stream_impl.h"
 
 namespace centroidkv::client {
@@ -42,6 +43,8 @@ struct ReplicaPool::Core {
   PoolOptions options;  // streams resolved (> 0)
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::CentroidKV::Stub> stub;
+  SlabSizing slab_sizing;  // options.client.slab_bytes within the servers' stated limit
+  std::once_flag options_sized;  // options.client sized by slab_sizing, before any stream
 
   mutable std::mutex stats_mu;  // taken after a stream's mu_, never before
   PoolStats stats;

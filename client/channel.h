@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -24,5 +25,17 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
 
 // The GetInfo RPC, with a 30 s deadline.
 absl::StatusOr<ServerInfo> FetchServerInfo(v1::CentroidKV::Stub& stub);
+
+// `options` with slab_bytes within the server's GetInfo max_slab_bytes (SlabPayloadBytes),
+// asked over `stub` on the first call only; a server that does not answer (or predates the
+// field) leaves slab_bytes as it is. Used by Client and ReplicaPool for every stream they open.
+class SlabSizing {
+ public:
+  ClientOptions Sized(v1::CentroidKV::Stub& stub, const ClientOptions& options);
+
+ private:
+  std::once_flag asked_;
+  int32_t server_limit_ = 0;  // 0: none stated
+};
 
 }  // namespace centroidkv::client

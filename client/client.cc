@@ -9,6 +9,7 @@
 #include "centroidkv/common/status_macros.h"
 #include "centroidkv/v1/centroidkv.grpc.pb.h"
 #include "centroidkv/wire/grpc_status.h"
+#include "centroidkv/wire/slab_codec.h"
 #include "client/channel.h"
 #include "client/channel_security.h"
 #include "client/compress_stream_impl.h"
@@ -26,29 +27,27 @@ class GrpcClient final : public Client {
   absl::StatusOr<ServerInfo> GetInfo() override { return FetchServerInfo(*stub_); }
 
   std::unique_ptr<CompressStream> OpenStream() override {
-    return std::make_unique<GrpcCompressStream>(stub_.get(), SizedOptions());
+    return std::make_unique<GrpcCompressStream>(stub_.get(), slab_sizing_.Sized(*stub_, options_));
   }
 
  private:
-  // options_ with slab_bytes within the server's max_slab_bytes, asked once; a server that
-  // does not answer (or predates the field) leaves slab_bytes as it is.
-  ClientOptions SizedOptions() {
-    std::call_once(sized_, [this] {
-      absl::StatusOr<ServerInfo> info = FetchServerInfo(*stub_);
-      if (info.ok() && info->max_slab_bytes > 0) {
-        options_.slab_bytes = std::min(options_.slab_bytes, info->max_slab_bytes);
-      }
-    });
-    return options_;
-  }
-
-  std::once_flag sized_;
+  SlabSizing slab_sizing_;
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CentroidKV::Stub> stub_;
 };
 
 }  // namespace
+
+ClientOptions SlabSizing::Sized(v1::CentroidKV::Stub& stub, const ClientOptions& options) {
+  std::call_once(asked_, [this, &stub] {
+    absl::StatusOr<ServerInfo> info = FetchServerInfo(stub);
+    if (info.ok()) server_limit_ = info->max_slab_bytes;
+  });
+  ClientOptions sized = options;
+  sized.slab_bytes = SlabPayloadBytes(options.slab_bytes, server_limit_);
+  return sized;
+}
 
 absl::StatusOr<ServerInfo> FetchServerInfo(v1::CentroidKV::Stub& stub) {
   grpc::ClientContext context;

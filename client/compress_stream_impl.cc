@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/field_status.h"
-#include "centroidkv/wire/account_convert.h"
 #include "centroidkv/wire/grpc_status.h"
-#include "centroidkv/wire/wire_convert.h"
+#include "centroidkv/wire/job_codec.h"
+#include "client/result_account.h"
 
 namespace centroidkv::client {
 
@@ -82,7 +82,6 @@ absl::Status GrpcCompressStream::Cancel(uint64_t job_id) {
     if (layer_of_.erase(job_id) == 0) return absl::OkStatus();
     // A reply not yet complete: forget what arrived of it and drop the rest when it comes.
     if (partial_.erase(job_id) == 0) cancelled_.insert(job_id);
-    missing_bytes_.erase(job_id);
     --outstanding_;  // no result will be returned for it
     changed_.notify_all();
     // Stop sending the job (its buffers are no longer read after this call). If its
@@ -95,7 +94,7 @@ absl::Status GrpcCompressStream::Cancel(uint64_t job_id) {
     });
     if (it == outgoing_.end()) {
       outgoing_.push_back(std::move(cancel));
-    } else if (it->stage > 0) {
+    } else if (it->slabs.has_value()) {
       *it = std::move(cancel);
     } else {
       outgoing_.erase(it);
@@ -142,97 +141,31 @@ std::string GrpcCompressStream::peer() const { return context_.peer(); }
 // ---------------------------------------------------------------------------------------
 // Writing.
 
-uint64_t GrpcCompressStream::StageBytes(const Outgoing& out) const {
-  const LayerView& layer = out.job.layer;
-  const uint64_t rows = uint64_t(layer.TotalRows());
-  switch (out.stage) {
-    case 1:
-      return rows * layer.key_dim * DTypeSize(layer.dtype);
-    case 2:
-      return rows * layer.value_dim * DTypeSize(layer.dtype);
-    case 3:
-      return layer.counts != nullptr ? rows * sizeof(uint32_t) : 0;
-    default:
-      return 0;
-  }
-}
-
-const uint8_t* GrpcCompressStream::StageData(const Outgoing& out) const {
-  const LayerView& layer = out.job.layer;
-  switch (out.stage) {
-    case 1:
-      return static_cast<const uint8_t*>(layer.keys);
-    case 2:
-      return static_cast<const uint8_t*>(layer.values);
-    default:
-      return reinterpret_cast<const uint8_t*>(layer.counts);
-  }
-}
-
 bool GrpcCompressStream::NextRequest() {
-  static constexpr v1::Tensor kStageTensor[] = {v1::TENSOR_UNSPECIFIED, v1::TENSOR_KEYS,
-                                                v1::TENSOR_VALUES, v1::TENSOR_COUNTS};
   while (!outgoing_.empty()) {
     Outgoing& out = outgoing_.front();
+    request_.Clear();
     if (out.is_cancel) {
-      request_.Clear();
       request_.mutable_cancel_job()->set_job_id(out.job_id);
       outgoing_.pop_front();
       return true;
     }
-    if (out.stage == 0) {
-      const LayerJob& job = out.job;
-      request_.Clear();
-      v1::StartJob* start = request_.mutable_start_job();
-      start->set_job_id(out.job_id);
-      start->set_layer_index(job.layer_index);
-      start->set_num_heads(static_cast<uint32_t>(job.layer.num_heads));
-      start->set_num_tokens(static_cast<uint32_t>(job.layer.num_tokens));
-      start->set_key_dim(static_cast<uint32_t>(job.layer.key_dim));
-      start->set_value_dim(static_cast<uint32_t>(job.layer.value_dim));
-      start->set_dtype(DTypeToProto(job.layer.dtype));
-      start->set_layout(LayoutToProto(job.layer.layout));
-      start->set_has_counts(job.layer.counts != nullptr);
-      *start->mutable_params() = OptionsToProto(job.options);
-      start->set_return_assignment(job.options.compute_assignment);
-      if (job.output_dtype.has_value()) start->set_output_dtype(DTypeToProto(*job.output_dtype));
-      start->set_backend(BackendToProto(job.backend));
-      if (job.layer.head_offsets != nullptr) {
-        for (int32_t h = 0; h < job.layer.num_heads; ++h) {
-          start->add_head_tokens(static_cast<uint32_t>(job.layer.HeadTokens(h)));
-        }
-      }
-      start->set_pad_heads(job.options.pad_heads);
-      start->set_pad_to(static_cast<uint32_t>(std::max(job.options.pad_to, 0)));
-      start->set_exact_target(job.options.exact_target);
-      if (job.options.output_layout != TensorLayout::kHeadMajor) {
-        start->set_output_layout(LayoutToProto(job.options.output_layout));
-      }
-      start->set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(job.timeout.count(), 0)));
-      start->set_priority(job.priority);
-      out.stage = 1;
-      out.cursor = 0;
+    const LayerJob& job = out.job;
+    if (!out.slabs.has_value()) {
+      *request_.mutable_start_job() =
+          StartJobToProto(out.job_id, job.layer_index, job.layer, job.options, job.output_dtype,
+                          job.backend, job.timeout, job.priority);
+      const InputBytes bytes = InputBytesOf(job.layer);
+      out.slabs.emplace(out.job_id,
+                        std::vector<SlabWriter::Tensor>{
+                            {v1::TENSOR_KEYS, bytes.keys, job.layer.keys, {}},
+                            {v1::TENSOR_VALUES, bytes.values, job.layer.values, {}},
+                            {v1::TENSOR_COUNTS, bytes.counts, job.layer.counts, {}}},
+                        options_.slab_bytes);
       return true;
     }
-    const uint64_t total = StageBytes(out);
-    if (out.stage <= 3 && out.cursor < total) {
-      const uint64_t length =
-          std::min<uint64_t>(static_cast<uint64_t>(options_.slab_bytes), total - out.cursor);
-      request_.Clear();
-      v1::TensorSlab* slab = request_.mutable_slab();
-      slab->set_job_id(out.job_id);
-      slab->set_tensor(kStageTensor[out.stage]);
-      slab->set_byte_offset(out.cursor);
-      slab->set_data(StageData(out) + out.cursor, length);
-      out.cursor += length;
-      return true;
-    }
-    if (out.stage < 3) {
-      ++out.stage;
-      out.cursor = 0;
-    } else {
-      outgoing_.pop_front();
-    }
+    if (out.slabs->Next(request_.mutable_slab())) return true;
+    outgoing_.pop_front();
   }
   return false;
 }
@@ -324,75 +257,52 @@ void GrpcCompressStream::HandleResponse() {
       const v1::JobResult& header = response_.result();
       // A cancelled job's header is dropped; its slabs then find no partial result.
       if (cancelled_.erase(header.job_id()) > 0) return;
-      LayerResult result;
+      Incoming& incoming = partial_[header.job_id()];
+      LayerResult& result = incoming.result;
       result.job_id = header.job_id();
       result.layer_index = header.layer_index();
-      auto dtype = DTypeFromProto(header.dtype(), "result.dtype");
-      result.dtype = dtype.ok() ? *dtype : DType::kFloat32;
-      result.num_heads = static_cast<int32_t>(header.num_heads());
-      result.num_tokens = static_cast<int32_t>(header.num_tokens());
-      result.key_dim = static_cast<int32_t>(header.key_dim());
-      result.value_dim = static_cast<int32_t>(header.value_dim());
-      result.offsets.assign(header.offsets().begin(), header.offsets().end());
-      result.keys.resize(header.out_keys_bytes());
-      result.values.resize(header.out_values_bytes());
-      result.counts.resize(header.out_counts_bytes() / sizeof(uint32_t));
-      result.assignment.resize(header.assignment_bytes() / sizeof(int32_t));
-      result.backend = header.backend();
-      result.passes_run = static_cast<int32_t>(header.passes_run());
-      result.compute_seconds = header.compute_seconds();
-      result.queue_seconds = header.queue_seconds();
-      CompressResult account;
-      AccountFromProto(header, &account);
-      result.target_length = account.target_length;
-      result.target_reached = account.target_reached;
-      result.head_entries.assign(account.head_entries.begin(), account.head_entries.end());
-      result.head_input_tokens = std::move(account.head_input_tokens);
-      result.stop_reasons = std::move(account.stop_reasons);
-      result.head_tokens.assign(account.head_tokens.begin(), account.head_tokens.end());
-      result.padded_length = account.padded_length;
-      result.layout = account.layout;
-      const uint64_t missing = header.out_keys_bytes() + header.out_values_bytes() +
-                               header.out_counts_bytes() + header.assignment_bytes();
-      partial_[header.job_id()] = std::move(result);
-      missing_bytes_[header.job_id()] = missing;
-      if (missing == 0) FinishJobLocked(header.job_id());
+      CompressResult shape;
+      ResultProvenance provenance;
+      result.status = JobResultHeaderFromProto(header, &shape, &provenance);
+      if (!result.status.ok()) {
+        FinishJobLocked(header.job_id());
+        return;
+      }
+      result.dtype = shape.dtype;
+      CopyShapeAndAccount(shape, &result);
+      result.backend = std::move(provenance.backend);
+      result.compute_seconds = provenance.compute_seconds;
+      result.queue_seconds = provenance.queue_seconds;
+      const ResultBytes bytes = ResultBytesOf(header);
+      result.keys.resize(bytes.keys);
+      result.values.resize(bytes.values);
+      result.counts.resize(bytes.counts / sizeof(uint32_t));
+      result.assignment.resize(bytes.assignment / sizeof(int32_t));
+      incoming.slabs.emplace(
+          header.job_id(),
+          std::vector<SlabAssembler::Tensor>{
+              {v1::TENSOR_OUT_KEYS, result.keys.data(), bytes.keys, "out_keys"},
+              {v1::TENSOR_OUT_VALUES, result.values.data(), bytes.values, "out_values"},
+              {v1::TENSOR_OUT_COUNTS, result.counts.data(), bytes.counts, "out_counts"},
+              {v1::TENSOR_ASSIGNMENT, result.assignment.data(), bytes.assignment,
+               "assignment"}},
+          "result slab");
+      if (incoming.slabs->complete()) FinishJobLocked(header.job_id());
       return;
     }
     case v1::CompressResponse::kSlab: {
       const v1::TensorSlab& slab = response_.slab();
       auto it = partial_.find(slab.job_id());
       if (it == partial_.end()) return;
-      LayerResult& result = it->second;
-      uint8_t* base = nullptr;
-      uint64_t size = 0;
-      switch (slab.tensor()) {
-        case v1::TENSOR_OUT_KEYS:
-          base = result.keys.data(), size = result.keys.size();
-          break;
-        case v1::TENSOR_OUT_VALUES:
-          base = result.values.data(), size = result.values.size();
-          break;
-        case v1::TENSOR_OUT_COUNTS:
-          base = reinterpret_cast<uint8_t*>(result.counts.data());
-          size = result.counts.size() * sizeof(uint32_t);
-          break;
-        case v1::TENSOR_ASSIGNMENT:
-          base = reinterpret_cast<uint8_t*>(result.assignment.data());
-          size = result.assignment.size() * sizeof(int32_t);
-          break;
-        default:
-          return;
+      Incoming& incoming = it->second;
+      if (absl::Status added = incoming.slabs->Add(slab); !added.ok()) {
+        // The server broke the framing of this result: it cannot be trusted.
+        incoming.result.status =
+            absl::DataLossError(absl::StrCat("the server sent a bad result: ", added.message()));
       }
-      if (slab.byte_offset() > size || slab.data().size() > size - slab.byte_offset()) {
-        result.status = absl::DataLossError("server sent a result slab past the tensor's end");
+      if (!incoming.result.status.ok() || incoming.slabs->complete()) {
         FinishJobLocked(slab.job_id());
-        return;
       }
-      std::memcpy(base + slab.byte_offset(), slab.data().data(), slab.data().size());
-      uint64_t& missing = missing_bytes_[slab.job_id()];
-      missing -= std::min<uint64_t>(missing, slab.data().size());
-      if (missing == 0) FinishJobLocked(slab.job_id());
       return;
     }
     case v1::CompressResponse::kError: {
@@ -402,13 +312,7 @@ void GrpcCompressStream::HandleResponse() {
       result.job_id = error.job_id();
       result.layer_index = layer_of_[error.job_id()];
       layer_of_.erase(error.job_id());
-      result.status = absl::Status(FromWireCode(error.code()), error.message());
-      if (!error.field().empty()) {
-        FieldLocation location{error.field()};
-        if (error.has_head()) location.head = error.head();
-        if (error.has_token()) location.token = error.token();
-        result.status = FieldError(result.status.code(), location, error.message());
-      }
+      result.status = StatusFromJobError(error);
       completed_.push_back(std::move(result));
       changed_.notify_all();
       return;
@@ -421,10 +325,19 @@ void GrpcCompressStream::HandleResponse() {
 void GrpcCompressStream::FinishJobLocked(uint64_t job_id) {
   auto it = partial_.find(job_id);
   if (it == partial_.end()) return;
-  completed_.push_back(std::move(it->second));
+  LayerResult& result = it->second.result;
+  if (!result.status.ok()) {
+    // Nothing of a broken result is returned but its identity and the error.
+    LayerResult failed;
+    failed.job_id = result.job_id;
+    failed.layer_index = result.layer_index;
+    failed.status = result.status;
+    completed_.push_back(std::move(failed));
+  } else {
+    completed_.push_back(std::move(result));
+  }
   partial_.erase(it);
   layer_of_.erase(job_id);
-  missing_bytes_.erase(job_id);
   changed_.notify_all();
 }
 

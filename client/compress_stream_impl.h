@@ -1,6 +1,7 @@
 // The gRPC implementation of CompressStream: a client bidi reactor (route_guide style)
 // that writes queued jobs as StartJob + slabs, one write in flight, without waiting for
-// replies, and reassembles result slabs into LayerResults.
+// replies, and reassembles result slabs into LayerResults, both through the protocol codec
+// (proto/: StartJobToProto and SlabWriter out, JobResultHeaderFromProto and SlabAssembler in).
 // Thread-safe: public calls and reactions meet under mu_; gRPC operations are started
 // outside it. A hold keeps OnDone away while writes may still be started.
 #pragma once
@@ -9,12 +10,14 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include <grpcpp/grpcpp.h>
 
 #include "centroidkv/client/client.h"
 #include "centroidkv/v1/centroidkv.grpc.pb.h"
+#include "centroidkv/wire/slab_codec.h"
 
 namespace centroidkv::client {
 
@@ -45,13 +48,15 @@ class GrpcCompressStream final
     uint64_t job_id = 0;
     LayerJob job;
     bool is_cancel = false;
-    int stage = 0;          // 0 StartJob, 1 keys, 2 values, 3 counts, 4 done
-    uint64_t cursor = 0;    // bytes of the current tensor written
+    std::optional<SlabWriter> slabs;  // set once the StartJob has gone out
+  };
+  // A result whose slabs are arriving.
+  struct Incoming {
+    LayerResult result;
+    std::optional<SlabAssembler> slabs;  // into result's arrays
   };
   // Fills request_ with the next message; false when the queue is empty.
   bool NextRequest();
-  uint64_t StageBytes(const Outgoing& out) const;
-  const uint8_t* StageData(const Outgoing& out) const;
   // Decides the next write (under mu_): sets *start_write or *writes_done when due.
   void PrepareWrite(bool* start_write, bool* writes_done);
   void StartDecided(bool start_write, bool writes_done);
@@ -67,8 +72,7 @@ class GrpcCompressStream final
   v1::CompressRequest request_;
   v1::CompressResponse response_;
   std::deque<Outgoing> outgoing_;
-  std::map<uint64_t, LayerResult> partial_;  // results whose slabs are arriving
-  std::map<uint64_t, uint64_t> missing_bytes_;
+  std::map<uint64_t, Incoming> partial_;  // results whose slabs are arriving
   std::deque<LayerResult> completed_;
   std::map<uint64_t, uint32_t> layer_of_;  // job id -> layer index, for error replies
   std::set<uint64_t> cancelled_;  // cancelled jobs whose reply (if any) is to be dropped

@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "centroidkv/client/client.h"
+#include "client/result_account.h"
 
 namespace centroidkv::client {
 namespace {
@@ -30,29 +31,33 @@ std::vector<uint8_t> Narrow(const std::vector<float>& values, DType dtype) {
 std::vector<float> LayerResult::KeysAsFloat() const { return Widen(keys, dtype); }
 std::vector<float> LayerResult::ValuesAsFloat() const { return Widen(values, dtype); }
 
+void CopyShapeAndAccount(const CompressResult& from, LayerResult* to) {
+  to->num_heads = from.num_heads;
+  to->num_tokens = from.num_tokens;
+  to->key_dim = from.key_dim;
+  to->value_dim = from.value_dim;
+  to->offsets = from.offsets;
+  to->passes_run = from.passes_run;
+  to->target_length = from.target_length;
+  to->target_reached = from.target_reached;
+  to->head_entries.assign(from.head_entries.begin(), from.head_entries.end());
+  to->head_input_tokens = from.head_input_tokens;
+  to->stop_reasons = from.stop_reasons;
+  to->head_tokens.assign(from.head_tokens.begin(), from.head_tokens.end());
+  to->padded_length = from.padded_length;
+  to->layout = from.layout;
+}
+
 LayerResult LayerResultFromEngine(uint32_t layer_index, const CompressResult& result,
                                   DType output_dtype) {
   LayerResult out;
   out.layer_index = layer_index;
   out.dtype = output_dtype;
-  out.num_heads = result.num_heads;
-  out.num_tokens = result.num_tokens;
-  out.key_dim = result.key_dim;
-  out.value_dim = result.value_dim;
-  out.offsets = result.offsets;
+  CopyShapeAndAccount(result, &out);
   out.keys = Narrow(result.keys, output_dtype);
   out.values = Narrow(result.values, output_dtype);
   out.counts = result.counts;
   out.assignment = result.assignment;
-  out.passes_run = result.passes_run;
-  out.target_length = result.target_length;
-  out.target_reached = result.target_reached;
-  out.head_entries.assign(result.head_entries.begin(), result.head_entries.end());
-  out.head_input_tokens = result.head_input_tokens;
-  out.stop_reasons = result.stop_reasons;
-  out.head_tokens.assign(result.head_tokens.begin(), result.head_tokens.end());
-  out.padded_length = result.padded_length;
-  out.layout = result.layout;
   return out;
 }
 

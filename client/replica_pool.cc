@@ -191,6 +191,10 @@ ReplicaPool::~ReplicaPool() = default;
 absl::StatusOr<ServerInfo> ReplicaPool::GetInfo() { return FetchServerInfo(*core_->stub); }
 
 std::unique_ptr<CompressStream> ReplicaPool::OpenStream() {
+  // Sized once, before any stream copies the options (BalancedStream reads them at birth).
+  std::call_once(core_->options_sized, [this] {
+    core_->options.client = core_->slab_sizing.Sized(*core_->stub, core_->options.client);
+  });
   return std::make_unique<BalancedStream>(core_);
 }
 

@@ -14,7 +14,7 @@
 #include "centroidkv/common/dtype.h"
 #include "centroidkv/common/npy.h"
 #include "centroidkv/v1/centroidkv.pb.h"
-#include "client/worker/model.h"
+#include "worker/model.h"
 #include "fuzz/stream_frames.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// libFuzzer target: the llama2.c checkpoint loader (client/worker/model.cc, ParseModel) on
+// libFuzzer target: the llama2.c checkpoint loader (worker/model.cc, ParseModel) on
 // arbitrary bytes. A parse either fails with InvalidArgument naming the file or yields a
 // model whose every tensor accessor stays inside the weights read (ASan checks each read).
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "client/worker/model.h"
+#include "worker/model.h"
 
 namespace {
 

@@ -243,10 +243,6 @@ std::vector<int32_t> RealHeadLengths(const LayerView& layer) {
 
 }  // namespace
 
-std::string_view TensorLayoutName(TensorLayout layout) {
-  return layout == TensorLayout::kHeadMajor ? "head_major" : "token_major";
-}
-
 double LayerPlan::FloorForPass(int32_t pass) const {
   if (!options.min_similarity.has_value()) {
     return -std::numeric_limits<double>::infinity();

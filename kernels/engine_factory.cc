@@ -11,22 +11,6 @@
 
 namespace centroidkv {
 
-std::string_view BackendKindName(BackendKind kind) {
-  switch (kind) {
-    case BackendKind::kAuto:
-      return "auto";
-    case BackendKind::kCpu:
-      return "cpu";
-    case BackendKind::kGpu:
-      return "gpu";
-    case BackendKind::kReference:
-      return "reference";
-    case BackendKind::kIdentity:
-      return "identity";
-  }
-  return "unknown";
-}
-
 std::unique_ptr<EngineSet> EngineSet::CreateAvailable(const EngineLimits& limits) {
   std::unique_ptr<EngineSet> set(new EngineSet(limits));
   set->reference_ = std::make_unique<ReferenceEngine>(limits);
@@ -34,19 +18,17 @@ std::unique_ptr<EngineSet> EngineSet::CreateAvailable(const EngineLimits& limits
   set->identity_ = std::make_unique<IdentityEngine>(limits);
   // The fast CPU backend (its kernels for the best SIMD level this CPU has).
   set->cpu_ = std::make_unique<cpu::CpuEngine>(limits);
-  set->best_cpu_ = set->cpu_.get();
 #ifdef CKV_HAVE_CUDA
   // The first CUDA device, when there is one the driver lets us use.
   absl::StatusOr<std::unique_ptr<gpu::CudaEngine>> cuda = gpu::CudaEngine::Create(limits);
   if (cuda.ok()) {
     set->devices_.push_back((*cuda)->device());
-    set->gpu_engine_ = *std::move(cuda);
-    set->gpu_ = set->gpu_engine_.get();
+    set->cuda_ = *std::move(cuda);
   } else {
-    set->gpu_missing_ = std::string(cuda.status().message());
+    set->cuda_missing_ = std::string(cuda.status().message());
   }
 #else
-  set->gpu_missing_ = "this server was built without CUDA";
+  set->cuda_missing_ = "this server was built without CUDA";
 #endif
   return set;
 }
@@ -54,20 +36,21 @@ std::unique_ptr<EngineSet> EngineSet::CreateAvailable(const EngineLimits& limits
 absl::StatusOr<const ClusterEngine*> EngineSet::Select(BackendKind kind) const {
   switch (kind) {
     case BackendKind::kAuto:
-      return gpu_ != nullptr ? gpu_ : best_cpu_;
+      if (cuda_ != nullptr) return cuda_.get();
+      return cpu_.get();
     case BackendKind::kCpu:
-      return best_cpu_;
+      return cpu_.get();
     case BackendKind::kReference:
       return reference_.get();
     case BackendKind::kIdentity:
       return identity_.get();
-    case BackendKind::kGpu:
-      if (gpu_ == nullptr) {
+    case BackendKind::kCuda:
+      if (cuda_ == nullptr) {
         return absl::FailedPreconditionError(
-            "backend: gpu was requested but this server has no GPU backend (" + gpu_missing_ +
+            "backend: gpu was requested but this server has no GPU backend (" + cuda_missing_ +
             "); use backend auto or cpu");
       }
-      return gpu_;
+      return cuda_.get();
   }
   return absl::InvalidArgumentError("backend: unknown backend kind");
 }
@@ -75,10 +58,8 @@ absl::StatusOr<const ClusterEngine*> EngineSet::Select(BackendKind kind) const {
 std::vector<std::string> EngineSet::EngineNames() const {
   std::vector<std::string> names;
   names.emplace_back(reference_->name());
-  if (best_cpu_ != nullptr && best_cpu_ != reference_.get()) {
-    names.emplace_back(best_cpu_->name());
-  }
-  if (gpu_ != nullptr) names.emplace_back(gpu_->name());
+  names.emplace_back(cpu_->name());
+  if (cuda_ != nullptr) names.emplace_back(cuda_->name());
   names.emplace_back(identity_->name());
   return names;
 }

@@ -28,24 +28,6 @@ void PlaceRows(const std::vector<int64_t>& offsets, int64_t dim, int64_t length,
 
 }  // namespace
 
-std::string_view StopReasonName(StopReason reason) {
-  switch (reason) {
-    case StopReason::kTargetReached:
-      return "target_reached";
-    case StopReason::kPassthrough:
-      return "passthrough";
-    case StopReason::kSimilarityFloor:
-      return "similarity_floor";
-    case StopReason::kMaxPasses:
-      return "max_passes";
-    case StopReason::kProtected:
-      return "protected";
-    case StopReason::kUniformHeads:
-      return "uniform_heads";
-  }
-  return "unknown";
-}
-
 void ResetAccount(CompressResult* result) {
   result->layout = TensorLayout::kHeadMajor;
   result->padded_length = 0;

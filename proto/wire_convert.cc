@@ -1,12 +1,10 @@
-// Wire <-> engine conversions for enums, CompressionParams, field names, stop reasons and
-// the result account (account_convert.h).
+// Wire <-> domain conversions for enums, CompressionParams, field names and stop reasons.
 #include "centroidkv/wire/wire_convert.h"
 
 #include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "centroidkv/wire/account_convert.h"
 
 namespace centroidkv {
 namespace {
@@ -72,7 +70,7 @@ absl::StatusOr<BackendKind> BackendFromProto(v1::Backend backend) {
     case v1::BACKEND_CPU:
       return BackendKind::kCpu;
     case v1::BACKEND_GPU:
-      return BackendKind::kGpu;
+      return BackendKind::kCuda;
     case v1::BACKEND_REFERENCE:
       return BackendKind::kReference;
     case v1::BACKEND_IDENTITY:
@@ -90,7 +88,7 @@ v1::Backend BackendToProto(BackendKind kind) {
       return v1::BACKEND_AUTO;
     case BackendKind::kCpu:
       return v1::BACKEND_CPU;
-    case BackendKind::kGpu:
+    case BackendKind::kCuda:
       return v1::BACKEND_GPU;
     case BackendKind::kReference:
       return v1::BACKEND_REFERENCE;
@@ -205,22 +203,6 @@ v1::StopReason StopReasonToProto(StopReason reason) {
       return v1::STOP_REASON_UNIFORM_HEADS;
   }
   return v1::STOP_REASON_UNSPECIFIED;
-}
-
-void AccountFromProto(const v1::JobResult& header, CompressResult* result) {
-  result->target_length = static_cast<int64_t>(header.target_tokens());
-  result->target_reached = header.target_reached();
-  result->head_entries.assign(header.head_entries().begin(), header.head_entries().end());
-  result->head_input_tokens.assign(header.head_input_tokens().begin(),
-                                   header.head_input_tokens().end());
-  result->stop_reasons.clear();
-  for (int reason : header.stop_reasons()) {
-    result->stop_reasons.push_back(StopReasonFromProto(static_cast<v1::StopReason>(reason)));
-  }
-  result->head_tokens.assign(header.head_tokens().begin(), header.head_tokens().end());
-  result->padded_length = static_cast<int32_t>(header.padded_length());
-  result->layout = header.layout() == v1::LAYOUT_TOKEN_MAJOR ? TensorLayout::kTokenMajor
-                                                              : TensorLayout::kHeadMajor;
 }
 
 }  // namespace centroidkv

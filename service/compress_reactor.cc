@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/field_status.h"
 #include "centroidkv/wire/grpc_status.h"
+#include "centroidkv/wire/job_codec.h"
 #include "centroidkv/wire/wire_convert.h"
 
 namespace centroidkv::service {
@@ -181,7 +182,7 @@ absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions*
   // Everything wrong with one StartJob fails that job only.
   absl::StatusOr<std::unique_ptr<IncomingJob>> job;
   try {
-    job = IncomingJob::Create(start, context_->options);
+    job = IncomingJob::Create(start, context_->options, context_->inputs.get());
   } catch (const std::bad_alloc&) {
     job = FieldError(absl::StatusCode::kResourceExhausted, {"start_job.num_tokens"},
                      absl::StrCat("start_job: out of memory allocating job ", job_id));
@@ -399,9 +400,9 @@ void CompressReactor::SubmitJob(ReceivingJob job, Actions* actions) {
 void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
                              const ClusterEngine* engine,
                              std::shared_ptr<std::atomic<bool>> cancelled, double enqueue_time) {
-  JobTimings timings;
+  ResultProvenance provenance{std::string(engine->name())};
   const double start = NowSeconds();
-  timings.queue_seconds = start - enqueue_time;
+  provenance.queue_seconds = start - enqueue_time;
   // A result buffer from the pool (any earlier shape): CompressInto overwrites it without
   // faulting in and zero-filling fresh pages for every job.
   // Rows in the output dtype straight from an engine that writes them (the GPU and the cpu
@@ -424,12 +425,12 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
           absl::StrCat("job ", job_id, ": out of memory while clustering"));
     }
   }
-  timings.compute_seconds = NowSeconds() - start;
-  context_->metrics.JobComputed(engine->name(), timings.queue_seconds, timings.compute_seconds);
+  provenance.compute_seconds = NowSeconds() - start;
+  context_->metrics.JobComputed(engine->name(), provenance.queue_seconds,
+                                provenance.compute_seconds);
   const bool expired = status.code() == absl::StatusCode::kCancelled && control.Expired() &&
                        !cancelled->load();
-  const ResultMeta meta{job->layer_index(), job->output_dtype(), std::string(engine->name()),
-                        timings, expired};
+  const ResultMeta meta{job->layer_index(), job->output_dtype(), std::move(provenance), expired};
   job.reset();  // free the input before the result is queued
   OnJobComputed(job_id, status, std::move(result), meta);
 }
@@ -462,12 +463,12 @@ void CompressReactor::OnJobComputed(uint64_t job_id, const absl::Status& status,
     } else {
       // The job's input is gone; the result needs at most the reserved footprint.
       stats.jobs_completed.fetch_add(1);
-      context_->metrics.EntriesOut(meta.backend, result->total_entries());
+      context_->metrics.EntriesOut(meta.provenance.backend, result->total_entries());
       outgoing_.push_back(Output{});
       outgoing_.back().footprint = footprint;
       outgoing_.back().encoder = std::make_unique<ResultEncoder>(
-          job_id, meta.layer_index, meta.output_dtype, meta.backend, meta.timings,
-          std::move(result), context_->options.result_slab_bytes);
+          job_id, meta.layer_index, meta.output_dtype, meta.provenance, std::move(result),
+          context_->options.result_slab_bytes);
       PrepareWrite(&actions);
     }
     MaybeFinish(&actions);
@@ -481,15 +482,7 @@ void CompressReactor::QueueJobError(uint64_t job_id, const absl::Status& status,
   Output output;
   output.footprint = footprint;
   output.error.emplace();
-  v1::JobError* error = output.error->mutable_error();
-  error->set_job_id(job_id);
-  error->set_code(ToWireCode(status.code()));
-  error->set_message(std::string(status.message()));
-  if (std::optional<FieldLocation> location = GetFieldLocation(status); location.has_value()) {
-    error->set_field(WireField(location->field));
-    if (location->head.has_value()) error->set_head(static_cast<uint32_t>(*location->head));
-    if (location->token.has_value()) error->set_token(static_cast<uint32_t>(*location->token));
-  }
+  *output.error->mutable_error() = JobErrorToProto(job_id, status);
   context_->metrics.Error(ToWireCode(status.code()), "job");
   outgoing_.push_back(std::move(output));
   PrepareWrite(actions);

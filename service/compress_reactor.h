@@ -89,8 +89,7 @@ class CompressReactor final
   struct ResultMeta {
     uint32_t layer_index;
     DType output_dtype;
-    std::string backend;
-    JobTimings timings;
+    ResultProvenance provenance;  // the engine's name and the job's timings
     bool deadline_exceeded = false;  // the engine stopped (or never started) on the deadline
   };
   // `result` is the job's pooled result (valid when `status` is OK); it returns to the

@@ -46,6 +46,10 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
                  "Bytes the idle result buffers may hold (outside --max-total-bytes)")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
+  app.add_option("--max-pooled-input-bytes", options.max_pooled_input_bytes,
+                 "Bytes the idle input buffers may hold (outside --max-total-bytes); 0 = no pool")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-job-bytes", options.max_job_bytes, "Largest input of one layer job")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));

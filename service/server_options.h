@@ -56,6 +56,10 @@ struct ServerOptions {
   // 0 results = no pool (every job allocates and zero-fills its result afresh).
   int32_t max_pooled_results = 16;
   uint64_t max_pooled_result_bytes = uint64_t{512} << 20;
+  // Freed job input buffers kept idle for the next job of the same size (InputPool), at
+  // most this many bytes, also outside max_total_bytes: the server's buffers total at most
+  // max_total_bytes + max_pooled_result_bytes + max_pooled_input_bytes. 0 = no pool.
+  uint64_t max_pooled_input_bytes = uint64_t{512} << 20;
   // Input bytes of one job (keys + values + counts); larger jobs get RESOURCE_EXHAUSTED.
   uint64_t max_job_bytes = uint64_t{256} << 20;
   // Largest message accepted (slabs are 64 KiB - 1 MiB; this leaves room for headers).

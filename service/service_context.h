@@ -1,5 +1,5 @@
 // What every stream of one server shares: options, engines, the clustering pool, the
-// memory budget, the pool of idle result buffers, the registry of live streams (for draining on shutdown), the metrics and the caller gate.
+// memory budget, the pools of idle result and input buffers, the registry of live streams (for draining on shutdown), the metrics and the caller gate.
 // Thread-safe: fields are set once at start-up; the registry has its own lock.
 #pragma once
 
@@ -13,6 +13,7 @@
 
 #include "centroidkv/kernels/engine_factory.h"
 #include "service/executor.h"
+#include "service/input_pool.h"
 #include "service/memory_budget.h"
 #include "service/result_pool.h"
 #include "service/security/caller_gate.h"
@@ -58,6 +59,7 @@ struct ServiceContext {
   std::unique_ptr<WorkExecutor> executor;
   MemoryBudget budget;
   std::shared_ptr<ResultPool> results;  // shared: leases keep it alive
+  std::shared_ptr<InputPool> inputs;    // likewise
   StreamRegistry streams;
   ServiceStats stats;
   std::atomic<bool> draining{false};

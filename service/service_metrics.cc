@@ -5,6 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "service/executor.h"
 #include "service/memory_budget.h"
+#include "service/input_pool.h"
 #include "service/result_pool.h"
 #include "service/service_context.h"
 
@@ -29,6 +30,7 @@ const std::vector<double> kQueueWaitBounds = {0.0001, 0.0005, 0.001, 0.0025, 0.0
 
 ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor& executor,
                                const MemoryBudget& budget, const ResultPool& results,
+                               const InputPool& inputs,
                                const std::atomic<bool>& draining,
                                const std::vector<std::string>& backends) {
   registry_
@@ -86,6 +88,16 @@ ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor
       .AddGauge("centroidkv_result_pool_leased_results",
                 "Result buffers held by jobs now (computing, or being sent)")
       ->Add({}, [&results] { return static_cast<double>(results.stats().leased); });
+  registry_
+      .AddGauge("centroidkv_input_pool_idle_bytes",
+                "Bytes of freed job inputs kept idle for reuse (outside centroidkv_buffered_bytes)")
+      ->Add({}, [&inputs] { return static_cast<double>(inputs.stats().idle_bytes); });
+  registry_.AddGauge("centroidkv_input_pool_idle_buffers", "Input buffers kept idle for reuse")
+      ->Add({}, [&inputs] { return static_cast<double>(inputs.stats().idle_buffers); });
+  registry_
+      .AddGauge("centroidkv_input_pool_leased_bytes",
+                "Bytes of input buffers held by jobs now (receiving, queued or computing)")
+      ->Add({}, [&inputs] { return static_cast<double>(inputs.stats().leased_bytes); });
   errors_ = registry_.AddCounter(
       "centroidkv_errors_total",
       "Errors by gRPC status code; scope=stream: a stream ended with it, scope=job: one job failed",

@@ -16,6 +16,7 @@ namespace centroidkv::service {
 
 class MemoryBudget;
 class ResultPool;
+class InputPool;
 class StreamRegistry;
 class WorkExecutor;
 
@@ -27,6 +28,7 @@ class ServiceMetrics {
   // Reads the live gauges from the arguments, which must outlive this object.
   ServiceMetrics(const StreamRegistry& streams, const WorkExecutor& executor,
                  const MemoryBudget& budget, const ResultPool& results,
+                 const InputPool& inputs,
                  const std::atomic<bool>& draining,
                  const std::vector<std::string>& backends);
 

@@ -11,6 +11,8 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 
 #include "CLI/CLI.hpp"
@@ -24,6 +26,7 @@
 #include "centroidkv/client/replica_pool.h"
 #include "centroidkv/common/dtype.h"
 #include "centroidkv/common/status_macros.h"
+#include "centroidkv/types/kinds.h"
 #include "service/executor.h"
 
 namespace centroidkv::bench {
@@ -108,12 +111,16 @@ class ProgressTicker {
   std::thread thread_;
 };
 
-absl::StatusOr<DType> ParseDType(const std::string& name, const char* flag) {
-  if (name == "float16") return DType::kFloat16;
-  if (name == "float32") return DType::kFloat32;
-  if (name == "bfloat16") return DType::kBFloat16;
-  return absl::InvalidArgumentError(
-      absl::StrCat(flag, ": '", name, "' is not float16, float32 or bfloat16"));
+// The kind `name` spells in `table` (types/kinds.h), or an error naming the flag.
+template <typename Kind>
+absl::StatusOr<Kind> ParseFlag(std::span<const KindName<Kind>> table, const std::string& name,
+                               const char* flag) {
+  std::optional<Kind> kind = ParseKind<Kind>(table, name);
+  if (!kind.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", name, "' is not one of ", KindNameList(table)));
+  }
+  return *kind;
 }
 
 std::string JsonString(const std::string& s) {
@@ -197,12 +204,12 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
   app->add_option("--passthrough-heads", flags->passthrough_heads,
                   "Heads returned unchanged, e.g. 1,3")
       ->delimiter(',');
-  app->add_option("--output-dtype", flags->output_dtype, "input (default), float32 or float16")
+  app->add_option("--output-dtype", flags->output_dtype, "input (default), or a dtype: float32, float16, bfloat16 (fp32, fp16, bf16)")
       ->capture_default_str();
   app->add_option("--assignment", flags->assignment,
                   "Ask for the assignment (true/false; off by default here)")
       ->capture_default_str();
-  app->add_option("--backend", flags->backend, "auto | cpu | gpu | reference | identity")
+  app->add_option("--backend", flags->backend, "auto | cpu | cuda (gpu) | reference | identity")
       ->capture_default_str();
   client::AddSecurityFlags(app, &c.security);
   app->add_option("--slab-kib", c.slab_kib, "Slab size sent to the server, KiB")
@@ -237,34 +244,15 @@ absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
   absl::StatusOr<ModelPreset> preset = FindPreset(flags.preset);
   if (!preset.ok()) return preset.status();
   config.preset = *preset;
-  absl::StatusOr<DType> dtype = ParseDType(flags.dtype, "--dtype");
-  if (!dtype.ok()) return dtype.status();
-  config.dtype = *dtype;
+  CKV_ASSIGN_OR_RETURN(config.dtype, ParseFlag<DType>(kDTypeNames, flags.dtype, "--dtype"));
   if (flags.output_dtype == "input") {
     config.output_dtype.reset();
-  } else if (flags.output_dtype == "float32") {
-    config.output_dtype = DType::kFloat32;
-  } else if (flags.output_dtype == "float16") {
-    config.output_dtype = DType::kFloat16;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--output-dtype: '", flags.output_dtype, "' is not input, float32 or float16"));
+    CKV_ASSIGN_OR_RETURN(config.output_dtype,
+                         ParseFlag<DType>(kDTypeNames, flags.output_dtype, "--output-dtype"));
   }
-  static const std::pair<const char*, BackendKind> kBackends[] = {
-      {"auto", BackendKind::kAuto},         {"cpu", BackendKind::kCpu},
-      {"gpu", BackendKind::kGpu},           {"reference", BackendKind::kReference},
-      {"identity", BackendKind::kIdentity}};
-  bool found = false;
-  for (const auto& [name, kind] : kBackends) {
-    if (flags.backend == name) {
-      config.backend = kind;
-      found = true;
-    }
-  }
-  if (!found) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--backend: '", flags.backend, "' is not auto, cpu, gpu, reference or identity"));
-  }
+  CKV_ASSIGN_OR_RETURN(config.backend,
+                       ParseFlag<BackendKind>(kBackendKindNames, flags.backend, "--backend"));
   if (config.format != "text" && config.format != "json" && config.format != "csv") {
     return absl::InvalidArgumentError(
         absl::StrCat("--format: '", config.format, "' is not text, json or csv"));

@@ -21,6 +21,7 @@
 #include "centroidkv/common/status_macros.h"
 #include "centroidkv/kernels/engine_factory.h"
 #include "client/cli/commands.h"
+#include "client/cli/kind_flags.h"
 #include "client/cli/security_flags.h"
 
 namespace centroidkv::cli {
@@ -43,8 +44,8 @@ struct CompressFlags {
   int32_t max_passes = CompressOptions::kDefaultMaxPasses;
   bool uniform_heads = true;
   std::vector<int32_t> passthrough_heads;
-  std::string output_dtype = "float32";
-  std::string backend = "auto";
+  DType output_dtype = DType::kFloat32;
+  BackendKind backend = BackendKind::kAuto;
   bool assignment = true;
   int32_t slab_kib = 256;
   uint32_t layer_index = 0;
@@ -279,10 +280,8 @@ absl::StatusOr<client::LayerJob> MakeJob(const CompressFlags& flags, const Layer
   if (flags.token_major_output) options.output_layout = TensorLayout::kTokenMajor;
   job.timeout = std::chrono::milliseconds(flags.timeout_ms);
   job.priority = flags.priority;
-  job.output_dtype = flags.output_dtype == "float16" ? DType::kFloat16 : DType::kFloat32;
-  if (flags.backend == "cpu") job.backend = BackendKind::kCpu;
-  if (flags.backend == "gpu") job.backend = BackendKind::kGpu;
-  if (flags.backend == "reference") job.backend = BackendKind::kReference;
+  job.output_dtype = flags.output_dtype;
+  job.backend = flags.backend;
   return job;
 }
 
@@ -438,12 +437,10 @@ void AddCompressCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--passthrough-heads", flags->passthrough_heads,
                   "Heads returned unchanged, e.g. 1,3")
       ->delimiter(',');
-  cmd->add_option("--output-dtype", flags->output_dtype, "float32 (exact) or float16")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"float32", "float16"}));
-  cmd->add_option("--backend", flags->backend, "auto, cpu, gpu or reference")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "cpu", "gpu", "reference"}));
+  AddDTypeOption(cmd, "--output-dtype", &flags->output_dtype,
+                 "Element type of the result rows: float32 is exact, the others round once");
+  AddBackendOption(cmd, "--backend", &flags->backend,
+                   "Engine of the server (or of --local); identity only measures transport");
   cmd->add_option("--assignment", flags->assignment, "Ask for the assignment (true/false)")
       ->capture_default_str();
   cmd->add_option("--slab-kib", flags->slab_kib, "Slab size sent to the server, KiB")

@@ -320,7 +320,7 @@ TEST_F(CompressStreamTest, GpuBackendWithoutAGpuIsFailedPrecondition) {
   }
   const RandomLayer layer = SmallLayer(12);
   LayerJob job = SmallJob(layer, 0);
-  job.backend = BackendKind::kGpu;
+  job.backend = BackendKind::kCuda;
   absl::StatusOr<std::vector<LayerResult>> results = client->CompressLayers({job});
   ASSERT_TRUE(results.ok()) << results.status();
   ExpectError((*results)[0].status, absl::StatusCode::kFailedPrecondition, "gpu");

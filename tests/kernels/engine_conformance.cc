@@ -438,7 +438,7 @@ void EngineConformanceTest::SetUp() {
     engine_ = &CudaStagesOnHost();
   } else {
     absl::StatusOr<const ClusterEngine*> engine = Engines().Select(GetParam().kind);
-    if (!engine.ok() && GetParam().kind == BackendKind::kGpu) {
+    if (!engine.ok() && GetParam().kind == BackendKind::kCuda) {
       GTEST_SKIP() << "no CUDA device: " << engine.status();
     }
     if (!engine.ok()) GTEST_SKIP() << "no engine here: " << engine.status();

@@ -39,7 +39,7 @@ TEST(EngineFactoryTest, CpuIsNotAGpuEngine) {
 
 TEST(EngineFactoryTest, GpuWithoutDeviceIsFailedPrecondition) {
   const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
-  absl::StatusOr<const ClusterEngine*> engine = engines->Select(BackendKind::kGpu);
+  absl::StatusOr<const ClusterEngine*> engine = engines->Select(BackendKind::kCuda);
   const std::vector<std::string> names = engines->EngineNames();
   const bool has_gpu = std::any_of(names.begin(), names.end(), [](const std::string& name) {
     return name.rfind("cuda", 0) == 0;
@@ -114,9 +114,21 @@ TEST(EngineFactoryTest, EnginesCarryTheLimits) {
 TEST(EngineFactoryTest, BackendKindNames) {
   EXPECT_EQ(BackendKindName(BackendKind::kAuto), "auto");
   EXPECT_EQ(BackendKindName(BackendKind::kCpu), "cpu");
-  EXPECT_EQ(BackendKindName(BackendKind::kGpu), "gpu");
+  EXPECT_EQ(BackendKindName(BackendKind::kCuda), "cuda");
   EXPECT_EQ(BackendKindName(BackendKind::kReference), "reference");
   EXPECT_EQ(BackendKindName(BackendKind::kIdentity), "identity");
+  // Every name parses back to its kind; "gpu" (the wire's and the CLI's older spelling) is
+  // an alias of cuda; anything else is refused.
+  for (BackendKind kind : {BackendKind::kAuto, BackendKind::kCpu, BackendKind::kCuda,
+                           BackendKind::kReference, BackendKind::kIdentity}) {
+    EXPECT_EQ(ParseBackendKind(BackendKindName(kind)), kind);
+  }
+  EXPECT_EQ(ParseBackendKind("gpu"), BackendKind::kCuda);
+  EXPECT_EQ(ParseBackendKind("GPU"), std::nullopt);
+  EXPECT_EQ(ParseDType("bf16"), DType::kBFloat16);
+  EXPECT_EQ(ParseDType("bfloat16"), DType::kBFloat16);
+  EXPECT_EQ(ParseTensorLayout("token_major"), TensorLayout::kTokenMajor);
+  EXPECT_EQ(KindNameList<BackendKind>(kBackendKindNames), "auto|cpu|cuda|reference|identity|gpu");
 }
 
 TEST(EngineFactoryTest, IdentityIsMeasurementOnly) {

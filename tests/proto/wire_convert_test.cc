@@ -126,7 +126,7 @@ INSTANTIATE_TEST_SUITE_P(
     Every, BackendMappingTest,
     ::testing::Values(BackendCase{BackendKind::kAuto, v1::BACKEND_AUTO, "Auto"},
                       BackendCase{BackendKind::kCpu, v1::BACKEND_CPU, "Cpu"},
-                      BackendCase{BackendKind::kGpu, v1::BACKEND_GPU, "Gpu"},
+                      BackendCase{BackendKind::kCuda, v1::BACKEND_GPU, "Gpu"},
                       BackendCase{BackendKind::kReference, v1::BACKEND_REFERENCE, "Reference"},
                       BackendCase{BackendKind::kIdentity, v1::BACKEND_IDENTITY, "Identity"}),
     [](const ::testing::TestParamInfo<BackendCase>& info) { return std::string(info.param.name); });

@@ -1,5 +1,5 @@
 """centroidkv.transformers on a real LlamaForCausalLM converted from stories260K
-(centroidkv.convert_llama2c), against the C++ reference worker (client/worker): uncompressed
+(centroidkv.convert_llama2c), against the C++ reference worker (worker): uncompressed
 logits, a ratio-1.0 compression, and the SPEC section 4 quality at a 25% budget next to
 centroidkv-quality's on the same texts."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// ckv_worker_logits: the C++ reference worker's (client/worker) next-token logits for a token
+// ckv_worker_logits: the C++ reference worker's (worker) next-token logits for a token
 // sequence, the oracle of tests/python/test_transformers.py.
 // Usage: ckv_worker_logits MODEL OUT.f32 TOKEN... ; writes [len(TOKENS), vocab] float32
 // (little-endian, row t = the logits after feeding tokens 0..t).
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "client/worker/model.h"
-#include "client/worker/transformer.h"
+#include "worker/model.h"
+#include "worker/transformer.h"
 
 int main(int argc, char** argv) {
   if (argc < 4) {

@@ -30,7 +30,7 @@ PooledResult Unpooled(CompressResult result) {
 
 TEST(ResultEncoderTest, HeaderThenOrderedSlabsCoveringEveryByte) {
   const CompressResult result = MakeResult(1000, 16, 8);
-  ResultEncoder encoder(77, 3, DType::kFloat32, "reference", {}, Unpooled(result), 4096);
+  ResultEncoder encoder(77, 3, DType::kFloat32, ResultProvenance{"reference"}, Unpooled(result), 4096);
   v1::CompressResponse message;
   ASSERT_TRUE(encoder.Next(&message));
   ASSERT_TRUE(message.has_result());
@@ -66,7 +66,7 @@ TEST(ResultEncoderTest, HeaderThenOrderedSlabsCoveringEveryByte) {
 
 TEST(ResultEncoderTest, Float16OutputIsTheFloat32ResultRoundedOnce) {
   const CompressResult result = MakeResult(10, 4, 4);
-  ResultEncoder encoder(1, 0, DType::kFloat16, "reference", {}, Unpooled(result), 1 << 20);
+  ResultEncoder encoder(1, 0, DType::kFloat16, ResultProvenance{"reference"}, Unpooled(result), 1 << 20);
   v1::CompressResponse message;
   ASSERT_TRUE(encoder.Next(&message));
   EXPECT_EQ(message.result().dtype(), v1::DTYPE_FLOAT16);
@@ -100,8 +100,8 @@ TEST(ResultEncoderTest, RowsAlreadyInTheOutputDTypeGoOutUnchanged) {
     CompressResult halves = floats;
     RoundResultRows(dtype, &halves);
     ASSERT_TRUE(halves.keys.empty());
-    ResultEncoder from_floats(1, 0, dtype, "cpu", {}, Unpooled(floats), 1000);
-    ResultEncoder from_halves(1, 0, dtype, "cuda:0", {}, Unpooled(halves), 1000);
+    ResultEncoder from_floats(1, 0, dtype, ResultProvenance{"cpu"}, Unpooled(floats), 1000);
+    ResultEncoder from_halves(1, 0, dtype, ResultProvenance{"cuda:0"}, Unpooled(halves), 1000);
     const std::vector<std::string> expected = EncodedTensors(from_floats);
     const std::vector<std::string> actual = EncodedTensors(from_halves);
     ASSERT_EQ(expected[v1::TENSOR_OUT_KEYS].size(), 300u * 12 * 2);
@@ -112,7 +112,7 @@ TEST(ResultEncoderTest, RowsAlreadyInTheOutputDTypeGoOutUnchanged) {
 TEST(ResultEncoderTest, NoAssignmentWhenNotComputed) {
   CompressResult result = MakeResult(5, 2, 2);
   result.assignment.clear();
-  ResultEncoder encoder(1, 0, DType::kFloat32, "reference", {}, Unpooled(result), 1 << 20);
+  ResultEncoder encoder(1, 0, DType::kFloat32, ResultProvenance{"reference"}, Unpooled(result), 1 << 20);
   v1::CompressResponse message;
   ASSERT_TRUE(encoder.Next(&message));
   EXPECT_FALSE(message.result().has_assignment());
@@ -124,7 +124,7 @@ TEST(ResultEncoderTest, ReturnsTheResultToItsPoolWithTheLastSlab) {
   PooledResult leased = pool->Acquire(0);
   *leased = MakeResult(300, 8, 8);
   const uint64_t bytes = ResultPool::CapacityBytes(*leased);
-  ResultEncoder encoder(5, 0, DType::kFloat32, "reference", {}, std::move(leased), 1024);
+  ResultEncoder encoder(5, 0, DType::kFloat32, ResultProvenance{"reference"}, std::move(leased), 1024);
   v1::CompressResponse message;
   int64_t messages = 0;
   while (encoder.holds_result()) {

@@ -4,8 +4,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "centroidkv/wire/account_convert.h"
+#include "centroidkv/wire/job_codec.h"
 #include "centroidkv/wire/wire_convert.h"
+#include "gtest/gtest.h"
 
 namespace centroidkv::service::testing {
 
@@ -87,13 +88,9 @@ std::map<uint64_t, CompressResult> DecodeResults(
     if (response.has_result()) {
       const v1::JobResult& header = response.result();
       CompressResult& result = results[header.job_id()];
-      result.num_heads = static_cast<int32_t>(header.num_heads());
-      result.num_tokens = static_cast<int32_t>(header.num_tokens());
-      result.key_dim = static_cast<int32_t>(header.key_dim());
-      result.value_dim = static_cast<int32_t>(header.value_dim());
-      result.offsets.assign(header.offsets().begin(), header.offsets().end());
-      result.passes_run = static_cast<int32_t>(header.passes_run());
-      AccountFromProto(header, &result);
+      ResultProvenance provenance;
+      EXPECT_TRUE(JobResultHeaderFromProto(header, &result, &provenance).ok());
+      result.dtype = DType::kFloat32;  // the rows are read into the float32 arrays below
     }
     if (response.has_slab()) {
       const v1::TensorSlab& slab = response.slab();

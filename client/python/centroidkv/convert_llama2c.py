@@ -3,14 +3,14 @@
 
     python -m centroidkv.convert_llama2c stories260K.bin OUT_DIR
 
-The layout (client/worker/model.h): 7 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+The layout (worker/model.h): 7 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads,
 vocab_size, seq_len; vocab_size < 0 means an unshared classifier), then float32 row-major
 [out, in] tensors: embedding [V, D], rms_att [L, D], wq [L, D, D], wk [L, KV, D],
 wv [L, KV, D], wo [L, D, D], rms_ffn [L, D], w1 [L, F, D], w2 [L, D, F], w3 [L, F, D],
 rms_final [D], a legacy RoPE table [S, hs/2] x 2 (skipped), the classifier [V, D] if
 unshared. llama2.c rotates interleaved pairs (2i, 2i+1) of each head, transformers rotates
 halves (i, i + hs/2): the rows of wq and wk are permuted so that the model is the same
-(rms_norm_eps 1e-5 and RoPE base 10000, as llama2.c and client/worker use).
+(rms_norm_eps 1e-5 and RoPE base 10000, as llama2.c and worker use).
 """
 from __future__ import annotations
 

@@ -7,6 +7,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <string>
+#include <thread>
+
 #include "centroidkv/client/client.h"
 #include "service/server.h"
 #include "tests/testing/random_layer.h"
@@ -39,11 +43,17 @@ TEST(UnixPeerListenerTest, RefusesAUidNotAllowed) {
   auto client = client::Client::Connect(options);
   ASSERT_TRUE(client.ok());
   EXPECT_EQ((*client)->GetInfo().status().code(), absl::StatusCode::kUnavailable);
-  const std::string text = server->context().metrics.Render();
-  EXPECT_NE(text.find("centroidkv_caller_rejections_total{caller=\"uid:" +
-                      std::to_string(getuid()) + "\",reason=\"uid_not_allowed\"}"),
-            std::string::npos)
-      << text;
+  // The accept loop counts the refusal after closing the connection, so the client may hear
+  // of it first: wait (boundedly) for the count.
+  const std::string rejection = "centroidkv_caller_rejections_total{caller=\"uid:" +
+                                std::to_string(getuid()) + "\",reason=\"uid_not_allowed\"}";
+  std::string text = server->context().metrics.Render();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (text.find(rejection) == std::string::npos && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    text = server->context().metrics.Render();
+  }
+  EXPECT_NE(text.find(rejection), std::string::npos) << text;
   EXPECT_EQ(server->context().stats.streams_opened.load(), 0);
 }
 

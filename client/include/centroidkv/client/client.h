@@ -19,8 +19,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "centroidkv/kernels/engine.h"
-#include "centroidkv/kernels/engine_factory.h"
+#include "centroidkv/types/compress_options.h"
+#include "centroidkv/types/compress_result.h"
+#include "centroidkv/types/kinds.h"
+#include "centroidkv/types/layer_view.h"
 
 namespace centroidkv::client {
 

@@ -9,18 +9,9 @@
 
 #include "absl/status/statusor.h"
 #include "centroidkv/kernels/engine.h"
+#include "centroidkv/types/kinds.h"
 
 namespace centroidkv {
-
-enum class BackendKind : uint8_t {
-  kAuto,       // GPU when present, otherwise the best CPU backend
-  kCpu,        // the best CPU backend
-  kGpu,        // a CUDA device; FAILED_PRECONDITION when there is none
-  kReference,  // the scalar float64 oracle (slow; for checking)
-  kIdentity,   // returns its input unchanged; for measuring the transport floor only
-};
-
-std::string_view BackendKindName(BackendKind kind);
 
 class EngineSet {
  public:
@@ -43,11 +34,9 @@ class EngineSet {
   EngineLimits limits_;
   std::unique_ptr<ClusterEngine> reference_;
   std::unique_ptr<ClusterEngine> identity_;  // measurement only, never auto/cpu
-  std::unique_ptr<ClusterEngine> cpu_;     // the fast CPU backend ("cpu")
-  const ClusterEngine* best_cpu_ = nullptr;  // what kCpu and (without a GPU) kAuto select
-  std::unique_ptr<ClusterEngine> gpu_engine_;  // the CUDA backend, when built in and a device works
-  const ClusterEngine* gpu_ = nullptr;          // what kGpu and kAuto select; null without one
-  std::string gpu_missing_;                     // why there is no GPU backend
+  std::unique_ptr<ClusterEngine> cpu_;   // the CPU backend: kCpu, and kAuto without a device
+  std::unique_ptr<ClusterEngine> cuda_;  // the CUDA backend when built in and a device works
+  std::string cuda_missing_;             // why there is no CUDA backend
   std::vector<DeviceInfo> devices_;
 };
 

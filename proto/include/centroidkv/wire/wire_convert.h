@@ -1,12 +1,12 @@
-// Conversions between wire enums / parameter messages and the engine's types. Errors name
+// Conversions between wire enums / parameter messages and the domain types (types/). Errors name
 // the field as the proto spells it. Thread-safe: pure functions.
 #pragma once
 
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
-#include "centroidkv/kernels/engine.h"
-#include "centroidkv/kernels/engine_factory.h"
+#include "centroidkv/types/compress_options.h"
+#include "centroidkv/types/kinds.h"
 #include "centroidkv/v1/centroidkv.pb.h"
 
 namespace centroidkv {

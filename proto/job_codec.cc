@@ -1,0 +1,315 @@
+// StartJob, JobResult header and JobError, both ways (job_codec.h).
+#include "centroidkv/wire/job_codec.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "centroidkv/common/field_status.h"
+#include "centroidkv/common/status_macros.h"
+#include "centroidkv/wire/grpc_status.h"
+#include "centroidkv/wire/wire_convert.h"
+
+namespace centroidkv {
+namespace {
+
+// A StartJob dimension as the engine's int32, located at start_job.<field>.
+absl::StatusOr<int32_t> Dim(uint32_t value, const char* field, bool zero_allowed = false) {
+  const std::string name = absl::StrCat("start_job.", field);
+  if (value == 0 && !zero_allowed) {
+    return InvalidFieldError({name}, absl::StrCat(name, " must be positive"));
+  }
+  if (value > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
+    return InvalidFieldError({name}, absl::StrCat(name, " is too large"));
+  }
+  return static_cast<int32_t>(value);
+}
+
+// `status` located at `field` unless it already names one.
+absl::Status Located(const absl::Status& status, const std::string& field) {
+  if (status.ok() || GetFieldLocation(status).has_value()) return status;
+  return FieldError(status.code(), {field}, status.message());
+}
+
+// head_tokens: one positive count per head; num_tokens 0 or the longest.
+absl::Status ReadHeadTokens(const v1::StartJob& start, JobAnnouncement* job) {
+  if (static_cast<uint32_t>(start.head_tokens_size()) != start.num_heads()) {
+    return InvalidFieldError(
+        {"start_job.head_tokens"},
+        absl::StrCat("start_job.head_tokens has ", start.head_tokens_size(),
+                     " entries; it needs one per head (num_heads ", start.num_heads(), ")"));
+  }
+  job->head_offsets.assign(1, 0);
+  uint32_t longest = 0;
+  for (int32_t h = 0; h < start.head_tokens_size(); ++h) {
+    const uint32_t tokens = start.head_tokens(h);
+    if (tokens == 0 || tokens > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
+      return InvalidFieldError({"start_job.head_tokens", h},
+                               absl::StrCat("start_job.head_tokens of head ", h, " is ", tokens,
+                                            "; every head needs at least one entry"));
+    }
+    longest = std::max(longest, tokens);
+    job->head_offsets.push_back(job->head_offsets.back() + tokens);
+  }
+  if (start.num_tokens() != 0 && start.num_tokens() != longest) {
+    return InvalidFieldError(
+        {"start_job.num_tokens"},
+        absl::StrCat("start_job.num_tokens is ", start.num_tokens(),
+                     "; with head_tokens it must be 0 or the longest head (", longest, ")"));
+  }
+  job->num_tokens = static_cast<int32_t>(longest);
+  return absl::OkStatus();
+}
+
+// The honest account of a header (targets, entries, input tokens, stop reasons per head).
+void AccountFromProto(const v1::JobResult& header, CompressResult* result) {
+  result->target_length = static_cast<int64_t>(header.target_tokens());
+  result->target_reached = header.target_reached();
+  result->head_entries.assign(header.head_entries().begin(), header.head_entries().end());
+  result->head_input_tokens.assign(header.head_input_tokens().begin(),
+                                   header.head_input_tokens().end());
+  result->stop_reasons.clear();
+  for (int reason : header.stop_reasons()) {
+    result->stop_reasons.push_back(StopReasonFromProto(static_cast<v1::StopReason>(reason)));
+  }
+  result->head_tokens.assign(header.head_tokens().begin(), header.head_tokens().end());
+  result->padded_length = static_cast<int32_t>(header.padded_length());
+  result->layout = header.layout() == v1::LAYOUT_TOKEN_MAJOR ? TensorLayout::kTokenMajor
+                                                              : TensorLayout::kHeadMajor;
+}
+
+}  // namespace
+
+LayerView JobAnnouncement::View(const void* keys, const void* values,
+                                const uint32_t* counts) const {
+  LayerView view;
+  view.dtype = dtype;
+  view.layout = layout;
+  view.num_heads = num_heads;
+  view.num_tokens = num_tokens;
+  view.key_dim = key_dim;
+  view.value_dim = value_dim;
+  view.keys = keys;
+  view.values = values;
+  view.counts = has_counts ? counts : nullptr;
+  view.head_offsets = head_offsets.empty() ? nullptr : head_offsets.data();
+  return view;
+}
+
+v1::StartJob StartJobToProto(uint64_t job_id, uint32_t layer_index, const LayerView& layer,
+                             const CompressOptions& options, std::optional<DType> output_dtype,
+                             BackendKind backend, std::chrono::milliseconds timeout,
+                             int32_t priority) {
+  v1::StartJob start;
+  start.set_job_id(job_id);
+  start.set_layer_index(layer_index);
+  start.set_num_heads(static_cast<uint32_t>(layer.num_heads));
+  start.set_num_tokens(static_cast<uint32_t>(layer.num_tokens));
+  start.set_key_dim(static_cast<uint32_t>(layer.key_dim));
+  start.set_value_dim(static_cast<uint32_t>(layer.value_dim));
+  start.set_dtype(DTypeToProto(layer.dtype));
+  start.set_layout(LayoutToProto(layer.layout));
+  start.set_has_counts(layer.counts != nullptr);
+  *start.mutable_params() = OptionsToProto(options);
+  start.set_return_assignment(options.compute_assignment);
+  if (output_dtype.has_value()) start.set_output_dtype(DTypeToProto(*output_dtype));
+  start.set_backend(BackendToProto(backend));
+  if (layer.head_offsets != nullptr) {
+    for (int32_t h = 0; h < layer.num_heads; ++h) {
+      start.add_head_tokens(static_cast<uint32_t>(layer.HeadTokens(h)));
+    }
+  }
+  start.set_pad_heads(options.pad_heads);
+  start.set_pad_to(static_cast<uint32_t>(std::max(options.pad_to, 0)));
+  start.set_exact_target(options.exact_target);
+  if (options.output_layout != TensorLayout::kHeadMajor) {
+    start.set_output_layout(LayoutToProto(options.output_layout));
+  }
+  start.set_timeout_ms(static_cast<uint32_t>(
+      std::clamp<int64_t>(timeout.count(), 0, std::numeric_limits<uint32_t>::max())));
+  start.set_priority(priority);
+  return start;
+}
+
+absl::StatusOr<JobAnnouncement> StartJobFromProto(const v1::StartJob& start) {
+  JobAnnouncement job;
+  job.job_id = start.job_id();
+  job.layer_index = start.layer_index();
+  job.has_counts = start.has_counts();
+  job.priority = start.priority();
+  job.timeout = std::chrono::milliseconds(start.timeout_ms());
+  {
+    absl::StatusOr<DType> dtype = DTypeFromProto(start.dtype(), "start_job.dtype");
+    if (!dtype.ok()) return Located(dtype.status(), "start_job.dtype");
+    job.dtype = *dtype;
+  }
+  {
+    absl::StatusOr<TensorLayout> layout = LayoutFromProto(start.layout());
+    if (!layout.ok()) return Located(layout.status(), "start_job.layout");
+    job.layout = *layout;
+  }
+  const bool ragged = start.head_tokens_size() > 0;
+  CKV_ASSIGN_OR_RETURN(job.num_heads, Dim(start.num_heads(), "num_heads"));
+  CKV_ASSIGN_OR_RETURN(job.num_tokens, Dim(start.num_tokens(), "num_tokens", ragged));
+  CKV_ASSIGN_OR_RETURN(job.key_dim, Dim(start.key_dim(), "key_dim"));
+  CKV_ASSIGN_OR_RETURN(job.value_dim, Dim(start.value_dim(), "value_dim"));
+  if (ragged) CKV_RETURN_IF_ERROR(ReadHeadTokens(start, &job));
+  job.output_dtype = job.dtype;
+  if (start.output_dtype() != v1::DTYPE_UNSPECIFIED) {
+    absl::StatusOr<DType> output = DTypeFromProto(start.output_dtype(), "start_job.output_dtype");
+    if (!output.ok()) return Located(output.status(), "start_job.output_dtype");
+    job.output_dtype = *output;
+  }
+  {
+    absl::StatusOr<BackendKind> backend = BackendFromProto(start.backend());
+    if (!backend.ok()) return Located(backend.status(), "start_job.backend");
+    job.backend = *backend;
+  }
+  {
+    absl::StatusOr<CompressOptions> parsed = OptionsFromProto(start.params());
+    if (!parsed.ok()) {
+      std::optional<FieldLocation> location = GetFieldLocation(parsed.status());
+      if (!location.has_value()) return WithPrefix(parsed.status(), "start_job: ");
+      location->field = WireField(location->field);
+      return FieldError(parsed.status().code(), *location,
+                        absl::StrCat("start_job: ", parsed.status().message()));
+    }
+    job.options = *std::move(parsed);
+  }
+  job.options.compute_assignment = start.return_assignment();
+  job.options.pad_heads = start.pad_heads();
+  CKV_ASSIGN_OR_RETURN(job.options.pad_to, Dim(start.pad_to(), "pad_to", true));
+  job.options.exact_target = start.exact_target();
+  if (start.output_layout() != v1::LAYOUT_UNSPECIFIED) {
+    absl::StatusOr<TensorLayout> layout = LayoutFromProto(start.output_layout());
+    if (!layout.ok()) {
+      return InvalidFieldError({"start_job.output_layout"},
+                               absl::StrCat("start_job.output_layout is ",
+                                            static_cast<int>(start.output_layout()),
+                                            ", not a known layout"));
+    }
+    job.options.output_layout = *layout;
+  }
+  return job;
+}
+
+InputBytes InputBytesOf(const LayerView& layer) {
+  const uint64_t rows = uint64_t(layer.TotalRows());
+  const uint64_t element = uint64_t(DTypeSize(layer.dtype));
+  InputBytes bytes;
+  bytes.keys = rows * uint64_t(layer.key_dim) * element;
+  bytes.values = rows * uint64_t(layer.value_dim) * element;
+  bytes.counts = layer.counts != nullptr ? rows * sizeof(uint32_t) : 0;
+  return bytes;
+}
+
+ResultBytes ResultBytesOf(const CompressResult& result, DType output_dtype) {
+  ResultBytes bytes;
+  bytes.keys = result.key_elements() * uint64_t(DTypeSize(output_dtype));
+  bytes.values = result.value_elements() * uint64_t(DTypeSize(output_dtype));
+  bytes.counts = result.counts.size() * sizeof(uint32_t);
+  bytes.assignment = result.assignment.size() * sizeof(int32_t);
+  return bytes;
+}
+
+ResultBytes ResultBytesOf(const v1::JobResult& header) {
+  return ResultBytes{header.out_keys_bytes(), header.out_values_bytes(),
+                     header.out_counts_bytes(), header.assignment_bytes()};
+}
+
+uint64_t MaxResultBytes(const LayerView& shape, const CompressOptions& options,
+                        DType output_dtype) {
+  // Every entry kept, each head padded to the longest (num_tokens) or to pad_to.
+  const uint64_t length = std::max<uint64_t>(uint64_t(shape.num_tokens),
+                                             uint64_t(std::max(options.pad_to, 0)));
+  const uint64_t rows = uint64_t(shape.num_heads) * length;
+  uint64_t bytes = rows * (uint64_t(shape.key_dim) + shape.value_dim) * DTypeSize(output_dtype);
+  bytes += rows * sizeof(uint32_t);  // counts
+  if (options.compute_assignment) bytes += uint64_t(shape.TotalRows()) * sizeof(int32_t);
+  return bytes;
+}
+
+v1::JobResult JobResultHeaderToProto(uint64_t job_id, uint32_t layer_index,
+                                     const CompressResult& result, DType output_dtype,
+                                     const ResultProvenance& provenance) {
+  v1::JobResult header;
+  header.set_job_id(job_id);
+  header.set_layer_index(layer_index);
+  header.set_num_heads(static_cast<uint32_t>(result.num_heads));
+  header.set_num_tokens(static_cast<uint32_t>(result.num_tokens));
+  header.set_key_dim(static_cast<uint32_t>(result.key_dim));
+  header.set_value_dim(static_cast<uint32_t>(result.value_dim));
+  header.set_dtype(DTypeToProto(output_dtype));
+  for (int64_t offset : result.offsets) header.add_offsets(offset);
+  header.set_has_assignment(!result.assignment.empty());
+  const ResultBytes bytes = ResultBytesOf(result, output_dtype);
+  header.set_out_keys_bytes(bytes.keys);
+  header.set_out_values_bytes(bytes.values);
+  header.set_out_counts_bytes(bytes.counts);
+  header.set_assignment_bytes(bytes.assignment);
+  header.set_backend(provenance.backend);
+  header.set_passes_run(static_cast<uint32_t>(result.passes_run));
+  header.set_compute_seconds(provenance.compute_seconds);
+  header.set_queue_seconds(provenance.queue_seconds);
+  header.set_target_tokens(static_cast<uint64_t>(result.target_length));
+  header.set_target_reached(result.target_reached);
+  for (int32_t entries : result.head_entries) {
+    header.add_head_entries(static_cast<uint32_t>(entries));
+  }
+  for (uint64_t tokens : result.head_input_tokens) header.add_head_input_tokens(tokens);
+  for (StopReason reason : result.stop_reasons) {
+    header.add_stop_reasons(StopReasonToProto(reason));
+  }
+  for (int32_t tokens : result.head_tokens) {
+    header.add_head_tokens(static_cast<uint32_t>(tokens));
+  }
+  header.set_padded_length(static_cast<uint32_t>(result.padded_length));
+  header.set_layout(LayoutToProto(result.layout));
+  return header;
+}
+
+absl::Status JobResultHeaderFromProto(const v1::JobResult& header, CompressResult* result,
+                                      ResultProvenance* provenance) {
+  absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype(), "result.dtype");
+  if (!dtype.ok()) return absl::DataLossError(dtype.status().message());
+  result->dtype = *dtype;
+  result->num_heads = static_cast<int32_t>(header.num_heads());
+  result->num_tokens = static_cast<int32_t>(header.num_tokens());
+  result->key_dim = static_cast<int32_t>(header.key_dim());
+  result->value_dim = static_cast<int32_t>(header.value_dim());
+  result->offsets.assign(header.offsets().begin(), header.offsets().end());
+  result->passes_run = static_cast<int32_t>(header.passes_run());
+  AccountFromProto(header, result);
+  provenance->backend = header.backend();
+  provenance->compute_seconds = header.compute_seconds();
+  provenance->queue_seconds = header.queue_seconds();
+  return absl::OkStatus();
+}
+
+v1::JobError JobErrorToProto(uint64_t job_id, const absl::Status& status) {
+  v1::JobError error;
+  error.set_job_id(job_id);
+  error.set_code(ToWireCode(status.code()));
+  error.set_message(std::string(status.message()));
+  if (std::optional<FieldLocation> location = GetFieldLocation(status); location.has_value()) {
+    error.set_field(WireField(location->field));
+    if (location->head.has_value()) error.set_head(static_cast<uint32_t>(*location->head));
+    if (location->token.has_value()) error.set_token(static_cast<uint32_t>(*location->token));
+  }
+  return error;
+}
+
+absl::Status StatusFromJobError(const v1::JobError& error) {
+  absl::StatusCode code = FromWireCode(error.code());
+  // A JobError always reports a failure: a code of OK (a broken peer) is not success.
+  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
+  if (error.field().empty()) return absl::Status(code, error.message());
+  FieldLocation location{error.field()};
+  if (error.has_head()) location.head = error.head();
+  if (error.has_token()) location.token = error.token();
+  return FieldError(code, location, error.message());
+}
+
+}  // namespace centroidkv

@@ -1,0 +1,275 @@
+// Tests of proto/job_codec.cc: what a client writes (StartJobToProto) the server reads back
+// as the same job (StartJobFromProto), regular and ragged, with every option; malformed
+// StartJobs are refused naming the field; a result header and a JobError survive the round
+// trip with the whole account and the error's location; sizes agree on both ends.
+#include "centroidkv/wire/job_codec.h"
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "centroidkv/common/field_status.h"
+#include "gtest/gtest.h"
+
+namespace centroidkv {
+namespace {
+
+CompressOptions EveryOption() {
+  CompressOptions options;
+  options.target_tokens = 77;
+  options.chunk_size = 128;
+  options.sink_tokens = 4;
+  options.recent_tokens = 32;
+  options.min_similarity = 0.5;
+  options.tighten_per_pass = 0.01;
+  options.max_passes = 3;
+  options.uniform_heads = false;
+  options.passthrough_heads = {1, 3};
+  options.compute_assignment = true;
+  options.exact_target = true;
+  options.pad_heads = true;
+  options.pad_to = 96;
+  options.output_layout = TensorLayout::kTokenMajor;
+  return options;
+}
+
+void ExpectSameOptions(const CompressOptions& a, const CompressOptions& b) {
+  EXPECT_EQ(a.target_ratio, b.target_ratio);
+  EXPECT_EQ(a.target_tokens, b.target_tokens);
+  EXPECT_EQ(a.chunk_size, b.chunk_size);
+  EXPECT_EQ(a.sink_tokens, b.sink_tokens);
+  EXPECT_EQ(a.recent_tokens, b.recent_tokens);
+  EXPECT_EQ(a.min_similarity, b.min_similarity);
+  EXPECT_EQ(a.tighten_per_pass, b.tighten_per_pass);
+  EXPECT_EQ(a.max_passes, b.max_passes);
+  EXPECT_EQ(a.uniform_heads, b.uniform_heads);
+  EXPECT_EQ(a.passthrough_heads, b.passthrough_heads);
+  EXPECT_EQ(a.compute_assignment, b.compute_assignment);
+  EXPECT_EQ(a.exact_target, b.exact_target);
+  EXPECT_EQ(a.pad_heads, b.pad_heads);
+  EXPECT_EQ(a.pad_to, b.pad_to);
+  EXPECT_EQ(a.output_layout, b.output_layout);
+}
+
+TEST(JobCodecTest, AStartJobReadsBackAsTheJobTheClientWrote) {
+  static const uint32_t kCounts[1] = {1};
+  LayerView layer;
+  layer.dtype = DType::kBFloat16;
+  layer.layout = TensorLayout::kTokenMajor;
+  layer.num_heads = 4;
+  layer.num_tokens = 300;
+  layer.key_dim = 64;
+  layer.value_dim = 32;
+  layer.counts = kCounts;  // only whether counts go along matters to the header
+  const CompressOptions options = EveryOption();
+  const v1::StartJob start =
+      StartJobToProto(9, 17, layer, options, DType::kFloat16, BackendKind::kReference,
+                      std::chrono::milliseconds(1500), -3);
+  absl::StatusOr<JobAnnouncement> job = StartJobFromProto(start);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->job_id, 9u);
+  EXPECT_EQ(job->layer_index, 17u);
+  EXPECT_EQ(job->dtype, DType::kBFloat16);
+  EXPECT_EQ(job->layout, TensorLayout::kTokenMajor);
+  EXPECT_EQ(job->num_heads, 4);
+  EXPECT_EQ(job->num_tokens, 300);
+  EXPECT_EQ(job->key_dim, 64);
+  EXPECT_EQ(job->value_dim, 32);
+  EXPECT_TRUE(job->head_offsets.empty());
+  EXPECT_TRUE(job->has_counts);
+  EXPECT_EQ(job->output_dtype, DType::kFloat16);
+  EXPECT_EQ(job->backend, BackendKind::kReference);
+  EXPECT_EQ(job->timeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(job->priority, -3);
+  ExpectSameOptions(job->options, options);
+
+  // The view the server assembles into has the client's shape and byte sizes.
+  const LayerView view = job->View(nullptr, nullptr, kCounts);
+  const InputBytes sent = InputBytesOf(layer), received = InputBytesOf(view);
+  EXPECT_EQ(sent.keys, 4u * 300 * 64 * 2);
+  EXPECT_EQ(sent.values, 4u * 300 * 32 * 2);
+  EXPECT_EQ(sent.counts, 4u * 300 * 4);
+  EXPECT_EQ(received.total(), sent.total());
+}
+
+TEST(JobCodecTest, ARaggedJobKeepsEveryHeadsLength) {
+  const int64_t offsets[] = {0, 5, 5 + 9, 5 + 9 + 1};
+  LayerView layer;
+  layer.num_heads = 3;
+  layer.num_tokens = 9;
+  layer.key_dim = layer.value_dim = 8;
+  layer.head_offsets = offsets;
+  const v1::StartJob start = StartJobToProto(1, 0, layer, {}, std::nullopt, BackendKind::kAuto,
+                                             std::chrono::milliseconds(0), 0);
+  ASSERT_EQ(start.head_tokens_size(), 3);
+  absl::StatusOr<JobAnnouncement> job = StartJobFromProto(start);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->head_offsets, std::vector<int64_t>(offsets, offsets + 4));
+  EXPECT_EQ(job->num_tokens, 9);
+  EXPECT_EQ(job->output_dtype, DType::kFloat32) << "unset output dtype = the input's";
+  const LayerView view = job->View(nullptr, nullptr, nullptr);
+  EXPECT_EQ(view.TotalRows(), 15);
+  EXPECT_EQ(view.HeadTokens(2), 1);
+  EXPECT_EQ(InputBytesOf(view).total(), InputBytesOf(layer).total());
+}
+
+TEST(JobCodecTest, MalformedStartJobsNameTheirField) {
+  LayerView layer;
+  layer.num_heads = 2;
+  layer.num_tokens = 8;
+  layer.key_dim = layer.value_dim = 4;
+  const v1::StartJob good = StartJobToProto(1, 0, layer, {}, std::nullopt, BackendKind::kAuto,
+                                            std::chrono::milliseconds(0), 0);
+  struct Case {
+    const char* field;
+    void (*mutate)(v1::StartJob*);
+  };
+  const Case cases[] = {
+      {"start_job.num_heads", [](v1::StartJob* s) { s->set_num_heads(0); }},
+      {"start_job.key_dim", [](v1::StartJob* s) { s->set_key_dim(0x80000000u); }},
+      {"start_job.dtype", [](v1::StartJob* s) { s->set_dtype(static_cast<v1::DType>(99)); }},
+      {"start_job.layout", [](v1::StartJob* s) { s->set_layout(static_cast<v1::Layout>(7)); }},
+      {"start_job.backend", [](v1::StartJob* s) { s->set_backend(static_cast<v1::Backend>(42)); }},
+      {"start_job.output_layout",
+       [](v1::StartJob* s) { s->set_output_layout(static_cast<v1::Layout>(9)); }},
+      {"start_job.head_tokens", [](v1::StartJob* s) { s->add_head_tokens(8); }},
+      {"start_job.head_tokens",
+       [](v1::StartJob* s) {
+         s->add_head_tokens(8);
+         s->add_head_tokens(0);
+       }},
+      {"start_job.num_tokens",
+       [](v1::StartJob* s) {
+         s->add_head_tokens(3);
+         s->add_head_tokens(5);
+       }},
+  };
+  for (const Case& c : cases) {
+    v1::StartJob start = good;
+    c.mutate(&start);
+    absl::StatusOr<JobAnnouncement> job = StartJobFromProto(start);
+    ASSERT_FALSE(job.ok()) << c.field;
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+    ASSERT_TRUE(GetFieldLocation(job.status()).has_value()) << job.status();
+    EXPECT_EQ(GetFieldLocation(job.status())->field, c.field) << job.status();
+  }
+}
+
+CompressResult SomeResult() {
+  CompressResult result;
+  result.num_heads = 2;
+  result.num_tokens = 6;
+  result.key_dim = 3;
+  result.value_dim = 2;
+  result.dtype = DType::kFloat16;
+  result.offsets = {0, 3, 4};
+  result.half_keys.assign(4 * 3, 0x3c00);
+  result.half_values.assign(4 * 2, 0x3c00);
+  result.counts = {2, 3, 1, 6};
+  result.assignment = {0, 0, 1, 1, 1, 2, 0, 0, 0, 0, 0, 0};
+  result.passes_run = 2;
+  result.layout = TensorLayout::kHeadMajor;
+  result.target_length = 2;
+  result.target_reached = false;
+  result.head_tokens = {6, 6};
+  result.head_entries = {3, 1};
+  result.head_input_tokens = {6, 6};
+  result.stop_reasons = {StopReason::kSimilarityFloor, StopReason::kTargetReached};
+  return result;
+}
+
+TEST(JobCodecTest, AResultHeaderReadsBackWithTheWholeAccount) {
+  const CompressResult sent = SomeResult();
+  const v1::JobResult header =
+      JobResultHeaderToProto(5, 11, sent, DType::kFloat16, {"cpu", 0.25, 1.5});
+  EXPECT_EQ(header.job_id(), 5u);
+  EXPECT_EQ(header.layer_index(), 11u);
+  const ResultBytes bytes = ResultBytesOf(header);
+  EXPECT_EQ(bytes.total(), ResultBytesOf(sent, DType::kFloat16).total());
+  EXPECT_EQ(bytes.keys, 4u * 3 * 2);
+  EXPECT_EQ(bytes.assignment, 12u * 4);
+  // float32 rows sent as float32: 4 bytes an element.
+  CompressResult floats = sent;
+  floats.dtype = DType::kFloat32;
+  floats.keys.assign(12, 1.0f);
+  floats.values.assign(8, 1.0f);
+  EXPECT_EQ(ResultBytesOf(floats, DType::kFloat32).keys, 12u * 4);
+  EXPECT_EQ(ResultBytesOf(floats, DType::kBFloat16).values, 8u * 2);
+
+  CompressResult got;
+  ResultProvenance provenance;
+  ASSERT_TRUE(JobResultHeaderFromProto(header, &got, &provenance).ok());
+  EXPECT_EQ(provenance.backend, "cpu");
+  EXPECT_EQ(provenance.queue_seconds, 0.25);
+  EXPECT_EQ(provenance.compute_seconds, 1.5);
+  EXPECT_EQ(got.dtype, DType::kFloat16);
+  EXPECT_EQ(got.num_heads, 2);
+  EXPECT_EQ(got.num_tokens, 6);
+  EXPECT_EQ(got.key_dim, 3);
+  EXPECT_EQ(got.value_dim, 2);
+  EXPECT_EQ(got.offsets, sent.offsets);
+  EXPECT_EQ(got.passes_run, 2);
+  EXPECT_EQ(got.target_length, 2);
+  EXPECT_FALSE(got.target_reached);
+  EXPECT_EQ(got.head_tokens, sent.head_tokens);
+  EXPECT_EQ(got.head_entries, sent.head_entries);
+  EXPECT_EQ(got.head_input_tokens, sent.head_input_tokens);
+  EXPECT_EQ(got.stop_reasons, sent.stop_reasons);
+  EXPECT_TRUE(got.counts.empty()) << "the slabs fill the arrays, not the header";
+
+  v1::JobResult unknown_dtype = header;
+  unknown_dtype.set_dtype(static_cast<v1::DType>(77));
+  EXPECT_EQ(JobResultHeaderFromProto(unknown_dtype, &got, &provenance).code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(JobCodecTest, MaxResultBytesBoundsEveryResultOfTheShape) {
+  LayerView shape;
+  shape.num_heads = 2;
+  shape.num_tokens = 6;
+  shape.key_dim = 3;
+  shape.value_dim = 2;
+  CompressOptions options;
+  options.compute_assignment = true;
+  const CompressResult result = SomeResult();
+  EXPECT_GE(MaxResultBytes(shape, options, DType::kFloat16),
+            ResultBytesOf(result, DType::kFloat16).total());
+  EXPECT_EQ(MaxResultBytes(shape, options, DType::kFloat32),
+            uint64_t{12} * (3 + 2) * 4 + 12 * 4 + 12 * 4);
+  options.pad_to = 10;
+  EXPECT_EQ(MaxResultBytes(shape, options, DType::kFloat32),
+            uint64_t{20} * (3 + 2) * 4 + 20 * 4 + 12 * 4);
+}
+
+TEST(JobCodecTest, AJobErrorKeepsItsCodeAndLocation) {
+  const absl::Status status =
+      FieldError(absl::StatusCode::kInvalidArgument, {"keys", 3, 17}, "keys: NaN at head 3");
+  const v1::JobError error = JobErrorToProto(8, status);
+  EXPECT_EQ(error.job_id(), 8u);
+  EXPECT_EQ(error.field(), "keys");
+  const absl::Status back = StatusFromJobError(error);
+  EXPECT_EQ(back.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(back.message(), "keys: NaN at head 3");
+  ASSERT_TRUE(GetFieldLocation(back).has_value());
+  EXPECT_EQ(GetFieldLocation(back)->field, "keys");
+  EXPECT_EQ(GetFieldLocation(back)->head, 3);
+  EXPECT_EQ(GetFieldLocation(back)->token, 17);
+
+  // An engine field becomes the wire's name.
+  const v1::JobError engine_field =
+      JobErrorToProto(1, InvalidFieldError({"passthrough_heads", 9}, "head 9 out of range"));
+  EXPECT_EQ(engine_field.field(), "start_job.params.passthrough_heads");
+  EXPECT_EQ(engine_field.head(), 9u);
+
+  // A broken peer's codes never read as success or as an out-of-range enum.
+  v1::JobError odd = error;
+  odd.set_code(0);
+  EXPECT_EQ(StatusFromJobError(odd).code(), absl::StatusCode::kUnknown);
+  odd.set_code(12345);
+  EXPECT_EQ(StatusFromJobError(odd).code(), absl::StatusCode::kUnknown);
+  odd.clear_field();
+  EXPECT_FALSE(GetFieldLocation(StatusFromJobError(odd)).has_value());
+}
+
+}  // namespace
+}  // namespace centroidkv

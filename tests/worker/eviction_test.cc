@@ -1,0 +1,62 @@
+// Tests of worker/eviction.cc: budgets as the engine computes them, and which
+// entries StreamingLLM and the H2O-style baseline keep.
+#include "worker/eviction.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace centroidkv::worker {
+namespace {
+
+// One layer, one head of size 1; entry t has key t and attention attention[t].
+KvCache LineCache(const std::vector<double>& attention) {
+  KvCache cache(1, 1, 1);
+  cache.TrackAttention(true);
+  for (size_t t = 0; t < attention.size(); ++t) {
+    const float x = static_cast<float>(t);
+    cache.Append(0, &x, &x);
+    cache.AdvancePosition();
+  }
+  cache.head(0, 0).attention = attention;
+  return cache;
+}
+
+std::vector<float> Keys(const KvCache& cache) { return cache.head(0, 0).keys; }
+
+TEST(EvictionTest, BudgetIsTheCeilingOfRatioTimesLength) {
+  EXPECT_EQ(BudgetEntries(384, 0.25), 96);
+  EXPECT_EQ(BudgetEntries(384, 0.5), 192);
+  EXPECT_EQ(BudgetEntries(10, 0.25), 3);
+  EXPECT_EQ(BudgetEntries(40, 0.3), 12);
+  EXPECT_EQ(BudgetEntries(5, 0.0), 1);
+  EXPECT_EQ(BudgetEntries(5, 1.0), 5);
+  const BudgetSplit split = SplitBudget(5, 4, 3);
+  EXPECT_EQ(split.sinks, 4);
+  EXPECT_EQ(split.recent, 1);
+  EXPECT_EQ(split.middle, 0);
+}
+
+TEST(EvictionTest, StreamingKeepsSinksAndTheMostRecent) {
+  KvCache cache = LineCache(std::vector<double>(10, 0.0));
+  EvictStreamingLlm(&cache, 0.5, 2);
+  EXPECT_EQ(Keys(cache), (std::vector<float>{0, 1, 7, 8, 9}));
+  EXPECT_EQ(cache.position(), 10);
+}
+
+TEST(EvictionTest, HeavyHittersKeepTheMostAttendedBetweenSinksAndRecent) {
+  KvCache cache = LineCache({9, 0, 5, 0.5, 7, 1, 0, 3, 0, 0});
+  ASSERT_TRUE(EvictHeavyHitters(&cache, 0.5, 1, 2).ok());
+  // Budget 5: sink 0, recent 8 and 9, and the two most attended of 1..7: 4 (7) and 2 (5).
+  EXPECT_EQ(Keys(cache), (std::vector<float>{0, 2, 4, 8, 9}));
+  EXPECT_EQ(cache.head(0, 0).attention, (std::vector<double>{9, 5, 7, 0, 0}));
+}
+
+TEST(EvictionTest, HeavyHittersNeedTrackedAttention) {
+  KvCache cache = LineCache(std::vector<double>(4, 0.0));
+  cache.TrackAttention(false);
+  EXPECT_EQ(EvictHeavyHitters(&cache, 0.5, 1, 1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace centroidkv::worker

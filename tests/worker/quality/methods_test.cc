@@ -1,0 +1,74 @@
+// Tests of worker/quality/methods.cc: CentroidKV's budget with and without outlier
+// heads, and every method meeting the budget through a live server.
+#include "worker/quality/methods.h"
+
+#include <vector>
+
+#include "worker/sampler.h"
+#include "gtest/gtest.h"
+#include "tests/worker/worker_testing.h"
+
+namespace centroidkv::worker::quality {
+namespace {
+
+TEST(MethodsTest, OutlierHeadsShareTheBudgetOfTheWholeModel) {
+  MethodSettings settings;
+  const CompressCacheOptions plain = CentroidKvOptions(settings, 0.25, {}, true, 5, 4, 384);
+  EXPECT_EQ(plain.compression.target_ratio, 0.25);
+  EXPECT_FALSE(plain.compression.target_tokens.has_value());
+  // 2 outlier heads keep 384 each: the other 18 share 20 * 96 - 2 * 384 = 1152 -> 64 each.
+  const std::vector<std::vector<int32_t>> outliers = {{1}, {}, {0}};
+  const CompressCacheOptions shared = CentroidKvOptions(settings, 0.25, outliers, true, 5, 4, 384);
+  EXPECT_EQ(shared.compression.target_tokens, 64);
+  EXPECT_FALSE(shared.compression.target_ratio.has_value());
+  ASSERT_EQ(shared.passthrough_per_layer.size(), 5u);
+  EXPECT_EQ(shared.passthrough_per_layer[2], std::vector<int32_t>{0});
+  const CompressCacheOptions extra = CentroidKvOptions(settings, 0.25, outliers, false, 5, 4, 384);
+  EXPECT_EQ(extra.compression.target_ratio, 0.25);
+  EXPECT_EQ(CountHeads(outliers), 2);
+}
+
+TEST(MethodsTest, SharedOutlierHeadsLeaveTheOthersAtLeastSinksPlusRecent) {
+  // 25% of 384 over 20 heads: 3 outliers leave (1920 - 1152) / 17 = 45 >= 4 + 32 each,
+  // a 4th would leave 24.
+  EXPECT_EQ(MaxSharedOutlierHeads(5, 4, 384, 0.25, 4, 32), 3);
+  EXPECT_EQ(MaxSharedOutlierHeads(5, 4, 384, 0.25, 4, 48), 2);  // t' = 64; 3 -> 45 < 52
+  EXPECT_EQ(MaxSharedOutlierHeads(5, 4, 384, 0.25, 4, 92), 0);
+  EXPECT_EQ(MaxSharedOutlierHeads(5, 4, 384, 0.5, 4, 32), 8);  // (3840 - 3072) / 12 = 64; 9: 34
+}
+
+TEST(MethodsTest, UnknownMethodAndMissingServerAreErrors) {
+  EXPECT_EQ(MakeCompressor("snapkv", 0.5, {}, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeCompressor(kCentroidKv, 0.5, {}, nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+class MethodsServerTest : public testutil::LiveServerTest {};
+
+TEST_F(MethodsServerTest, EveryMethodKeepsTheBudget) {
+  Transformer transformer(*testutil::Stories260K());
+  absl::StatusOr<std::vector<int32_t>> tokens = SampleText(transformer, 201, 0.8f, 88);
+  ASSERT_TRUE(tokens.ok());
+  absl::StatusOr<PrefilledText> text = PrefillText(transformer, *tokens, 200, true);
+  ASSERT_TRUE(text.ok());
+  MethodSettings settings;
+  settings.centroidkv.compression.chunk_size = 64;
+  settings.centroidkv.compression.sink_tokens = 4;
+  settings.centroidkv.compression.recent_tokens = 32;
+  settings.outlier_heads = {{}, {2}};
+  for (const std::string& method : AllMethods()) {
+    absl::StatusOr<CacheCompressor> compress = MakeCompressor(method, 0.25, settings, client_);
+    ASSERT_TRUE(compress.ok()) << compress.status();
+    int64_t entries = 0;
+    absl::StatusOr<Agreement> agreement =
+        EvaluateCompressed(transformer, *text, *compress, &entries);
+    ASSERT_TRUE(agreement.ok()) << method << ": " << agreement.status();
+    EXPECT_LE(entries, 20 * 50) << method;
+    EXPECT_GE(entries, 20 * 50 - 19) << method;  // outliers: the others round down
+    EXPECT_EQ(agreement->steps, 1);
+  }
+}
+
+}  // namespace
+}  // namespace centroidkv::worker::quality

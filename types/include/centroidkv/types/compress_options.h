@@ -1,0 +1,52 @@
+// The parameters of one layer job (SPEC.md section 2, plus the serving-engine options done
+// above the backends): what a client asks, the wire carries and the engine runs.
+// Header-only; a value type.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "centroidkv/types/kinds.h"
+
+namespace centroidkv {
+
+// SPEC.md section 2 parameters. Field names follow the SPEC and the wire API.
+struct CompressOptions {
+  static constexpr double kDefaultTargetRatio = 0.25;
+  static constexpr int32_t kDefaultChunkSize = 256;
+  static constexpr int32_t kDefaultSinkTokens = 16;
+  static constexpr int32_t kDefaultRecentTokens = 64;
+  static constexpr int32_t kDefaultMaxPasses = 8;
+
+  // At most one of the two targets is set; with neither, target_ratio = 0.25.
+  std::optional<double> target_ratio;   // rho in (0, 1]: t = ceil(rho * n)
+  std::optional<int64_t> target_tokens;  // t >= 1 (clamped to n)
+  int32_t chunk_size = kDefaultChunkSize;           // C >= 2
+  int32_t sink_tokens = kDefaultSinkTokens;         // S >= 0, never merged
+  int32_t recent_tokens = kDefaultRecentTokens;     // W >= 0, never merged
+  std::optional<double> min_similarity;             // tau in [-1, 1]; unset = off
+  double tighten_per_pass = 0.0;                    // delta >= 0
+  int32_t max_passes = kDefaultMaxPasses;           // P >= 1
+  bool uniform_heads = true;
+  std::vector<int32_t> passthrough_heads;           // heads returned unchanged
+  bool compute_assignment = true;                   // fill CompressResult::assignment
+  // The element type of the result's rows: float32, or fp16 / bf16 (each element the
+  // float32 result rounded once, to nearest even): half the bytes to write and to send when
+  // the caller wants half precision anyway (the service's output_dtype).
+  DType result_dtype = DType::kFloat32;
+
+  // Above the backends (ClusterEngine::Compress), identical for every backend:
+  // Keep merging past the similarity floor and max_passes until every compressed head has
+  // exactly t entries, where sink and recent entries allow it: a second stage on the
+  // result, floor off and each head on its own (merging twice equals merging once).
+  bool exact_target = false;
+  // Every head padded at its end with count-0 rows (zero keys and values) to the longest
+  // head's length, or to pad_to rows when pad_to > 0 (FailedPrecondition if a head is longer).
+  bool pad_heads = false;
+  int32_t pad_to = 0;
+  // kTokenMajor: rows [L, H, d] and counts [L, H], every head padded to L as with pad_heads.
+  TensorLayout output_layout = TensorLayout::kHeadMajor;
+};
+
+}  // namespace centroidkv

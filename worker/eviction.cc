@@ -1,0 +1,86 @@
+// StreamingLLM and H2O-style eviction baselines.
+#include "worker/eviction.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace centroidkv::worker {
+
+int64_t BudgetEntries(int64_t n, double ratio) {
+  const int64_t budget = static_cast<int64_t>(std::ceil(ratio * static_cast<double>(n)));
+  return std::clamp<int64_t>(budget, std::min<int64_t>(1, n), n);
+}
+
+BudgetSplit SplitBudget(int64_t budget, int64_t sinks, int64_t recent) {
+  BudgetSplit split;
+  split.sinks = std::min(sinks, budget);
+  split.recent = std::min(recent, budget - split.sinks);
+  split.middle = budget - split.sinks - split.recent;
+  return split;
+}
+
+void KeepEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>& keep) {
+  HeadCache kept;
+  const bool attention = !head->attention.empty();
+  for (int64_t i : keep) {
+    const auto begin = static_cast<ptrdiff_t>(i * head_size);
+    kept.keys.insert(kept.keys.end(), head->keys.begin() + begin,
+                     head->keys.begin() + begin + head_size);
+    kept.values.insert(kept.values.end(), head->values.begin() + begin,
+                       head->values.begin() + begin + head_size);
+    kept.counts.push_back(head->counts[static_cast<size_t>(i)]);
+    if (attention) kept.attention.push_back(head->attention[static_cast<size_t>(i)]);
+  }
+  *head = std::move(kept);
+}
+
+void EvictStreamingLlm(KvCache* cache, double ratio, int32_t sinks) {
+  for (int32_t layer = 0; layer < cache->num_layers(); ++layer) {
+    for (int32_t h = 0; h < cache->num_kv_heads(); ++h) {
+      HeadCache& head = cache->head(layer, h);
+      const int64_t n = head.size();
+      const int64_t budget = BudgetEntries(n, ratio);
+      if (budget >= n) continue;
+      const int64_t kept_sinks = std::min<int64_t>(sinks, budget);
+      std::vector<int64_t> keep(static_cast<size_t>(kept_sinks));
+      std::iota(keep.begin(), keep.end(), 0);
+      for (int64_t i = n - (budget - kept_sinks); i < n; ++i) keep.push_back(i);
+      KeepEntries(&head, cache->head_size(), keep);
+    }
+  }
+}
+
+absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int32_t recent) {
+  if (!cache->tracks_attention()) {
+    return absl::FailedPreconditionError(
+        "H2O needs the attention accumulated during prefill: call TrackAttention(true) "
+        "before prefilling");
+  }
+  for (int32_t layer = 0; layer < cache->num_layers(); ++layer) {
+    for (int32_t h = 0; h < cache->num_kv_heads(); ++h) {
+      HeadCache& head = cache->head(layer, h);
+      const int64_t n = head.size();
+      const int64_t budget = BudgetEntries(n, ratio);
+      if (budget >= n) continue;
+      const BudgetSplit split = SplitBudget(budget, sinks, recent);
+      // Candidates: the entries between the sinks and the recent window, most attended
+      // first (the older entry on ties).
+      std::vector<int64_t> middle;
+      for (int64_t i = split.sinks; i < n - split.recent; ++i) middle.push_back(i);
+      std::stable_sort(middle.begin(), middle.end(), [&head](int64_t a, int64_t b) {
+        return head.attention[static_cast<size_t>(a)] > head.attention[static_cast<size_t>(b)];
+      });
+      middle.resize(static_cast<size_t>(split.middle));
+      std::vector<int64_t> keep(static_cast<size_t>(split.sinks));
+      std::iota(keep.begin(), keep.end(), 0);
+      keep.insert(keep.end(), middle.begin(), middle.end());
+      for (int64_t i = n - split.recent; i < n; ++i) keep.push_back(i);
+      std::sort(keep.begin(), keep.end());
+      KeepEntries(&head, cache->head_size(), keep);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace centroidkv::worker

@@ -1,0 +1,44 @@
+// Baselines that shrink a KvCache in-process to a budget of entries per head, for the
+// quality comparison (SPEC section 4). Each keeps a subset of the entries unchanged:
+//   - StreamingLLM: the first `sinks` entries (attention sinks) and the most recent ones;
+//   - H2O-style: sinks, the `recent` newest entries, and the entries with the most
+//     attention accumulated during prefill (KvCache::TrackAttention) in the rest.
+// A head that already fits the budget is left alone. Positions are unchanged, so decoding
+// continues at the true length, as after CentroidKV.
+//
+// Thread-safety: none; each call changes one cache.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/kv_cache.h"
+
+namespace centroidkv::worker {
+
+// Entries a head of n keeps at a budget ratio rho: ceil(rho * n) as the engine computes
+// it (SPEC section 2), at least 1 and at most n.
+int64_t BudgetEntries(int64_t n, double ratio);
+
+// How a budget of `budget` entries splits into protected sinks, protected recent entries
+// and the rest (`middle`), when the protected windows do not fit the budget whole: sinks
+// first, then recent.
+struct BudgetSplit {
+  int64_t sinks = 0;
+  int64_t recent = 0;
+  int64_t middle = 0;
+};
+BudgetSplit SplitBudget(int64_t budget, int64_t sinks, int64_t recent);
+
+// Keeps the entries of `head` whose indices are in `keep` (ascending).
+void KeepEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>& keep);
+
+// StreamingLLM: sinks plus the most recent entries, `ratio` of each head's entries.
+void EvictStreamingLlm(KvCache* cache, double ratio, int32_t sinks);
+
+// H2O-style heavy hitters: sinks, `recent` newest, and the highest accumulated attention
+// among the others. FailedPrecondition when the cache did not track attention.
+absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int32_t recent);
+
+}  // namespace centroidkv::worker

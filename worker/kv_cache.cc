@@ -1,0 +1,84 @@
+// The per-sequence KV cache: appending, export to and replacement from the service layout.
+#include "worker/kv_cache.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace centroidkv::worker {
+
+KvCache::KvCache(int32_t num_layers, int32_t num_kv_heads, int32_t head_size)
+    : num_layers_(num_layers),
+      num_kv_heads_(num_kv_heads),
+      head_size_(head_size),
+      heads_(static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads)) {}
+
+void KvCache::Append(int32_t layer, const float* keys, const float* values) {
+  for (int32_t h = 0; h < num_kv_heads_; ++h) {
+    HeadCache& entries = head(layer, h);
+    const float* k = keys + static_cast<ptrdiff_t>(h) * head_size_;
+    const float* v = values + static_cast<ptrdiff_t>(h) * head_size_;
+    entries.keys.insert(entries.keys.end(), k, k + head_size_);
+    entries.values.insert(entries.values.end(), v, v + head_size_);
+    entries.counts.push_back(1);
+    if (track_attention_) entries.attention.push_back(0.0);
+  }
+}
+
+int64_t KvCache::TotalEntries() const {
+  int64_t total = 0;
+  for (const HeadCache& entries : heads_) total += entries.size();
+  return total;
+}
+
+void KvCache::TrackAttention(bool on) {
+  track_attention_ = on;
+  for (HeadCache& entries : heads_) {
+    entries.attention.assign(on ? entries.counts.size() : 0, 0.0);
+  }
+}
+
+absl::StatusOr<LayerTensors> KvCache::ExportLayer(int32_t layer) const {
+  LayerTensors out;
+  out.num_heads = num_kv_heads_;
+  out.head_size = head_size_;
+  out.num_tokens = static_cast<int32_t>(head(layer, 0).size());
+  for (int32_t h = 1; h < num_kv_heads_; ++h) {
+    if (head(layer, h).size() != out.num_tokens) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, ": KV head ", h, " holds ", head(layer, h).size(),
+                       " entries but head 0 holds ", out.num_tokens,
+                       "; a layer is sent as one [H, n, d] tensor"));
+    }
+  }
+  for (int32_t h = 0; h < num_kv_heads_; ++h) {
+    const HeadCache& entries = head(layer, h);
+    out.keys.insert(out.keys.end(), entries.keys.begin(), entries.keys.end());
+    out.values.insert(out.values.end(), entries.values.begin(), entries.values.end());
+    out.counts.insert(out.counts.end(), entries.counts.begin(), entries.counts.end());
+  }
+  return out;
+}
+
+absl::Status KvCache::ReplaceHead(int32_t layer, int32_t kv_head, std::vector<float> keys,
+                                  std::vector<float> values, std::vector<uint32_t> counts) {
+  const size_t n = counts.size();
+  const size_t floats = n * static_cast<size_t>(head_size_);
+  if (keys.size() != floats || values.size() != floats) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " head ", kv_head, ": ", n, " entries need ", floats,
+                     " key and value floats, got ", keys.size(), " and ", values.size()));
+  }
+  if (std::find(counts.begin(), counts.end(), 0u) != counts.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " head ", kv_head, ": an entry has count 0"));
+  }
+  HeadCache& entries = head(layer, kv_head);
+  entries.keys = std::move(keys);
+  entries.values = std::move(values);
+  entries.counts = std::move(counts);
+  entries.attention.assign(track_attention_ ? n : 0, 0.0);
+  return absl::OkStatus();
+}
+
+}  // namespace centroidkv::worker

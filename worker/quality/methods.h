@@ -1,0 +1,72 @@
+// The compression methods the quality report compares at the same budget (SPEC section 4):
+//   centroidkv           the service (through a running server), SPEC section 2
+//   centroidkv+outliers  the same with calibrated passthrough ("outlier") heads
+//   streamingllm         sinks + the most recent entries
+//   h2o                  sinks + recent + the most attended during prefill
+//   kmeans               sinks + recent + count-weighted k-means on keys in between
+//
+// Budget accounting: every method keeps ceil(budget * n) entries per head. With outlier
+// heads sharing the budget (the default), the other heads of the whole model shrink to
+// keep the total at the budget: t' = floor((L * H * t - P * n) / (L * H - P)) for P
+// passthrough heads, so the comparison stays at equal KV memory.
+//
+// Thread-safety: the compressors copy the settings and borrow the Client (thread-safe),
+// which must outlive them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "centroidkv/client/client.h"
+#include "worker/compress_cache.h"
+#include "worker/evaluation.h"
+
+namespace centroidkv::worker::quality {
+
+inline constexpr char kCentroidKv[] = "centroidkv";
+inline constexpr char kCentroidKvOutliers[] = "centroidkv+outliers";
+inline constexpr char kStreamingLlm[] = "streamingllm";
+inline constexpr char kH2o[] = "h2o";
+inline constexpr char kKMeans[] = "kmeans";
+
+// Settings shared by every method.
+struct MethodSettings {
+  // CentroidKV's SPEC parameters (its target is set per budget); sinks and recent are
+  // also the protected windows of the baselines.
+  CompressCacheOptions centroidkv;
+  // Outlier heads per layer, used by centroidkv+outliers.
+  std::vector<std::vector<int32_t>> outlier_heads;
+  // When true, outlier heads count against the budget (the other heads shrink more).
+  bool outliers_share_budget = true;
+  int32_t kmeans_iterations = 25;
+  uint64_t kmeans_seed = 1;
+};
+
+// Every method name, in report order.
+const std::vector<std::string>& AllMethods();
+
+// The number of passthrough heads in `per_layer`.
+int64_t CountHeads(const std::vector<std::vector<int32_t>>& per_layer);
+
+// The most outlier heads the budget can share: the largest P for which the other heads'
+// target t' stays at or above sinks + recent (the engine never merges those entries, so
+// a smaller t' could not be reached and the total would exceed the budget).
+int32_t MaxSharedOutlierHeads(int32_t num_layers, int32_t num_heads, int64_t n, double budget,
+                              int32_t sinks, int32_t recent);
+
+// CentroidKV's options at `budget` with `passthrough` heads per layer for a cache of
+// `num_layers` x `num_heads` heads holding `n` entries each (see the budget note above).
+CompressCacheOptions CentroidKvOptions(const MethodSettings& settings, double budget,
+                                       const std::vector<std::vector<int32_t>>& passthrough,
+                                       bool share_budget, int32_t num_layers, int32_t num_heads,
+                                       int64_t n);
+
+// The compressor of `method` at `budget` (InvalidArgument for an unknown name).
+// `client` may be null for the in-process baselines.
+absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double budget,
+                                               const MethodSettings& settings,
+                                               client::Client* client);
+
+}  // namespace centroidkv::worker::quality

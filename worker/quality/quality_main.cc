@@ -1,0 +1,378 @@
+// centroidkv-quality: the quality report of SPEC section 4 on a real llama2.c model.
+// Samples texts from the model (or reads --tokens-file), optionally calibrates outlier
+// heads on other seeds, compares CentroidKV (through a running server) with StreamingLLM,
+// H2O-style eviction and k-means at each budget, writes the markdown report and a JSON
+// file for the plot, and prints last one JSON line: [{method, budget, mean_kl, top1, ...}].
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "centroidkv/client/client.h"
+#include "centroidkv/client/replica_pool.h"
+#include "centroidkv/common/status_macros.h"
+#include "client/cli/kind_flags.h"
+#include "client/cli/security_flags.h"
+#include "worker/model.h"
+#include "worker/quality/calibration.h"
+#include "worker/quality/quality_run.h"
+#include "worker/quality/report.h"
+#include "worker/quality/texts.h"
+#include "worker/tokenizer.h"
+#include "worker/transformer.h"
+
+namespace centroidkv::worker::quality {
+namespace {
+
+struct Flags {
+  client::SecurityFlags security;
+  std::string model = "../shared/models/stories260K.bin";
+  std::string tokenizer = "../shared/models/tok512.bin";
+  std::string server = "127.0.0.1:50051";
+  std::string tokens_file;
+  int32_t texts = 32;
+  uint64_t seed = 1000;
+  float temperature = 0.8f;
+  int32_t prefill = 384;
+  int32_t continuation = 96;
+  std::vector<double> budgets = {0.5, 0.25};
+  std::vector<std::string> methods;
+  int32_t chunk_size = 32;  // tuned on calibration texts (docs/quality_tuning.md)
+  int32_t sink_tokens = 4;
+  int32_t recent_tokens = 32;
+  double min_similarity = 0.0;
+  double tighten_per_pass = 0.0;
+  int32_t max_passes = CompressOptions::kDefaultMaxPasses;
+  bool uniform_heads = true;
+  std::string passthrough_heads;
+  bool outliers_share_budget = true;
+  int32_t calibration_texts = 16;
+  uint64_t calibration_seed = 5000;
+  int32_t outlier_heads = 3;
+  double calibration_budget = 0.0;
+  bool calibrate_only = false;
+  int32_t kmeans_iterations = 25;
+  BackendKind backend = BackendKind::kAuto;
+  std::string report_md = "docs/quality.md";
+  std::string report_json = "docs/quality.json";
+  bool quiet = false;
+  CLI::Option* min_similarity_flag = nullptr;
+};
+
+void AddFlags(CLI::App& app, Flags& f) {
+  app.add_option("--model", f.model, "llama2.c checkpoint")->capture_default_str();
+  app.add_option("--tokenizer", f.tokenizer,
+                 "llama2.c tokenizer (decodes the report's sample text)")
+      ->capture_default_str();
+  app.add_option("--server", f.server,
+                 "CentroidKV server address, or replicas: HOST:PORT,HOST:PORT or dns:///NAME:PORT")
+      ->capture_default_str();
+  client::AddSecurityFlags(&app, &f.security);
+  app.add_option("--tokens-file", f.tokens_file,
+                 "texts as token ids, one per line, BOS first (instead of sampling)");
+  app.add_option("--texts", f.texts, "texts sampled from the model")->capture_default_str();
+  app.add_option("--seed", f.seed, "seed of the first sampled text (text i: seed + i)")
+      ->capture_default_str();
+  app.add_option("--temperature", f.temperature, "sampling temperature")->capture_default_str();
+  app.add_option("--prefill", f.prefill, "tokens prefilled before compression")
+      ->capture_default_str();
+  app.add_option("--continuation", f.continuation, "tokens teacher-forced after compression")
+      ->capture_default_str();
+  app.add_option("--budgets", f.budgets, "fractions of the prefill kept, e.g. 0.5,0.25")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--methods", f.methods,
+                 "methods to run (default: all; centroidkv+outliers needs outlier heads)")
+      ->delimiter(',');
+  app.add_option("--chunk-size", f.chunk_size, "SPEC chunk_size C")->capture_default_str();
+  app.add_option("--sink-tokens", f.sink_tokens, "SPEC sink_tokens S (also the baselines')")
+      ->capture_default_str();
+  app.add_option("--recent-tokens", f.recent_tokens, "SPEC recent_tokens W (also the baselines')")
+      ->capture_default_str();
+  f.min_similarity_flag =
+      app.add_option("--min-similarity", f.min_similarity, "SPEC min_similarity tau (off)");
+  app.add_option("--tighten-per-pass", f.tighten_per_pass, "SPEC tighten_per_pass")
+      ->capture_default_str();
+  app.add_option("--max-passes", f.max_passes, "SPEC max_passes")->capture_default_str();
+  app.add_option("--uniform-heads", f.uniform_heads, "SPEC uniform_heads")->capture_default_str();
+  app.add_option("--passthrough-heads", f.passthrough_heads,
+                 "outlier heads per layer, \"LAYER:H,H;LAYER:H\" (or \"H,H\" for every layer)");
+  app.add_option("--outliers-share-budget", f.outliers_share_budget,
+                 "outlier heads count against the budget (other heads shrink)")
+      ->capture_default_str();
+  app.add_option(
+         "--calibration-texts", f.calibration_texts,
+         "calibrate outlier heads on this many texts (seeds --calibration-seed + i; 0: none)")
+      ->capture_default_str();
+  app.add_option("--calibration-seed", f.calibration_seed, "first calibration seed")
+      ->capture_default_str();
+  app.add_option("--outlier-heads", f.outlier_heads, "heads the calibration picks")
+      ->capture_default_str();
+  app.add_option("--calibration-budget", f.calibration_budget,
+                 "budget of the calibration (default: the smallest of --budgets)");
+  app.add_flag("--calibrate-only", f.calibrate_only,
+               "print the calibrated --passthrough-heads and exit");
+  app.add_option("--kmeans-iterations", f.kmeans_iterations, "Lloyd iterations of k-means")
+      ->capture_default_str();
+  cli::AddBackendOption(&app, "--backend", &f.backend, "server backend");
+  app.add_option("--report-md", f.report_md, "markdown report (\"\" for none)")
+      ->capture_default_str();
+  app.add_option("--report-json", f.report_json,
+                 "results for scripts/plot_quality.py (\"\" for none)")
+      ->capture_default_str();
+  app.add_flag("--quiet", f.quiet, "no progress on stderr");
+}
+
+std::string CommandLine(int argc, char** argv) {
+  std::vector<std::string> words;
+  for (int i = 0; i < argc; ++i) {
+    std::string word = argv[i];
+    if (word.find_first_of(" ;\"'$&|<>*?") != std::string::npos)
+      word = absl::StrCat("'", word, "'");
+    words.push_back(word);
+  }
+  return absl::StrJoin(words, " ");
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  if (path.empty()) return absl::OkStatus();
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code error;
+  if (!parent.empty()) std::filesystem::create_directories(parent, error);
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat(path, ": cannot write"));
+  return absl::OkStatus();
+}
+
+MethodSettings ToMethodSettings(const Flags& f) {
+  MethodSettings s;
+  CompressOptions& c = s.centroidkv.compression;
+  c.chunk_size = f.chunk_size;
+  c.sink_tokens = f.sink_tokens;
+  c.recent_tokens = f.recent_tokens;
+  if (*f.min_similarity_flag) c.min_similarity = f.min_similarity;
+  c.tighten_per_pass = f.tighten_per_pass;
+  c.max_passes = f.max_passes;
+  c.uniform_heads = f.uniform_heads;
+  s.centroidkv.backend = f.backend;
+  s.outliers_share_budget = f.outliers_share_budget;
+  s.kmeans_iterations = f.kmeans_iterations;
+  return s;
+}
+
+// Calibrates outlier heads on sampled texts of other seeds; fills the context.
+// How many outlier heads to pick: --outlier-heads, capped (when they share the budget) so
+// that every budget of the report can still be met.
+int32_t OutlierCount(const Flags& f, const ModelConfig& config, double calibration_budget) {
+  if (!f.outliers_share_budget) return f.outlier_heads;
+  const double smallest =
+      std::min(calibration_budget, *std::min_element(f.budgets.begin(), f.budgets.end()));
+  return std::min(f.outlier_heads,
+                  MaxSharedOutlierHeads(config.n_layers, config.n_kv_heads, f.prefill, smallest,
+                                        f.sink_tokens, f.recent_tokens));
+}
+
+// Calibrates outlier heads on sampled texts of other seeds; fills the context.
+absl::Status Calibrate(const Flags& f, Transformer& transformer, client::Client& client,
+                       RunSettings* settings, ReportContext* context) {
+  const double budget = f.calibration_budget > 0.0
+                            ? f.calibration_budget
+                            : *std::min_element(f.budgets.begin(), f.budgets.end());
+  CKV_ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> texts,
+                       SampleTexts(transformer, f.calibration_texts, f.prefill + f.continuation,
+                                   f.temperature, f.calibration_seed));
+  std::vector<PrefilledText> prefilled;
+  for (const std::vector<int32_t>& text : texts) {
+    CKV_ASSIGN_OR_RETURN(PrefilledText p, PrefillText(transformer, text, f.prefill, false));
+    prefilled.push_back(std::move(p));
+  }
+  CKV_ASSIGN_OR_RETURN(
+      const std::vector<HeadScore> scores,
+      ScoreHeads(transformer, client, prefilled, settings->method_settings, budget));
+  const ModelConfig& config = transformer.model().config();
+  const int32_t count = OutlierCount(f, config, budget);
+  settings->method_settings.outlier_heads = PickOutlierHeads(scores, count, config.n_layers);
+  context->head_scores = scores;
+  context->outlier_heads = FormatHeads(settings->method_settings.outlier_heads);
+  context->outlier_source = absl::StrFormat(
+      "Calibrated on %d texts sampled with seeds %d..%d (the evaluation uses other seeds), "
+      "each KV head compressed alone to a %g budget; the %d most harmful heads were picked%s.",
+      f.calibration_texts, f.calibration_seed, f.calibration_seed + f.calibration_texts - 1, budget,
+      count,
+      count < f.outlier_heads
+          ? absl::StrFormat(" (%d asked; more would push the other heads below sinks + recent "
+                            "at the smallest budget)",
+                            f.outlier_heads)
+          : "");
+  return absl::OkStatus();
+}
+
+absl::Status CheckFlags(const Flags& f, const ModelConfig& config) {
+  if (f.prefill < 1 || f.continuation < 1 || f.prefill + f.continuation > config.seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefill ", f.prefill, " and --continuation ", f.continuation,
+                     " must be positive and fit the model's context of ", config.seq_len));
+  }
+  for (double budget : f.budgets) {
+    if (!(budget > 0.0 && budget <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("--budgets: ", budget, " is not in (0, 1]"));
+    }
+  }
+  if (f.budgets.empty()) return absl::InvalidArgumentError("--budgets is empty");
+  if (f.tokens_file.empty() && f.texts < 1) return absl::InvalidArgumentError("--texts < 1");
+  return absl::OkStatus();
+}
+
+// The evaluation texts: --tokens-file, or sampled with seeds --seed + i.
+absl::StatusOr<std::vector<std::vector<int32_t>>> LoadTexts(const Flags& f,
+                                                            Transformer& transformer,
+                                                            ReportContext* context) {
+  const int32_t length = f.prefill + f.continuation;
+  if (!f.tokens_file.empty()) {
+    absl::StatusOr<std::vector<std::vector<int32_t>>> texts =
+        ReadTokensFile(f.tokens_file, transformer.model().config().vocab_size, length);
+    if (texts.ok()) {
+      context->texts = absl::StrCat(texts->size(), " texts from `", f.tokens_file, "`");
+    }
+    return texts;
+  }
+  context->texts = absl::StrFormat(
+      "%d texts of %d tokens sampled from the model at temperature %g, BOS/EOS suppressed, "
+      "seeds %d..%d",
+      f.texts, length, f.temperature, f.seed, f.seed + f.texts - 1);
+  return SampleTexts(transformer, f.texts, length, f.temperature, f.seed);
+}
+
+// --methods, or every method (centroidkv+outliers only when there are outlier heads).
+std::vector<std::string> ChooseMethods(const Flags& f, const MethodSettings& settings) {
+  if (!f.methods.empty()) return f.methods;
+  std::vector<std::string> methods;
+  for (const std::string& m : AllMethods()) {
+    if (m != kCentroidKvOutliers || CountHeads(settings.outlier_heads) > 0) methods.push_back(m);
+  }
+  return methods;
+}
+
+absl::Status WriteResults(const Flags& f, const std::vector<MethodResult>& results,
+                          const ReportContext& context) {
+  const std::string json = JsonLine(results);
+  if (absl::Status s = WriteFile(f.report_md, MarkdownReport(results, context)); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteFile(f.report_json, json + "\n"); !s.ok()) return s;
+  if (!f.quiet) {
+    for (const MethodResult& r : results) {
+      std::cerr << absl::StrFormat("%-20s budget %-5g kept %6.2f%%  mean KL %.5f  top-1 %.4f\n",
+                                   r.method, r.budget, 100.0 * r.kv_fraction(),
+                                   r.agreement.mean_kl(), r.agreement.top1());
+    }
+  }
+  std::cout << json << std::endl;  // last: the one JSON line
+  return absl::OkStatus();
+}
+
+// Outlier heads from --passthrough-heads, or calibrated when --calibration-texts > 0.
+absl::Status ResolveOutliers(const Flags& f, Transformer& transformer, client::Client& client,
+                             RunSettings* settings, ReportContext* context) {
+  const ModelConfig& config = transformer.model().config();
+  if (!f.passthrough_heads.empty()) {
+    absl::StatusOr<std::vector<std::vector<int32_t>>> heads =
+        ParseHeads(f.passthrough_heads, config.n_layers, config.n_kv_heads);
+    if (!heads.ok()) return heads.status();
+    settings->method_settings.outlier_heads = *heads;
+    context->outlier_heads = FormatHeads(*heads);
+    context->outlier_source = "Given with --passthrough-heads.";
+    return absl::OkStatus();
+  }
+  const bool wanted =
+      f.calibrate_only || f.methods.empty() ||
+      std::find(f.methods.begin(), f.methods.end(), kCentroidKvOutliers) != f.methods.end();
+  if (f.calibration_texts <= 0 || !wanted) return absl::OkStatus();
+  if (f.tokens_file.empty() && f.seed < f.calibration_seed + f.calibration_texts &&
+      f.calibration_seed < f.seed + f.texts) {
+    std::cerr << "warning: the evaluation seeds overlap the calibration seeds\n";
+  }
+  if (!f.quiet) std::cerr << "calibrating outlier heads on " << f.calibration_texts << " texts\n";
+  CKV_RETURN_IF_ERROR(Calibrate(f, transformer, client, settings, context));
+  if (!f.quiet) std::cerr << "outlier heads: " << context->outlier_heads << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Run(const Flags& f, const std::string& command) {
+  CKV_ASSIGN_OR_RETURN(const Model model, LoadModel(f.model));
+  const ModelConfig& config = model.config();
+  CKV_RETURN_IF_ERROR(CheckFlags(f, config));
+  CKV_ASSIGN_OR_RETURN(const Tokenizer tokenizer, LoadTokenizer(f.tokenizer, config.vocab_size));
+  Transformer transformer(model);
+  RunSettings settings;
+  settings.prefill = f.prefill;
+  settings.continuation = f.continuation;
+  settings.budgets = f.budgets;
+  settings.method_settings = ToMethodSettings(f);
+  ReportContext context;
+  context.command = command;
+  context.model =
+      absl::StrFormat("`%s` (%d layers, %d KV heads of size %d, %d query heads, %d parameters)",
+                      f.model, config.n_layers, config.n_kv_heads, config.head_size(),
+                      config.n_heads, model.ParameterCount());
+  client::ClientOptions client_options;
+  client_options.target = f.server;
+  client::ApplySecurityFlags(f.security, &client_options);
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
+                       client::ConnectTarget(client_options));
+  CKV_ASSIGN_OR_RETURN(const client::ServerInfo info, client->GetInfo());
+  context.backend = f.backend == BackendKind::kAuto ? info.default_backend
+                                                    : std::string(BackendKindName(f.backend));
+  CKV_RETURN_IF_ERROR(ResolveOutliers(f, transformer, *client, &settings, &context));
+  if (f.calibrate_only) {
+    for (const HeadScore& score : context.head_scores) {
+      std::cerr << absl::StrFormat("layer %d head %d alone: mean KL %.5f top-1 %.4f\n", score.layer,
+                                   score.head, score.agreement.mean_kl(), score.agreement.top1());
+    }
+    std::cout << "--passthrough-heads=" << context.outlier_heads << "\n";
+    return absl::OkStatus();
+  }
+  settings.methods = ChooseMethods(f, settings.method_settings);
+  CKV_ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> texts,
+                       LoadTexts(f, transformer, &context));
+  const std::vector<int32_t>& first = texts.front();
+  context.sample =
+      absl::StrReplaceAll(tokenizer.Decode(std::vector<int32_t>(
+                              first.begin(), first.begin() + std::min<size_t>(first.size(), 48))),
+                          {{"\n", " "}, {"|", "/"}});
+  context.settings = settings;
+  Progress progress = nullptr;
+  if (!f.quiet) progress = [](const std::string& line) { std::cerr << line << "\n"; };
+  CKV_ASSIGN_OR_RETURN(const std::vector<MethodResult> results,
+                       RunQuality(transformer, client.get(), texts, settings, progress));
+  return WriteResults(f, results, context);
+}
+
+}  // namespace
+}  // namespace centroidkv::worker::quality
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "CentroidKV quality report (SPEC section 4): CentroidKV through a running server "
+      "vs StreamingLLM, H2O-style eviction and k-means on a llama2.c model"};
+  centroidkv::worker::quality::Flags flags;
+  centroidkv::worker::quality::AddFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
+  const absl::Status status =
+      centroidkv::worker::quality::Run(flags, centroidkv::worker::quality::CommandLine(argc, argv));
+  if (!status.ok()) {
+    std::cerr << "centroidkv-quality: " << status << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -118,6 +118,33 @@ TEST_F(TransformerTest, CountWeighsAnEntryLikeThatManyIdenticalKeys) {
   }
 }
 
+// Count-0 rows (the padding of an equal-length result) are masked: with padding rows of
+// arbitrary content between the prefill and the decoded tokens, every later step's logits
+// are bit-identical to the unpadded cache's.
+TEST_F(TransformerTest, PaddingRowsAreMaskedBitForBit) {
+  KvCache plain = transformer_.NewCache();
+  ASSERT_TRUE(transformer_.Prefill(std::vector<int32_t>{1, 403, 407, 261}, &plain).ok());
+  KvCache padded = plain;
+  const int32_t hs = padded.head_size();
+  for (int32_t layer = 0; layer < padded.num_layers(); ++layer) {
+    for (int32_t h = 0; h < padded.num_kv_heads(); ++h) {
+      HeadCache& head = padded.head(layer, h);
+      for (int32_t row = 0; row < 3 + h; ++row) {  // heads padded by different amounts
+        head.keys.insert(head.keys.end(), static_cast<size_t>(hs), 50.0f * (row + 1));
+        head.values.insert(head.values.end(), static_cast<size_t>(hs), -1e4f);
+        head.counts.push_back(0);
+      }
+    }
+  }
+  for (int32_t token : {378, 290, 301}) {
+    ASSERT_TRUE(transformer_.Forward(token, &plain).ok());
+    const std::vector<float> expected = transformer_.logits();
+    ASSERT_TRUE(transformer_.Forward(token, &padded).ok());
+    EXPECT_EQ(transformer_.logits(), expected) << "token " << token;
+  }
+  EXPECT_EQ(padded.TotalEntries(), plain.TotalEntries());
+}
+
 // Decoding continues at the true position after the cache shrinks: token 378 fed after
 // the cache was cut to its first entry still gets RoPE position 4, so its layer-0 key (which
 // depends only on the token and the position) is the reference key of position 4.

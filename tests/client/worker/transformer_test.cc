@@ -4,6 +4,7 @@
 #include "client/worker/transformer.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -130,8 +131,11 @@ TEST_F(TransformerTest, PaddingRowsAreMaskedBitForBit) {
     for (int32_t h = 0; h < padded.num_kv_heads(); ++h) {
       HeadCache& head = padded.head(layer, h);
       for (int32_t row = 0; row < 3 + h; ++row) {  // heads padded by different amounts
-        head.keys.insert(head.keys.end(), static_cast<size_t>(hs), 50.0f * (row + 1));
-        head.values.insert(head.values.end(), static_cast<size_t>(hs), -1e4f);
+        // Not even finite: a mask that only pushed the logit to -inf would turn NaN.
+        head.keys.insert(head.keys.end(), static_cast<size_t>(hs),
+                         row == 0 ? std::numeric_limits<float>::quiet_NaN() : 50.0f * row);
+        head.values.insert(head.values.end(), static_cast<size_t>(hs),
+                           std::numeric_limits<float>::infinity());
         head.counts.push_back(0);
       }
     }

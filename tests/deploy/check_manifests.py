@@ -187,37 +187,55 @@ def server_default(server_bin, flag):
     return match.group(1) if match else None
 
 
+def read_log_until(proc, patterns, seconds=30):
+    """Reads a started server's log lines until every regex in `patterns` has matched, the
+    log ends or `seconds` pass. Returns ({pattern: its first match}, the log read)."""
+    matches = {}
+    lines = []
+    deadline = time.time() + seconds
+    while time.time() < deadline and len(matches) < len(patterns):
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        for pattern in patterns:
+            match = re.search(pattern, line)
+            if match and pattern not in matches:
+                matches[pattern] = match
+    return matches, "".join(lines)
+
+
+def stop_server(proc, seconds=20):
+    """SIGTERM, then the exit status (None when it had to be killed)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
+
+
+METRICS_LOG = r"metrics: (https?)://\S+ \(port (\d+)\)"
+GRPC_LOG = r"this host dials [^ ]*:(\d+)\)"
+
+
 def live_metric_types(server_bin):
     """Starts the server on loopback with metrics on a free port, scrapes /metrics, sends
     SIGTERM and checks it drains and exits 0. Returns {metric name: type}."""
     proc = subprocess.Popen([server_bin, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
                              "--threads=1", "--grace-period=5"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    port = None
-    deadline = time.time() + 30
-    lines = []
-    while time.time() < deadline and port is None:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        match = re.search(r"metrics: http://\S+ \(port (\d+)\)", line)
-        if match:
-            port = int(match.group(1))
+    matches, log = read_log_until(proc, [METRICS_LOG])
+    port = int(matches[METRICS_LOG].group(2)) if METRICS_LOG in matches else None
     types = {}
     try:
-        if check(port is not None, "server logs its metrics port: " + "".join(lines)[-300:]):
+        if check(port is not None, "server logs its metrics port: " + log[-300:]):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 text = r.read().decode()
             for m in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.M):
                 types[m.group(1)] = m.group(2)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = None
+        rc = stop_server(proc)
     check(rc == 0, f"server drains and exits 0 on SIGTERM (rc {rc})")
     return types
 
@@ -621,25 +639,15 @@ def live_security(where, server_bin, docs, folders):
             args.append(f"{flag}={value}")
         proc = subprocess.Popen([server_bin, *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
-        grpc_port = metrics_port = None
-        lines = []
-        deadline = time.time() + 30
-        while time.time() < deadline and metrics_port is None:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            match = re.search(r"this host dials [^ ]*:(\d+)\)", line)
-            grpc_port = int(match.group(1)) if match else grpc_port
-            match = re.search(r"metrics: (https?)://\S+ \(port (\d+)\)", line)
-            if match:
-                metrics_port = int(match.group(2))
-                check(match.group(1) == "https", f"{where}: the server says /metrics is https")
+        matches, log = read_log_until(proc, [GRPC_LOG, METRICS_LOG])
         try:
-            log = "".join(lines)[-600:]
-            if not check(grpc_port is not None and metrics_port is not None,
-                         f"{where}: the server starts with the rendered args: {log}"):
+            if not check(len(matches) == 2,
+                         f"{where}: the server starts with the rendered args: {log[-600:]}"):
                 return
+            grpc_port = int(matches[GRPC_LOG].group(1))
+            metrics_port = int(matches[METRICS_LOG].group(2))
+            check(matches[METRICS_LOG].group(1) == "https",
+                  f"{where}: the server says /metrics is https")
             context = ssl.create_default_context(cafile=ca)
             try:
                 with socket.create_connection(("127.0.0.1", grpc_port), timeout=10) as raw:
@@ -669,12 +677,7 @@ def live_security(where, server_bin, docs, folders):
                 plain = None
             check(plain is None, f"{where}: /metrics answers nothing over plain HTTP ({plain})")
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                rc = proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = None
+            rc = stop_server(proc, 30)
         check(rc == 0, f"{where}: the server with TLS drains and exits 0 on SIGTERM (rc {rc})")
 
 

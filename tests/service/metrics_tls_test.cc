@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "service/server.h"
@@ -22,18 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class MetricsTlsTest : public ::testing::Test {
+class MetricsTlsTest : public test::TestPkiSuite {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<test::TestPki> pki = test::TestPki::Create();
-    ASSERT_TRUE(pki.ok()) << pki.status();
-    pki_ = new test::TestPki(*std::move(pki));
-  }
-  static void TearDownTestSuite() {
-    delete pki_;
-    pki_ = nullptr;
-  }
-
   static ServerOptions TlsOptions(const std::string& cert, const std::string& key) {
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
@@ -66,10 +57,18 @@ class MetricsTlsTest : public ::testing::Test {
     return static_cast<bool>(result);
   }
 
-  static test::TestPki* pki_;
+  // The server pair copied into `folder` (tls.crt, tls.key), files to replace while the
+  // server runs, as a Kubernetes secret volume's are.
+  static std::pair<std::string, std::string> RotatingPair(const std::string& folder) {
+    const fs::path dir = fs::path(pki_->dir()) / folder;
+    fs::create_directories(dir);
+    const std::string cert = (dir / "tls.crt").string();
+    const std::string key = (dir / "tls.key").string();
+    fs::copy_file(pki_->Pem("server"), cert, fs::copy_options::overwrite_existing);
+    fs::copy_file(pki_->Key("server"), key, fs::copy_options::overwrite_existing);
+    return {cert, key};
+  }
 };
-
-test::TestPki* MetricsTlsTest::pki_ = nullptr;
 
 TEST_F(MetricsTlsTest, WithTlsMetricsAreServedOverHttpsOnly) {
   auto server = Server::Start(TlsOptions(pki_->Pem("server"), pki_->Key("server")));
@@ -84,12 +83,7 @@ TEST_F(MetricsTlsTest, WithTlsMetricsAreServedOverHttpsOnly) {
 }
 
 TEST_F(MetricsTlsTest, RotatedCertificateIsServedWithoutARestart) {
-  const fs::path dir = fs::path(pki_->dir()) / "metrics-rotating";
-  fs::create_directories(dir);
-  const std::string cert = (dir / "tls.crt").string();
-  const std::string key = (dir / "tls.key").string();
-  fs::copy_file(pki_->Pem("server"), cert, fs::copy_options::overwrite_existing);
-  fs::copy_file(pki_->Key("server"), key, fs::copy_options::overwrite_existing);
+  const auto [cert, key] = RotatingPair("metrics-rotating");
   auto server = Server::Start(TlsOptions(cert, key));
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->metrics_port();
@@ -109,12 +103,7 @@ TEST_F(MetricsTlsTest, RotatedCertificateIsServedWithoutARestart) {
 }
 
 TEST_F(MetricsTlsTest, HalfRotatedPairKeepsThePreviousCertificate) {
-  const fs::path dir = fs::path(pki_->dir()) / "metrics-half";
-  fs::create_directories(dir);
-  const std::string cert = (dir / "tls.crt").string();
-  const std::string key = (dir / "tls.key").string();
-  fs::copy_file(pki_->Pem("server"), cert, fs::copy_options::overwrite_existing);
-  fs::copy_file(pki_->Key("server"), key, fs::copy_options::overwrite_existing);
+  const auto [cert, key] = RotatingPair("metrics-half");
   auto server = Server::Start(TlsOptions(cert, key));
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->metrics_port();

@@ -558,7 +558,8 @@ def check_certificates(where, docs, tls_secret, service_name, namespace, issuers
     for name in (service_name, f"{service_name}.{namespace}.svc",
                  f"{service_name}.{namespace}.svc.cluster.local"):
         check(name in names, f"{where}: the server certificate names {name} ({names})")
-    check(quantity_hours(spec.get("renewBefore", "0h")) < quantity_hours(spec.get("duration", "0h")),
+    check(quantity_hours(spec.get("renewBefore", "0h")) <
+          quantity_hours(spec.get("duration", "0h")),
           f"{where}: renewBefore < duration")
     if not issuers_rendered:
         return

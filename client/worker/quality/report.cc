@@ -158,7 +158,8 @@ std::string MarkdownReport(const std::vector<MethodResult>& results, const Repor
                   "see `quality_tuning.md` (`scripts/tune_quality.sh`).\n");
   absl::StrAppend(&out,
                   "\nKV kept is measured (entries after compression / entries before, over all "
-                  "layers, heads and texts; count-0 padding rows are not entries). Caveat from `../shared/models/README.md`: this "
+                  "layers, heads and texts; count-0 padding rows are not entries). Caveat from "
+                  "`../shared/models/README.md`: this "
                   "model's head size is 8, far below production models (64-128).\n");
   return out;
 }

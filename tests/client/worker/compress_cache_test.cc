@@ -229,7 +229,8 @@ TEST_F(CompressCacheTest, PaddedResultsLeaveTheModelBitIdentical) {
         }
       }
       // The continuation attends over the padded cache exactly as over the unpadded one.
-      absl::StatusOr<Agreement> expected = EvaluateCompressed(transformer_, text, ThroughServer(plain));
+      absl::StatusOr<Agreement> expected =
+          EvaluateCompressed(transformer_, text, ThroughServer(plain));
       absl::StatusOr<Agreement> got =
           EvaluateCompressed(transformer_, text, ThroughServer(padded_options));
       ASSERT_TRUE(expected.ok() && got.ok());

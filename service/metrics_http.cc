@@ -19,7 +19,8 @@ constexpr int kHttpThreads = 2;  // scrapes are rare and cheap
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& address, std::function<std::string()> render) {
+    const std::string& address, std::function<std::string()> render,
+    const std::optional<MetricsTlsFiles>& tls) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos ||
@@ -34,7 +35,13 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
 
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
-  server->http_ = std::make_unique<httplib::Server>();
+  if (tls.has_value()) {
+    absl::StatusOr<std::unique_ptr<httplib::Server>> https = MakeTlsMetricsHttpServer(*tls);
+    if (!https.ok()) return https.status();
+    server->http_ = *std::move(https);
+  } else {
+    server->http_ = std::make_unique<httplib::Server>();
+  }
   server->http_->new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
   // server share a busy port silently and split the scrapes between the two.

@@ -7,10 +7,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "service/metrics_tls.h"
 
 namespace httplib {
 class Server;
@@ -21,9 +23,11 @@ namespace centroidkv::service {
 class MetricsHttpServer {
  public:
   // Listens on `address` ("HOST:PORT", port 0 picks a free one; "[::]:PORT" for IPv6) and
-  // serves render() at /metrics. UNAVAILABLE when the address cannot be bound.
+  // serves render() at /metrics, over HTTPS when `tls` is given (service/metrics_tls.h).
+  // UNAVAILABLE when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& address, std::function<std::string()> render);
+      const std::string& address, std::function<std::string()> render,
+      const std::optional<MetricsTlsFiles>& tls = std::nullopt);
   ~MetricsHttpServer();
 
   int port() const { return port_; }

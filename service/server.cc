@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "service/metrics_tls.h"
 #include "service/security/server_credentials.h"
 #include "service/security/token_table.h"
 
@@ -47,9 +48,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   // /metrics first: if its port is taken, fail before the gRPC port opens at all.
   if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::optional<MetricsTlsFiles>> metrics_tls = MetricsTlsFor(options);
+    if (!metrics_tls.ok()) return metrics_tls.status();
     ServiceContext* context = server->context_.get();
-    auto metrics = MetricsHttpServer::Start(options.metrics_listen,
-                                            [context] { return context->metrics.Render(); });
+    auto metrics = MetricsHttpServer::Start(
+        options.metrics_listen, [context] { return context->metrics.Render(); }, *metrics_tls);
     if (!metrics.ok()) return metrics.status();
     server->metrics_http_ = std::move(*metrics);
   }

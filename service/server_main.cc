@@ -25,7 +25,11 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
       ->capture_default_str();
   app.add_option("--metrics-listen", options.metrics_listen,
                  "Prometheus /metrics over HTTP on HOST:PORT (port 0 picks a free one), e.g. "
-                 "0.0.0.0:9464 as in the images; off by default ('off' or '')");
+                 "0.0.0.0:9464 as in the images; off by default ('off' or ''). With "
+                 "--tls-cert it is HTTPS with the same certificate");
+  app.add_flag("--metrics-plaintext", options.metrics_plaintext,
+               "With --tls-cert, serve /metrics over plain HTTP anyway: only on a loopback "
+               "--metrics-listen (127.0.0.1, ::1, localhost)");
   app.add_option("--threads", options.worker_threads,
                  "Clustering threads (oneTBB); 0 = one per hardware thread")
       ->capture_default_str()
@@ -171,8 +175,9 @@ int main(int argc, char** argv) {
                  options.security.auth_tokens_file);
   }
   if ((*server)->metrics_port() != 0) {
-    spdlog::info("metrics: http://{}/metrics (port {})", options.metrics_listen,
-                 (*server)->metrics_port());
+    const bool metrics_tls = !options.security.tls_cert.empty() && !options.metrics_plaintext;
+    spdlog::info("metrics: {}://{}/metrics (port {})", metrics_tls ? "https" : "http",
+                 options.metrics_listen, (*server)->metrics_port());
   }
 
   std::thread signal_watcher([&signals, &server] {

@@ -43,6 +43,9 @@ struct ServerOptions {
   // Off by default so that several servers on one host (tests, demos, replicas) never
   // compete for a port; the images and manifests in deploy/ use "0.0.0.0:9464".
   std::string metrics_listen;
+  // With TLS on the gRPC port, /metrics is served over HTTPS with the same certificate
+  // (service/metrics_tls.h); true keeps plain HTTP, accepted only on a loopback address.
+  bool metrics_plaintext = false;
   // oneTBB worker threads for clustering; 0 = one per hardware thread.
   int32_t worker_threads = 0;
 

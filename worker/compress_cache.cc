@@ -21,6 +21,7 @@ LayerView ViewOf(const LayerTensors& tensors) {
   view.keys = tensors.keys.data();
   view.values = tensors.values.data();
   view.counts = tensors.counts.data();
+  view.head_offsets = tensors.head_offsets.empty() ? nullptr : tensors.head_offsets.data();
   return view;
 }
 
@@ -42,6 +43,7 @@ absl::StatusOr<std::vector<client::LayerResult>> RunJobs(client::Client& client,
     job.options = options.compression;
     job.options.passthrough_heads = PassthroughHeadsOf(options, layer);
     job.options.compute_assignment = false;
+    job.options.output_layout = TensorLayout::kHeadMajor;
     job.output_dtype = DType::kFloat32;
     job.backend = options.backend;
     if (absl::StatusOr<uint64_t> id = stream->Submit(job); !id.ok()) {
@@ -130,8 +132,17 @@ absl::StatusOr<CompressCacheStats> CompressCache(client::Client& client,
     }
     stats.max_passes_run = std::max(stats.max_passes_run, result.passes_run);
     stats.backend = result.backend;
+    LayerAccount account;
+    account.target_length = result.target_length;
+    account.target_reached = result.target_reached;
+    account.head_entries = result.head_entries;
+    account.stop_reasons = result.stop_reasons;
+    account.padded_length = result.padded_length;
+    if (!account.target_reached) ++stats.layers_target_missed;
+    stats.layers.push_back(std::move(account));
   }
   stats.entries_after = cache->TotalEntries();
+  stats.rows_after = cache->TotalRows();
   return stats;
 }
 

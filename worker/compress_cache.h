@@ -4,6 +4,14 @@
 // The cache's position (the true token count) is unchanged, so decoding continues with
 // RoPE at the original length; later tokens are appended with count 1.
 //
+// Equal lengths for a paged cache: compression.exact_target keeps merging until every
+// compressed head holds exactly t entries; compression.pad_heads pads every head of a
+// layer with count-0 rows to the layer's longest head, pad_to to a fixed length (the
+// same for every layer). Padding rows are masked by attention and left out when the
+// cache is sent again (kv_cache.h); heads of different lengths are sent ragged. What
+// the service says about each layer (target reached, entries per head, why it stopped)
+// comes back in CompressCacheStats.
+//
 // Thread-safety: one call per cache at a time; the Client may be shared (it is
 // thread-safe).
 #pragma once
@@ -21,8 +29,9 @@
 namespace centroidkv::worker {
 
 struct CompressCacheOptions {
-  // SPEC section 2 parameters sent with every layer. Its passthrough_heads apply to every
-  // layer unless passthrough_per_layer names the layer.
+  // SPEC section 2 parameters sent with every layer, with exact_target, pad_heads and
+  // pad_to. Its passthrough_heads apply to every layer unless passthrough_per_layer names
+  // the layer. output_layout is ignored: the cache is head-major.
   CompressOptions compression;
   // passthrough_per_layer[l]: the KV heads of layer l returned unchanged (the paper's
   // outlier heads). Layers past the end use compression.passthrough_heads.
@@ -30,19 +39,33 @@ struct CompressCacheOptions {
   BackendKind backend = BackendKind::kAuto;
 };
 
+// The service's account of one layer (JobResult's target fields).
+struct LayerAccount {
+  int64_t target_length = 0;              // t
+  bool target_reached = false;            // every compressed head has at most t entries
+  std::vector<uint32_t> head_entries;     // [H] real entries per head
+  std::vector<StopReason> stop_reasons;   // [H]
+  int32_t padded_length = 0;              // rows per head when padded, else 0
+};
+
 struct CompressCacheStats {
-  int64_t entries_before = 0;  // over all layers and heads
+  int64_t entries_before = 0;  // real entries (count > 0) over all layers and heads
   int64_t entries_after = 0;
+  int64_t rows_after = 0;      // rows stored after, count-0 padding included
   int32_t max_passes_run = 0;  // the largest passes_run of any layer
   std::string backend;         // as the server reports it
+  std::vector<LayerAccount> layers;  // [num_layers]
+  int32_t layers_target_missed = 0;  // layers whose target_reached is false
+
+  bool target_reached() const { return layers_target_missed == 0; }
 };
 
 // The passthrough heads `options` gives layer `layer`.
 const std::vector<int32_t>& PassthroughHeadsOf(const CompressCacheOptions& options, int32_t layer);
 
 // Compresses every layer of `cache` through `client`. The cache changes only when every
-// layer succeeded. Errors: the stream's or a job's status, FailedPrecondition when a
-// layer's heads differ in length.
+// layer succeeded. Errors: the stream's or a job's status (FailedPrecondition naming
+// pad_to when a head is longer than pad_to).
 absl::StatusOr<CompressCacheStats> CompressCache(client::Client& client,
                                                  const CompressCacheOptions& options,
                                                  KvCache* cache);

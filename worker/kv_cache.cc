@@ -2,6 +2,7 @@
 #include "worker/kv_cache.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -25,7 +26,17 @@ void KvCache::Append(int32_t layer, const float* keys, const float* values) {
   }
 }
 
+int64_t HeadCache::real_entries() const {
+  return static_cast<int64_t>(counts.size()) - std::count(counts.begin(), counts.end(), 0u);
+}
+
 int64_t KvCache::TotalEntries() const {
+  int64_t total = 0;
+  for (const HeadCache& entries : heads_) total += entries.real_entries();
+  return total;
+}
+
+int64_t KvCache::TotalRows() const {
   int64_t total = 0;
   for (const HeadCache& entries : heads_) total += entries.size();
   return total;
@@ -42,21 +53,33 @@ absl::StatusOr<LayerTensors> KvCache::ExportLayer(int32_t layer) const {
   LayerTensors out;
   out.num_heads = num_kv_heads_;
   out.head_size = head_size_;
-  out.num_tokens = static_cast<int32_t>(head(layer, 0).size());
-  for (int32_t h = 1; h < num_kv_heads_; ++h) {
-    if (head(layer, h).size() != out.num_tokens) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("layer ", layer, ": KV head ", h, " holds ", head(layer, h).size(),
-                       " entries but head 0 holds ", out.num_tokens,
-                       "; a layer is sent as one [H, n, d] tensor"));
-    }
-  }
+  const size_t hs = static_cast<size_t>(head_size_);
+  std::vector<int64_t> offsets = {0};
   for (int32_t h = 0; h < num_kv_heads_; ++h) {
     const HeadCache& entries = head(layer, h);
-    out.keys.insert(out.keys.end(), entries.keys.begin(), entries.keys.end());
-    out.values.insert(out.values.end(), entries.values.begin(), entries.values.end());
-    out.counts.insert(out.counts.end(), entries.counts.begin(), entries.counts.end());
+    for (size_t t = 0; t < entries.counts.size(); ++t) {
+      if (entries.counts[t] == 0) continue;  // padding: stands for no token
+      out.keys.insert(out.keys.end(), entries.keys.begin() + t * hs,
+                      entries.keys.begin() + (t + 1) * hs);
+      out.values.insert(out.values.end(), entries.values.begin() + t * hs,
+                        entries.values.begin() + (t + 1) * hs);
+      out.counts.push_back(entries.counts[t]);
+    }
+    offsets.push_back(static_cast<int64_t>(out.counts.size()));
   }
+  int64_t longest = 0;
+  bool equal = true;
+  for (int32_t h = 0; h < num_kv_heads_; ++h) {
+    const int64_t length = offsets[h + 1] - offsets[h];
+    equal = equal && length == offsets[1];
+    longest = std::max(longest, length);
+  }
+  if (longest > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("layer ", layer, ": a head holds ", longest, " entries"));
+  }
+  out.num_tokens = static_cast<int32_t>(longest);
+  if (!equal) out.head_offsets = std::move(offsets);
   return out;
 }
 
@@ -68,10 +91,6 @@ absl::Status KvCache::ReplaceHead(int32_t layer, int32_t kv_head, std::vector<fl
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " head ", kv_head, ": ", n, " entries need ", floats,
                      " key and value floats, got ", keys.size(), " and ", values.size()));
-  }
-  if (std::find(counts.begin(), counts.end(), 0u) != counts.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layer ", layer, " head ", kv_head, ": an entry has count 0"));
   }
   HeadCache& entries = head(layer, kv_head);
   entries.keys = std::move(keys);

@@ -8,7 +8,13 @@
 //
 // Exchange layout with the service (one layer): keys [H_kv, n, head_size] head-major
 // float32, values the same, counts [H_kv, n] uint32. Heads of a layer may have different
-// lengths (after passthrough heads); ExportLayer then reports FailedPrecondition.
+// lengths (after passthrough heads, a similarity floor); ExportLayer then sends the heads
+// ragged (one after another, with offsets: the protocol's head_tokens).
+//
+// Padding: a result padded to equal lengths (pad_heads / pad_to) holds count-0 rows.
+// They stand for no token: attention masks them (transformer.cc), TotalEntries() does
+// not count them, and ExportLayer leaves them out (the service takes count-0 rows only
+// at the end of a head, and decoding appends after them).
 //
 // Thread-safety: none; one cache per sequence, used by one thread at a time.
 #pragma once
@@ -32,17 +38,23 @@ struct HeadCache {
   // the cache tracks attention; otherwise empty.
   std::vector<double> attention;
 
+  // Rows stored, count-0 padding included.
   int64_t size() const { return static_cast<int64_t>(counts.size()); }
+  // Rows that stand for tokens (count > 0).
+  int64_t real_entries() const;
 };
 
 // One layer in the exchange layout (owned buffers).
 struct LayerTensors {
   int32_t num_heads = 0;
-  int32_t num_tokens = 0;
+  int32_t num_tokens = 0;  // entries per head; the longest head's when ragged
   int32_t head_size = 0;
-  std::vector<float> keys;       // [H, n, head_size]
-  std::vector<float> values;     // [H, n, head_size]
-  std::vector<uint32_t> counts;  // [H, n]
+  std::vector<float> keys;       // [H, n, head_size], or [sum of head lengths, head_size]
+  std::vector<float> values;     // the same
+  std::vector<uint32_t> counts;  // [H, n], or [sum of head lengths]
+  // [H + 1] when the heads differ in length: head h owns rows head_offsets[h] ..
+  // head_offsets[h + 1]. Empty when every head holds num_tokens entries.
+  std::vector<int64_t> head_offsets;
 };
 
 class KvCache {
@@ -66,18 +78,22 @@ class KvCache {
   // head h at [h * head_size, (h + 1) * head_size)), with count 1.
   void Append(int32_t layer, const float* keys, const float* values);
 
-  // Entries over all layers and heads, and the same for an uncompressed cache.
+  // Real entries (count > 0) over all layers and heads, rows stored (count-0 padding
+  // included), and the entries of an uncompressed cache.
   int64_t TotalEntries() const;
+  int64_t TotalRows() const;
   int64_t UncompressedEntries() const { return position_ * num_layers_ * num_kv_heads_; }
 
   // Turns H2O's accumulated-attention statistic on (zeros for the entries present) or off.
   void TrackAttention(bool on);
   bool tracks_attention() const { return track_attention_; }
 
-  // The layer in the exchange layout; FailedPrecondition when its heads differ in length.
+  // The layer's real entries in the exchange layout (count-0 padding left out), ragged
+  // when its heads differ in length.
   absl::StatusOr<LayerTensors> ExportLayer(int32_t layer) const;
-  // Replaces one head's entries (n = counts.size(); keys and values n * head_size floats).
-  // InvalidArgument on a size mismatch or a zero count. Attention statistics restart at 0.
+  // Replaces one head's entries (n = counts.size(); keys and values n * head_size floats);
+  // count-0 rows are padding. InvalidArgument on a size mismatch. Attention statistics
+  // restart at 0.
   absl::Status ReplaceHead(int32_t layer, int32_t kv_head, std::vector<float> keys,
                            std::vector<float> values, std::vector<uint32_t> counts);
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -43,12 +44,18 @@ void Rope(float* vec, int32_t n, int32_t head_size, int64_t pos) {
   }
 }
 
-// In-place softmax of n logits.
-void Softmax(float* x, int64_t n) {
-  const float max = *std::max_element(x, x + n);
+// In-place softmax of n logits over the entries whose count is not 0; count-0 rows
+// (padding) get probability exactly 0 and change nothing else: the sums run over the
+// other entries in the same order as without them, so a padded cache attends bit for
+// bit as the unpadded one. At least one count must be positive.
+void MaskedSoftmax(float* x, const uint32_t* counts, int64_t n) {
+  float max = -std::numeric_limits<float>::max();
+  for (int64_t i = 0; i < n; ++i) {
+    if (counts[i] != 0) max = std::max(max, x[i]);
+  }
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);
+    x[i] = counts[i] == 0 ? 0.0f : std::exp(x[i] - max);
     sum += x[i];
   }
   for (int64_t i = 0; i < n; ++i) x[i] /= sum;
@@ -126,17 +133,19 @@ void Transformer::Attention(int32_t layer, KvCache* cache) {
     const float* q = q_.data() + static_cast<ptrdiff_t>(h) * hs;
     scores_.resize(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t) {
+      const uint32_t count = entries.counts[static_cast<size_t>(t)];
+      if (count == 0) continue;  // padding: masked by MaskedSoftmax
       const float* k = entries.keys.data() + t * hs;
       float dot = 0.0f;
       for (int32_t j = 0; j < hs; ++j) dot += q[j] * k[j];
-      const uint32_t count = entries.counts[static_cast<size_t>(t)];
       scores_[static_cast<size_t>(t)] =
           dot * inv_sqrt + (count == 1 ? 0.0f : std::log(static_cast<float>(count)));
     }
-    Softmax(scores_.data(), n);
+    MaskedSoftmax(scores_.data(), entries.counts.data(), n);
     float* out = xb_.data() + static_cast<ptrdiff_t>(h) * hs;
     std::fill(out, out + hs, 0.0f);
     for (int64_t t = 0; t < n; ++t) {
+      if (entries.counts[static_cast<size_t>(t)] == 0) continue;  // padding
       const float a = scores_[static_cast<size_t>(t)];
       const float* v = entries.values.data() + t * hs;
       for (int32_t j = 0; j < hs; ++j) out[j] += a * v[j];

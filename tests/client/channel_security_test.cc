@@ -21,18 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class ChannelSecurityTest : public ::testing::Test {
+class ChannelSecurityTest : public test::TestPkiSuite {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<test::TestPki> pki = test::TestPki::Create();
-    ASSERT_TRUE(pki.ok()) << pki.status();
-    pki_ = new test::TestPki(*std::move(pki));
-  }
-  static void TearDownTestSuite() {
-    delete pki_;
-    pki_ = nullptr;
-  }
-
   // A server on 127.0.0.1:0 with the server certificate `cert` (files in the PKI folder)
   // and, when `client_ca` is not empty, mTLS against it.
   static std::unique_ptr<service::Server> StartTlsServer(const std::string& cert_pem,
@@ -64,11 +54,7 @@ class ChannelSecurityTest : public ::testing::Test {
     if (!client.ok()) return client.status();
     return (*client)->GetInfo().status();
   }
-
-  static test::TestPki* pki_;
 };
-
-test::TestPki* ChannelSecurityTest::pki_ = nullptr;
 
 // The real-KV golden case through `options`: EXPECTs the golden result, and the reference
 // engine's bit for bit.

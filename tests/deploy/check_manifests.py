@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks that deploy/ fits together: Dockerfiles, kustomize overlays, the Helm chart and
-the server binary they run.
+the server binary they run, also with TLS, mTLS and tokens turned on.
 
 Renders every overlay with `kubectl kustomize` (offline), parses the YAML and asserts what
 docs in deploy/README.md promise: the sidecar is a native sidecar with a startup probe on
@@ -11,6 +11,12 @@ depth metric the server really exports (read from a live /metrics scrape); grace
 exceed the drain timeout; the headless Service selects the Deployment's pods. The Helm
 chart's values referenced by its templates must exist, and its defaults must agree with
 the kustomize manifests; it is rendered and checked like them only when `helm` exists.
+Security on (the chart with TLS, mTLS and tokens; deploy/k8s/examples/security): the file
+flags point into whole read-only secret volumes at the secrets' key names, the probes are
+TCP connects, Prometheus is told /metrics is HTTPS, the cert-manager Certificates name the
+Service and chain, the chart equals the example where they overlap, and the real server
+started with the rendered args (the secret folders mapped to an openssl-made PKI) serves
+the certificate on gRPC and /metrics over HTTPS only.
 
 Run by ctest (tests/CMakeLists.txt). Without kubectl it checks the kustomize bases as
 written instead of the rendered overlays and exits 77 (ctest: skipped) unless a check failed.
@@ -181,37 +187,55 @@ def server_default(server_bin, flag):
     return match.group(1) if match else None
 
 
+def read_log_until(proc, patterns, seconds=30):
+    """Reads a started server's log lines until every regex in `patterns` has matched, the
+    log ends or `seconds` pass. Returns ({pattern: its first match}, the log read)."""
+    matches = {}
+    lines = []
+    deadline = time.time() + seconds
+    while time.time() < deadline and len(matches) < len(patterns):
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        for pattern in patterns:
+            match = re.search(pattern, line)
+            if match and pattern not in matches:
+                matches[pattern] = match
+    return matches, "".join(lines)
+
+
+def stop_server(proc, seconds=20):
+    """SIGTERM, then the exit status (None when it had to be killed)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
+
+
+METRICS_LOG = r"metrics: (https?)://\S+ \(port (\d+)\)"
+GRPC_LOG = r"this host dials [^ ]*:(\d+)\)"
+
+
 def live_metric_types(server_bin):
     """Starts the server on loopback with metrics on a free port, scrapes /metrics, sends
     SIGTERM and checks it drains and exits 0. Returns {metric name: type}."""
     proc = subprocess.Popen([server_bin, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
                              "--threads=1", "--grace-period=5"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    port = None
-    deadline = time.time() + 30
-    lines = []
-    while time.time() < deadline and port is None:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        match = re.search(r"metrics: http://\S+ \(port (\d+)\)", line)
-        if match:
-            port = int(match.group(1))
+    matches, log = read_log_until(proc, [METRICS_LOG])
+    port = int(matches[METRICS_LOG].group(2)) if METRICS_LOG in matches else None
     types = {}
     try:
-        if check(port is not None, "server logs its metrics port: " + "".join(lines)[-300:]):
+        if check(port is not None, "server logs its metrics port: " + log[-300:]):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 text = r.read().decode()
             for m in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.M):
                 types[m.group(1)] = m.group(2)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = None
+        rc = stop_server(proc)
     check(rc == 0, f"server drains and exits 0 on SIGTERM (rc {rc})")
     return types
 
@@ -361,7 +385,9 @@ def check_sidecar(where, docs, docker, flags, metric_types):
           f"{where}: the sidecar is the CPU variant (a GPU would be its own, not the worker's)")
 
 
-def check_pool(where, docs, docker, flags, metric_types, gpu, queue_metric):
+def check_pool(where, docs, docker, flags, metric_types, gpu, queue_metric, tls=False):
+    """tls: rendered with TLS on, where the probes must be TCP connects (kubelet's gRPC
+    probes speak plaintext only)."""
     deployments = by_kind(docs, "Deployment")
     services = by_kind(docs, "Service")
     pdbs = by_kind(docs, "PodDisruptionBudget")
@@ -386,8 +412,14 @@ def check_pool(where, docs, docker, flags, metric_types, gpu, queue_metric):
     check(grpc_port in docker["expose"], f"{where}: gRPC port {grpc_port} is EXPOSEd")
     for name in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = container.get(name, {})
-        check(probe.get("grpc", {}).get("port") == grpc_port,
-              f"{where}: {name} is a gRPC health probe on port {grpc_port}")
+        if tls:
+            check("grpc" not in probe and
+                  probe.get("tcpSocket", {}).get("port") in (grpc_port, "grpc"),
+                  f"{where}: under TLS {name} is a tcpSocket probe of the gRPC port "
+                  f"{grpc_port}, not a (plaintext) gRPC probe ({probe})")
+        else:
+            check(probe.get("grpc", {}).get("port") == grpc_port,
+                  f"{where}: {name} is a gRPC health probe on port {grpc_port}")
     live = container.get("livenessProbe", {})
     check(live.get("periodSeconds", 10) * live.get("failureThreshold", 3) > grace,
           f"{where}: liveness tolerates NOT_SERVING for longer than the drain ({grace} s)")
@@ -435,6 +467,219 @@ def render(kubectl, path):
     if not check(out.returncode == 0, f"kubectl kustomize {path}: {out.stderr.strip()}"):
         return []
     return list(yaml.safe_load_all(out.stdout))
+
+
+# ---------------------------------------------------------------------------------------
+# Security turned on: TLS, mTLS and bearer tokens (docs/security.md).
+
+# The values the chart is rendered with, and what the kustomize example
+# (deploy/k8s/examples/security) sets: mTLS, tokens and a per-caller stream limit.
+TLS_SECRET = "centroidkv-tls"
+TOKENS_SECRET = "centroidkv-tokens"
+HELM_SECURITY_VALUES = ["security.tls.enabled=true", "security.tls.mtls=true",
+                        f"security.tls.secretName={TLS_SECRET}",
+                        f"security.tokens.secretName={TOKENS_SECRET}",
+                        "security.maxCallerStreams=64"]
+
+# The server's file flags: the secret each file must come from and the key it is named
+# after there (cert-manager's kubernetes.io/tls secret: tls.crt, tls.key, ca.crt).
+SECURITY_FILES = {"--tls-cert": ("tls", "tls.crt"), "--tls-key": ("tls", "tls.key"),
+                  "--tls-client-ca": ("tls", "ca.crt"),
+                  "--auth-tokens-file": ("tokens", "tokens")}
+
+
+def server_container(docs):
+    deployments = by_kind(docs, "Deployment")
+    if not deployments:
+        return None, None
+    template = deployments[0]["spec"]["template"]
+    containers = [c for c in template["spec"]["containers"] if c["name"] == "centroidkv"]
+    return template, (containers[0] if containers else None)
+
+
+def check_security(where, docs, secrets, mtls):
+    """The pool rendered with TLS (+ mTLS when `mtls`, + tokens when secrets has a
+    "tokens" secret). Every file flag points
+    into a read-only volume of the whole right secret (no subPath: the kubelet swaps such
+    files when the secret changes, which the server's reloading relies on), at the name of
+    the key that secret holds; Prometheus is told /metrics is HTTPS. Returns
+    {mountPath: secret role} for the live check."""
+    template, container = server_container(docs)
+    if not check(container is not None, f"{where}: the server container"):
+        return {}
+    pod = template["spec"]
+    args = container.get("args", [])
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = container.get("volumeMounts", [])
+    folders = {}
+    for flag, (role, key) in SECURITY_FILES.items():
+        path = arg_value(args, flag)
+        if (flag == "--tls-client-ca" and not mtls) or role not in secrets:
+            check(path is None, f"{where}: no {flag} when that feature is off")
+            continue
+        if not check(path is not None, f"{where}: the args carry {flag}"):
+            continue
+        check(os.path.basename(path) == key,
+              f"{where}: {flag} {path} is the secret's key {key}")
+        mount = [m for m in mounts if m["mountPath"].rstrip("/") == os.path.dirname(path)]
+        if not check(len(mount) == 1, f"{where}: {flag} {path} lies in a mounted volume"):
+            continue
+        mount = mount[0]
+        check(mount.get("readOnly") is True and "subPath" not in mount,
+              f"{where}: {flag}'s volume is mounted read-only and whole (no subPath)")
+        secret = volumes.get(mount["name"], {}).get("secret", {}).get("secretName")
+        check(secret == secrets[role],
+              f"{where}: {flag} comes from secret {secrets[role]} (volume {mount['name']}: "
+              f"{secret})")
+        folders[mount["mountPath"].rstrip("/")] = role
+    refresh = arg_value(args, "--tls-refresh-seconds")
+    check(refresh is not None and int(refresh) >= 1,
+          f"{where}: --tls-refresh-seconds set (rotated secrets are re-read)")
+    annotations = template["metadata"].get("annotations", {})
+    check(annotations.get("prometheus.io/scheme") == "https",
+          f"{where}: prometheus.io/scheme is https (/metrics is served over TLS)")
+    return folders
+
+
+def check_certificates(where, docs, tls_secret, service_name, namespace, issuers_rendered):
+    """cert-manager: a server Certificate writes the secret the pool mounts, for the
+    Service's names; with the issuers rendered too (the kustomize example), they chain:
+    the server's and the workers' client certificates come from one CA Issuer, so the
+    server's ca.crt (its --tls-client-ca) verifies the workers."""
+    certificates = by_kind(docs, "Certificate")
+    servers = [c for c in certificates if c["spec"].get("secretName") == tls_secret]
+    if not check(len(servers) == 1, f"{where}: one Certificate writes secret {tls_secret}"):
+        return
+    spec = servers[0]["spec"]
+    check(servers[0]["apiVersion"] == "cert-manager.io/v1", f"{where}: cert-manager.io/v1")
+    check("server auth" in spec.get("usages", []), f"{where}: the server certificate is for "
+          "server auth")
+    names = spec.get("dnsNames", [])
+    for name in (service_name, f"{service_name}.{namespace}.svc",
+                 f"{service_name}.{namespace}.svc.cluster.local"):
+        check(name in names, f"{where}: the server certificate names {name} ({names})")
+    check(quantity_hours(spec.get("renewBefore", "0h")) <
+          quantity_hours(spec.get("duration", "0h")),
+          f"{where}: renewBefore < duration")
+    if not issuers_rendered:
+        return
+    issuers = {d["metadata"]["name"]: d for d in by_kind(docs, "Issuer")}
+    issuer = issuers.get(spec["issuerRef"]["name"])
+    if not check(issuer is not None and "ca" in issuer["spec"],
+                 f"{where}: the server certificate's issuer is a CA Issuer in the example"):
+        return
+    ca_secret = issuer["spec"]["ca"]["secretName"]
+    check(any(c["spec"].get("isCA") and c["spec"].get("secretName") == ca_secret
+              for c in certificates),
+          f"{where}: a CA Certificate makes the CA Issuer's secret {ca_secret}")
+    clients = [c for c in certificates if "client auth" in c["spec"].get("usages", [])]
+    check(len(clients) >= 1 and all(c["spec"]["issuerRef"] == spec["issuerRef"] for c in clients),
+          f"{where}: client certificates come from the server certificate's issuer")
+
+
+def quantity_hours(text):
+    match = re.fullmatch(r"(\d+)h", str(text))
+    return int(match.group(1)) if match else 0
+
+
+def make_pki(folder):
+    """A CA and a server certificate for localhost / 127.0.0.1 made with openssl; returns
+    (ca.crt, tls.crt, tls.key) paths."""
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=folder)
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=check-manifests-ca", "-days", "2")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=localhost")
+    with open(os.path.join(folder, "san.ext"), "w") as ext:
+        ext.write("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "tls.crt", "-days", "2", "-extfile", "san.ext")
+    return tuple(os.path.join(folder, name) for name in ("ca.crt", "tls.crt", "tls.key"))
+
+
+def live_security(where, server_bin, docs, folders):
+    """Runs the real server with the rendered args, each secret folder mapped to files made
+    here (openssl's CA and server certificate; a tokens file), listening on loopback: it
+    must start, present a certificate chaining to the CA on the gRPC port, serve /metrics
+    over HTTPS to a scraper trusting the CA, answer nothing over plain HTTP, and drain on
+    SIGTERM."""
+    import socket
+    import ssl
+    import tempfile
+    _, container = server_container(docs)
+    if container is None or shutil.which("openssl") is None:
+        print(f"NOTE: {where}: no server container or no openssl: not started")
+        return
+    with tempfile.TemporaryDirectory() as root:
+        pki = os.path.join(root, "pki")
+        os.makedirs(pki)
+        ca, cert, key = make_pki(pki)
+        mapped = {}
+        for mount_path, role in folders.items():
+            local = os.path.join(root, "mount" + mount_path.replace("/", "_"))
+            os.makedirs(local)
+            if role == "tls":
+                for source, name in ((ca, "ca.crt"), (cert, "tls.crt"), (key, "tls.key")):
+                    shutil.copy(source, os.path.join(local, name))
+            else:
+                with open(os.path.join(local, "tokens"), "w") as tokens:
+                    tokens.write("check-manifests-token worker-a\n")
+            mapped[mount_path] = local
+        args = []
+        for a in container.get("args", []):
+            flag, _, value = a.partition("=")
+            if flag == "--listen":
+                value = "127.0.0.1:0"
+            elif flag == "--metrics-listen":
+                value = "127.0.0.1:0"
+            elif flag == "--threads":
+                value = "1"
+            elif os.path.dirname(value) in mapped:
+                value = os.path.join(mapped[os.path.dirname(value)], os.path.basename(value))
+            args.append(f"{flag}={value}")
+        proc = subprocess.Popen([server_bin, *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        matches, log = read_log_until(proc, [GRPC_LOG, METRICS_LOG])
+        try:
+            if not check(len(matches) == 2,
+                         f"{where}: the server starts with the rendered args: {log[-600:]}"):
+                return
+            grpc_port = int(matches[GRPC_LOG].group(1))
+            metrics_port = int(matches[METRICS_LOG].group(2))
+            check(matches[METRICS_LOG].group(1) == "https",
+                  f"{where}: the server says /metrics is https")
+            context = ssl.create_default_context(cafile=ca)
+            try:
+                with socket.create_connection(("127.0.0.1", grpc_port), timeout=10) as raw:
+                    context.set_alpn_protocols(["h2"])
+                    with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                        subject = dict(x[0] for x in tls.getpeercert()["subject"])
+                served = subject.get("commonName")
+            except (OSError, ssl.SSLError) as error:
+                served = f"handshake failed: {error}"
+            check(served == "localhost",
+                  f"{where}: the gRPC port presents the mounted certificate ({served})")
+            metrics_context = ssl.create_default_context(cafile=ca)
+            try:
+                with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/metrics",
+                                            timeout=10, context=metrics_context) as r:
+                    body = r.read().decode()
+            except OSError as error:
+                body = f"failed: {error}"
+            check("# TYPE centroidkv_" in body,
+                  f"{where}: /metrics answers over HTTPS to a scraper trusting the CA "
+                  f"({body[:120]})")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                            timeout=10) as r:
+                    plain = f"HTTP {r.status}"
+            except OSError as error:
+                plain = None
+            check(plain is None, f"{where}: /metrics answers nothing over plain HTTP ({plain})")
+        finally:
+            rc = stop_server(proc, 30)
+        check(rc == 0, f"{where}: the server with TLS drains and exits 0 on SIGTERM (rc {rc})")
 
 
 # ---------------------------------------------------------------------------------------
@@ -502,8 +747,54 @@ def check_helm_equals_kustomize(where, helm_docs, kustomize_docs):
                           f"kustomize {b[name].get(key)}")
 
 
-def check_helm(chart, kustomize, dockers, flags, metric_types, queue_metric, helm):
-    """kustomize: {(mode, gpu): rendered docs} to compare helm's output with."""
+def helm_template(helm, chart, where, values, namespace=None):
+    command = [helm, "template", "ckv", chart]
+    for value in values:
+        command += ["--set", value]
+    if namespace:
+        command += ["--namespace", namespace]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if not check(out.returncode == 0, f"{where}: helm template {' '.join(values)}: {out.stderr}"):
+        return None
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def check_helm_security(chart, helm, dockers, flags, metric_types, queue_metric, server_bin,
+                        security_example):
+    """The chart's security values turned on: with mTLS and tokens (compared with the
+    kustomize example where they overlap, and started for real), with TLS alone, and with
+    the cert-manager Certificate."""
+    secrets = {"tls": TLS_SECRET, "tokens": TOKENS_SECRET}
+    where = "helm/pool-security"
+    docs = helm_template(helm, chart, where, HELM_SECURITY_VALUES)
+    if docs is not None:
+        check_pool(where, docs, dockers["cpu"], flags, metric_types, False, queue_metric, tls=True)
+        folders = check_security(where, docs, secrets, mtls=True)
+        check(not by_kind(docs, "Certificate"), f"{where}: no Certificate unless asked for")
+        live_security(where, server_bin, docs, folders)
+        if security_example:
+            check_helm_equals_kustomize(f"{where} vs kustomize examples/security", docs,
+                                        security_example)
+    where = "helm/pool-tls-only"
+    docs = helm_template(helm, chart, where, ["security.tls.enabled=true"])
+    if docs is not None:
+        check_pool(where, docs, dockers["cpu"], flags, metric_types, False, queue_metric, tls=True)
+        check_security(where, docs, {"tls": TLS_SECRET}, mtls=False)
+    where = "helm/pool-cert-manager"
+    docs = helm_template(helm, chart, where,
+                         HELM_SECURITY_VALUES + ["security.tls.certManager.enabled=true"],
+                         namespace="inference")
+    if docs is not None:
+        services = by_kind(docs, "Service")
+        if check(len(services) == 1, f"{where}: one Service"):
+            check_certificates(where, docs, TLS_SECRET, services[0]["metadata"]["name"],
+                               "inference", issuers_rendered=False)
+
+
+def check_helm(chart, kustomize, dockers, flags, metric_types, queue_metric, helm,
+               server_bin=None, security_example=None):
+    """kustomize: {(mode, gpu): rendered docs} to compare helm's output with;
+    security_example: the rendered deploy/k8s/examples/security (or None)."""
     meta = yaml.safe_load(open(os.path.join(chart, "Chart.yaml")))
     check(meta.get("apiVersion") == "v2", "Chart.yaml: apiVersion v2")
     for field in ("name", "version", "appVersion", "description"):
@@ -552,6 +843,8 @@ def check_helm(chart, kustomize, dockers, flags, metric_types, queue_metric, hel
         if (mode, gpu) in kustomize:
             check_helm_equals_kustomize(f"helm/{mode}{'-gpu' if gpu else ''} vs kustomize",
                                         docs, kustomize[(mode, gpu)])
+    check_helm_security(chart, helm, dockers, flags, metric_types, queue_metric, server_bin,
+                        security_example)
 
 
 def main():
@@ -599,7 +892,7 @@ def main():
         check_pool("base/pool", pool_docs, dockers["cpu"], flags, metric_types, False,
                    queue_metric)
         check_helm(os.path.join(deploy, "helm/centroidkv"), {}, dockers, flags,
-                   metric_types, queue_metric, helm)
+                   metric_types, queue_metric, helm, options.server_bin)
         print(f"{passes} checks passed, {len(failures)} failed")
         if failures:
             return 1
@@ -619,8 +912,22 @@ def main():
                queue_metric)
     check_pool("pool-gpu", rendered[("pool", True)], dockers["cuda"], flags, metric_types, True,
                queue_metric)
+    # The security example: the pool with mTLS, tokens and cert-manager Certificates.
+    where = "examples/security"
+    security = render(kubectl, os.path.join(deploy, "k8s/examples/security"))
+    security = [d for d in security if d]
+    if security:
+        check_pool(where, security, dockers["cpu"], flags, metric_types, False, queue_metric,
+                   tls=True)
+        folders = check_security(where, security, {"tls": TLS_SECRET, "tokens": TOKENS_SECRET},
+                                 mtls=True)
+        services = by_kind(security, "Service")
+        if check(len(services) == 1, f"{where}: one Service"):
+            check_certificates(where, security, TLS_SECRET, services[0]["metadata"]["name"],
+                               "default", issuers_rendered=True)
+        live_security(where, options.server_bin, security, folders)
     check_helm(os.path.join(deploy, "helm/centroidkv"), rendered, dockers, flags, metric_types,
-               queue_metric, helm)
+               queue_metric, helm, options.server_bin, security or None)
 
     print(f"{passes} checks passed, {len(failures)} failed")
     return 1 if failures else 0

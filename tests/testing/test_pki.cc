@@ -35,6 +35,19 @@ absl::StatusOr<TestPki> TestPki::Create() {
   return pki;
 }
 
+TestPki* TestPkiSuite::pki_ = nullptr;
+
+void TestPkiSuite::SetUpTestSuite() {
+  absl::StatusOr<TestPki> pki = TestPki::Create();
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  pki_ = new TestPki(*std::move(pki));
+}
+
+void TestPkiSuite::TearDownTestSuite() {
+  delete pki_;
+  pki_ = nullptr;
+}
+
 TestPki::TestPki(TestPki&& other) noexcept : dir_(std::move(other.dir_)) { other.dir_.clear(); }
 
 TestPki::~TestPki() {

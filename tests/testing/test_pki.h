@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
 
 namespace centroidkv::test {
 
@@ -39,6 +40,16 @@ class TestPki {
                         int days) const;
 
   std::string dir_;
+};
+
+// A fixture base whose test suite shares one TestPki, made before its first test and
+// removed after its last (a fatal failure when openssl fails).
+class TestPkiSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite();
+  static void TearDownTestSuite();
+
+  static TestPki* pki_;
 };
 
 }  // namespace centroidkv::test

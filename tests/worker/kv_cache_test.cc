@@ -1,5 +1,5 @@
-// Tests of worker/kv_cache.cc: appending, the [H, n, d] exchange layout, replacing
-// heads, and the errors for ragged layers and malformed replacements.
+// Tests of worker/kv_cache.cc: appending, the [H, n, d] exchange layout, ragged
+// export, count-0 padding rows, replacing heads, and malformed replacements.
 #include "worker/kv_cache.h"
 
 #include <vector>
@@ -48,17 +48,40 @@ TEST(KvCacheTest, ReplaceHeadKeepsThePosition) {
   EXPECT_EQ(cache.position(), 3);
   EXPECT_EQ(cache.head(0, 1).size(), 2);
   EXPECT_EQ(cache.TotalEntries(), 11);
-  // The layer's heads now differ in length: it cannot be sent as one tensor.
+  // The layer's heads now differ in length: it is sent ragged, head after head.
   absl::StatusOr<LayerTensors> ragged = cache.ExportLayer(0);
-  EXPECT_EQ(ragged.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(cache.ExportLayer(1).ok());
+  ASSERT_TRUE(ragged.ok()) << ragged.status();
+  EXPECT_EQ(ragged->num_tokens, 3);
+  EXPECT_EQ(ragged->head_offsets, (std::vector<int64_t>{0, 3, 5}));
+  EXPECT_EQ(ragged->counts, (std::vector<uint32_t>{1, 1, 1, 2, 1}));
+  EXPECT_EQ(ragged->keys, (std::vector<float>{0, 0, 1, -1, 2, -2, 1, 2, 3, 4}));
+  absl::StatusOr<LayerTensors> regular = cache.ExportLayer(1);
+  ASSERT_TRUE(regular.ok());
+  EXPECT_TRUE(regular->head_offsets.empty());
+}
+
+// Count-0 rows (a padded result) stand for no token: not entries, and not sent again.
+TEST(KvCacheTest, PaddingRowsAreNotEntriesAndAreNotExported) {
+  KvCache cache = MakeCache(3);
+  ASSERT_TRUE(cache.ReplaceHead(0, 0, {1, 2, 3, 4, 0, 0}, {5, 6, 7, 8, 0, 0}, {2, 1, 0}).ok());
+  ASSERT_TRUE(cache.ReplaceHead(0, 1, {9, 9, 0, 0, 0, 0}, {9, 9, 0, 0, 0, 0}, {3, 0, 0}).ok());
+  EXPECT_EQ(cache.head(0, 0).size(), 3);
+  EXPECT_EQ(cache.head(0, 0).real_entries(), 2);
+  EXPECT_EQ(cache.TotalEntries(), 2 + 1 + 6);
+  EXPECT_EQ(cache.TotalRows(), 12);
+  // Decoding appends after the padding.
+  std::vector<float> kv(4, 7.0f);
+  cache.Append(0, kv.data(), kv.data());
+  absl::StatusOr<LayerTensors> layer = cache.ExportLayer(0);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_EQ(layer->head_offsets, (std::vector<int64_t>{0, 3, 5}));
+  EXPECT_EQ(layer->counts, (std::vector<uint32_t>{2, 1, 1, 3, 1}));
+  EXPECT_EQ(layer->keys, (std::vector<float>{1, 2, 3, 4, 7, 7, 9, 9, 7, 7}));
 }
 
 TEST(KvCacheTest, MalformedReplacementsAreRejected) {
   KvCache cache = MakeCache(2);
   EXPECT_EQ(cache.ReplaceHead(0, 0, {1, 2, 3}, {1, 2, 3, 4}, {1, 1}).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(cache.ReplaceHead(0, 0, {1, 2}, {3, 4}, {0}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.head(0, 0).size(), 2);
 }

@@ -4,6 +4,7 @@
 #include "worker/transformer.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -116,6 +117,36 @@ TEST_F(TransformerTest, CountWeighsAnEntryLikeThatManyIdenticalKeys) {
   for (size_t i = 0; i < expected.size(); ++i) {
     ASSERT_NEAR(transformer_.logits()[i], expected[i], 1e-4f) << i;
   }
+}
+
+// Count-0 rows (the padding of an equal-length result) are masked: with padding rows of
+// arbitrary content between the prefill and the decoded tokens, every later step's logits
+// are bit-identical to the unpadded cache's.
+TEST_F(TransformerTest, PaddingRowsAreMaskedBitForBit) {
+  KvCache plain = transformer_.NewCache();
+  ASSERT_TRUE(transformer_.Prefill(std::vector<int32_t>{1, 403, 407, 261}, &plain).ok());
+  KvCache padded = plain;
+  const int32_t hs = padded.head_size();
+  for (int32_t layer = 0; layer < padded.num_layers(); ++layer) {
+    for (int32_t h = 0; h < padded.num_kv_heads(); ++h) {
+      HeadCache& head = padded.head(layer, h);
+      for (int32_t row = 0; row < 3 + h; ++row) {  // heads padded by different amounts
+        // Not even finite: a mask that only pushed the logit to -inf would turn NaN.
+        head.keys.insert(head.keys.end(), static_cast<size_t>(hs),
+                         row == 0 ? std::numeric_limits<float>::quiet_NaN() : 50.0f * row);
+        head.values.insert(head.values.end(), static_cast<size_t>(hs),
+                           std::numeric_limits<float>::infinity());
+        head.counts.push_back(0);
+      }
+    }
+  }
+  for (int32_t token : {378, 290, 301}) {
+    ASSERT_TRUE(transformer_.Forward(token, &plain).ok());
+    const std::vector<float> expected = transformer_.logits();
+    ASSERT_TRUE(transformer_.Forward(token, &padded).ok());
+    EXPECT_EQ(transformer_.logits(), expected) << "token " << token;
+  }
+  EXPECT_EQ(padded.TotalEntries(), plain.TotalEntries());
 }
 
 // Decoding continues at the true position after the cache shrinks: token 378 fed after

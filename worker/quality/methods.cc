@@ -15,6 +15,12 @@ const std::vector<std::string>& AllMethods() {
   return *methods;
 }
 
+void TargetTally::Add(const CompressCacheStats& stats) {
+  layers += static_cast<int64_t>(stats.layers.size());
+  layers_missed += stats.layers_target_missed;
+  padding_rows += stats.rows_after - stats.entries_after;
+}
+
 int64_t CountHeads(const std::vector<std::vector<int32_t>>& per_layer) {
   int64_t count = 0;
   for (const std::vector<int32_t>& heads : per_layer) count += static_cast<int64_t>(heads.size());
@@ -64,19 +70,22 @@ CompressCacheOptions CentroidKvOptions(const MethodSettings& settings, double bu
 
 absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double budget,
                                                const MethodSettings& settings,
-                                               client::Client* client) {
+                                               client::Client* client, TargetTally* tally) {
   const int32_t sinks = settings.centroidkv.compression.sink_tokens;
   const int32_t recent = settings.centroidkv.compression.recent_tokens;
   if (method == kCentroidKv || method == kCentroidKvOutliers) {
     if (client == nullptr) return absl::FailedPreconditionError("centroidkv needs a server");
     const bool outliers = method == kCentroidKvOutliers;
-    return CacheCompressor([settings, budget, client, outliers](KvCache* cache) {
+    return CacheCompressor([settings, budget, client, outliers, tally](KvCache* cache) {
       const std::vector<std::vector<int32_t>> none;
       const CompressCacheOptions options =
           CentroidKvOptions(settings, budget, outliers ? settings.outlier_heads : none,
                             settings.outliers_share_budget, cache->num_layers(),
                             cache->num_kv_heads(), cache->head(0, 0).size());
-      return CompressCache(*client, options, cache).status();
+      absl::StatusOr<CompressCacheStats> stats = CompressCache(*client, options, cache);
+      if (!stats.ok()) return stats.status();
+      if (tally != nullptr) tally->Add(*stats);
+      return absl::OkStatus();
     });
   }
   if (method == kStreamingLlm) {

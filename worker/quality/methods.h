@@ -44,6 +44,16 @@ struct MethodSettings {
   uint64_t kmeans_seed = 1;
 };
 
+// What the service said about the targets of one method's compressions (CentroidKV
+// only; zero for the in-process baselines): layer jobs, those whose target_reached was
+// false, and the count-0 padding rows returned (pad_heads / pad_to).
+struct TargetTally {
+  int64_t layers = 0;
+  int64_t layers_missed = 0;
+  int64_t padding_rows = 0;
+  void Add(const CompressCacheStats& stats);
+};
+
 // Every method name, in report order.
 const std::vector<std::string>& AllMethods();
 
@@ -64,9 +74,11 @@ CompressCacheOptions CentroidKvOptions(const MethodSettings& settings, double bu
                                        int64_t n);
 
 // The compressor of `method` at `budget` (InvalidArgument for an unknown name).
-// `client` may be null for the in-process baselines.
+// `client` may be null for the in-process baselines. CentroidKV's compressors add their
+// account to `*tally` when it is not null (it must outlive the compressor).
 absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double budget,
                                                const MethodSettings& settings,
-                                               client::Client* client);
+                                               client::Client* client,
+                                               TargetTally* tally = nullptr);
 
 }  // namespace centroidkv::worker::quality

@@ -52,6 +52,9 @@ struct Flags {
   double tighten_per_pass = 0.0;
   int32_t max_passes = CompressOptions::kDefaultMaxPasses;
   bool uniform_heads = true;
+  bool exact_target = false;
+  bool pad_heads = false;
+  int32_t pad_to = 0;
   std::string passthrough_heads;
   bool outliers_share_budget = true;
   int32_t calibration_texts = 16;
@@ -103,6 +106,17 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--max-passes", f.max_passes, "SPEC max_passes")->capture_default_str();
   app.add_option("--uniform-heads", f.uniform_heads, "SPEC uniform_heads")->capture_default_str();
+  app.add_flag("--exact-target", f.exact_target,
+               "keep merging past the floor and max passes until every compressed head has "
+               "exactly t entries (docs/protocol.md)");
+  app.add_flag("--pad-heads", f.pad_heads,
+               "pad every head of a layer with count-0 rows to the layer's longest head "
+               "(attention masks them)");
+  app.add_option("--pad-to", f.pad_to,
+                 "pad every head of every layer to this many rows (0: off; fails if a head "
+                 "is longer)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--passthrough-heads", f.passthrough_heads,
                  "outlier heads per layer, \"LAYER:H,H;LAYER:H\" (or \"H,H\" for every layer)");
   app.add_option("--outliers-share-budget", f.outliers_share_budget,
@@ -164,6 +178,9 @@ MethodSettings ToMethodSettings(const Flags& f) {
   c.tighten_per_pass = f.tighten_per_pass;
   c.max_passes = f.max_passes;
   c.uniform_heads = f.uniform_heads;
+  c.exact_target = f.exact_target;
+  c.pad_heads = f.pad_heads;
+  c.pad_to = f.pad_to;
   s.centroidkv.backend = f.backend;
   s.outliers_share_budget = f.outliers_share_budget;
   s.kmeans_iterations = f.kmeans_iterations;
@@ -272,9 +289,14 @@ absl::Status WriteResults(const Flags& f, const std::vector<MethodResult>& resul
   if (absl::Status s = WriteFile(f.report_json, json + "\n"); !s.ok()) return s;
   if (!f.quiet) {
     for (const MethodResult& r : results) {
-      std::cerr << absl::StrFormat("%-20s budget %-5g kept %6.2f%%  mean KL %.5f  top-1 %.4f\n",
+      std::cerr << absl::StrFormat("%-20s budget %-5g kept %6.2f%%  mean KL %.5f  top-1 %.4f%s\n",
                                    r.method, r.budget, 100.0 * r.kv_fraction(),
-                                   r.agreement.mean_kl(), r.agreement.top1());
+                                   r.agreement.mean_kl(), r.agreement.top1(),
+                                   r.targets.layers_missed == 0
+                                       ? ""
+                                       : absl::StrFormat("  target missed in %d of %d layers",
+                                                         r.targets.layers_missed,
+                                                         r.targets.layers));
     }
   }
   std::cout << json << std::endl;  // last: the one JSON line

@@ -16,15 +16,18 @@ absl::StatusOr<std::vector<MethodResult>> RunQuality(Transformer& transformer,
                                                      const RunSettings& settings,
                                                      const Progress& progress) {
   std::vector<MethodResult> results;
-  std::vector<CacheCompressor> compressors;
   for (double budget : settings.budgets) {
     for (const std::string& method : settings.methods) {
-      absl::StatusOr<CacheCompressor> compressor =
-          MakeCompressor(method, budget, settings.method_settings, client);
-      if (!compressor.ok()) return compressor.status();
-      compressors.push_back(*std::move(compressor));
-      results.push_back(MethodResult{method, budget, {}, {}, 0, 0});
+      results.push_back(MethodResult{method, budget, {}, {}, 0, 0, {}});
     }
+  }
+  // Each compressor tallies into its result, which no longer moves.
+  std::vector<CacheCompressor> compressors;
+  for (MethodResult& result : results) {
+    absl::StatusOr<CacheCompressor> compressor = MakeCompressor(
+        result.method, result.budget, settings.method_settings, client, &result.targets);
+    if (!compressor.ok()) return compressor.status();
+    compressors.push_back(*std::move(compressor));
   }
   const bool track_attention =
       std::find(settings.methods.begin(), settings.methods.end(), kH2o) != settings.methods.end();

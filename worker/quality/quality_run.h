@@ -33,6 +33,7 @@ struct MethodResult {
   std::vector<Agreement> texts;  // per text
   int64_t entries_kept = 0;      // cache entries after compression, over all texts
   int64_t entries_full = 0;      // the same uncompressed
+  TargetTally targets;           // the service's account (CentroidKV methods)
 
   double kv_fraction() const {
     return entries_full == 0

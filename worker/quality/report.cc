@@ -20,14 +20,19 @@ std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", 100.0 * 
 void AppendTable(const std::vector<MethodResult>& results, std::string* out) {
   absl::StrAppend(out,
                   "| budget | method | KV kept | mean KL(full \\|\\| compressed) | top-1 "
-                  "agreement | worst text top-1 |\n",
-                  "| ---: | --- | ---: | ---: | ---: | ---: |\n");
+                  "agreement | worst text top-1 | layers missing the target |\n",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
   for (const MethodResult& r : results) {
     double worst = 1.0;
     for (const Agreement& text : r.texts) worst = std::min(worst, text.top1());
-    absl::StrAppend(out, absl::StrFormat("| %s | %s | %s | %.5f | %.4f | %.3f |\n",
+    const std::string missed =
+        r.targets.layers == 0
+            ? "-"
+            : absl::StrFormat("%d of %d", r.targets.layers_missed, r.targets.layers);
+    absl::StrAppend(out, absl::StrFormat("| %s | %s | %s | %.5f | %.4f | %.3f | %s |\n",
                                          Percent(r.budget), r.method, Percent(r.kv_fraction()),
-                                         r.agreement.mean_kl(), r.agreement.top1(), worst));
+                                         r.agreement.mean_kl(), r.agreement.top1(), worst,
+                                         missed));
   }
 }
 
@@ -91,10 +96,18 @@ std::vector<TargetCheck> CheckTargets(const std::vector<MethodResult>& results, 
 std::string JsonLine(const std::vector<MethodResult>& results) {
   std::vector<std::string> objects;
   for (const MethodResult& r : results) {
+    // The service's account, for the methods that went through it.
+    const std::string account =
+        r.targets.layers == 0
+            ? ""
+            : absl::StrFormat(", \"target_reached\": %s, \"layers_target_missed\": %d, "
+                              "\"padding_rows\": %d",
+                              r.targets.layers_missed == 0 ? "true" : "false",
+                              r.targets.layers_missed, r.targets.padding_rows);
     objects.push_back(absl::StrFormat(
         "{\"method\": \"%s\", \"budget\": %g, \"mean_kl\": %.6g, \"top1\": %.6g, "
-        "\"kv_fraction\": %.6g}",
-        r.method, r.budget, r.agreement.mean_kl(), r.agreement.top1(), r.kv_fraction()));
+        "\"kv_fraction\": %.6g%s}",
+        r.method, r.budget, r.agreement.mean_kl(), r.agreement.top1(), r.kv_fraction(), account));
   }
   return absl::StrCat("[", absl::StrJoin(objects, ", "), "]");
 }
@@ -121,7 +134,10 @@ std::string MarkdownReport(const std::vector<MethodResult>& results, const Repor
       c.recent_tokens, ", min similarity ",
       c.min_similarity ? absl::StrFormat("%g", *c.min_similarity) : "off", ", tighten per pass ",
       c.tighten_per_pass, ", max passes ", c.max_passes, ", uniform heads ",
-      c.uniform_heads ? "on" : "off", ", backend `", context.backend, "`\n",
+      c.uniform_heads ? "on" : "off", c.exact_target ? ", exact target" : "",
+      c.pad_to > 0 ? absl::StrCat(", heads padded to ", c.pad_to, " rows")
+      : c.pad_heads ? ", heads padded to equal lengths" : "",
+      ", backend `", context.backend, "`\n",
       "- baselines protect the same ", c.sink_tokens, " sinks and ", c.recent_tokens,
       " recent entries (StreamingLLM keeps its whole budget as sinks + most recent); k-means: ",
       s.method_settings.kmeans_iterations, " count-weighted Lloyd iterations on keys\n",
@@ -142,7 +158,8 @@ std::string MarkdownReport(const std::vector<MethodResult>& results, const Repor
                   "see `quality_tuning.md` (`scripts/tune_quality.sh`).\n");
   absl::StrAppend(&out,
                   "\nKV kept is measured (entries after compression / entries before, over all "
-                  "layers, heads and texts). Caveat from `../shared/models/README.md`: this "
+                  "layers, heads and texts; count-0 padding rows are not entries). Caveat from "
+                  "`../shared/models/README.md`: this "
                   "model's head size is 8, far below production models (64-128).\n");
   return out;
 }

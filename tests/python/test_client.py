@@ -29,7 +29,7 @@ def test_info_reports_backends_limits_and_defaults(client):
     assert info.limits.max_tokens > 0 and info.limits.max_job_bytes > 0
     assert info.defaults["chunk_size"] == 256 and info.defaults["target_ratio"] == 0.25
     assert info.worker_threads >= 1
-    assert client.slab_bytes <= info.limits.max_message_bytes
+    assert client.slab_bytes <= info.limits.max_slab_bytes
 
 
 @pytest.mark.parametrize("backend", ["auto", "reference"])
@@ -190,17 +190,29 @@ def test_small_slabs_split_tensors_across_many_messages(server, client):
     np.testing.assert_array_equal(a.assignment, b.assignment)
 
 
-def test_slab_size_is_capped_by_the_servers_message_limit(server):
+def test_no_server_says_why_the_connection_failed():
+    with centroidkv.Client("127.0.0.1:1", connect_timeout=0.5) as nowhere:
+        with pytest.raises(centroidkv.UnavailableError) as caught:
+            nowhere.info()
+    assert "no connection within 0.5 s: failed to connect" in caught.value.message
+
+
+def test_slab_size_is_capped_by_the_servers_slab_limit(server):
     with centroidkv.Client(server.target, slab_bytes=1 << 30) as big:
-        assert big.slab_bytes < big.info().limits.max_message_bytes
+        limits = big.info().limits
+        assert 0 < limits.max_slab_bytes < limits.max_message_bytes
+        assert big.slab_bytes == limits.max_slab_bytes
 
 
-def _expect_error(call, error_type, code, field):
+def _expect_error(call, error_type, code, argument):
+    """The call raises error_type with `code`, naming the compress() keyword `argument`
+    (and its wire field, as the server spells it, in .field)."""
     with pytest.raises(error_type) as caught:
         call()
     assert isinstance(caught.value, centroidkv.CompressError)
     assert caught.value.code == code, caught.value
-    assert caught.value.field == field, caught.value
+    assert caught.value.argument == argument, caught.value
+    assert caught.value.field.split(".")[-1] in (argument, "dtype"), caught.value
     return caught.value
 
 

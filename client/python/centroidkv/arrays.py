@@ -98,21 +98,22 @@ def counts_to_wire(x: Any) -> WireArray:
     return WireArray(0, a.shape, memoryview(a.reshape(-1).view(np.uint8)), a)
 
 
-def rows_from_wire(buf: np.ndarray, dtype: int, dim: int, kind: Kind):
-    """[total, dim] keys or values from the received bytes, in the caller's kind."""
+def rows_from_wire(buf: np.ndarray, dtype: int, shape: tuple, kind: Kind):
+    """Keys or values of `shape` ([total, dim], or [L, H, dim]) from the received bytes, in
+    the caller's kind."""
     if kind.torch:
         torch = sys.modules["torch"]
         tdtype = {pb.DTYPE_FLOAT32: torch.float32, pb.DTYPE_FLOAT16: torch.float16,
                   pb.DTYPE_BFLOAT16: torch.bfloat16}[dtype]
-        t = torch.from_numpy(buf).view(tdtype).reshape(-1, dim)
+        t = torch.from_numpy(buf).view(tdtype).reshape(shape)
         return t if kind.device is None or kind.device.type == "cpu" else t.to(kind.device)
     if dtype == pb.DTYPE_BFLOAT16:
         bf16 = kind.numpy_bf16 or _ml_bfloat16()
         if bf16 is not None:
-            return buf.view(bf16).reshape(-1, dim)
+            return buf.view(bf16).reshape(shape)
         # No numpy bfloat16 type installed: widen exactly to float32 (bf16 is its top half).
-        return (buf.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, dim)
-    return buf.view(_NUMPY_DTYPE[dtype]).reshape(-1, dim)
+        return (buf.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return buf.view(_NUMPY_DTYPE[dtype]).reshape(shape)
 
 
 def ints_from_wire(a: np.ndarray, kind: Kind):

@@ -268,3 +268,27 @@ def test_a_gpu_job_on_a_server_without_one_fails_precondition(client):
                           centroidkv.FailedPreconditionError,
                           grpc.StatusCode.FAILED_PRECONDITION, "backend")
     assert "gpu" in error.message.lower() or "cuda" in error.message.lower()
+
+
+def test_result_memory_is_recycled_only_once_every_array_is_gone(server):
+    # 8 heads x 1024 kept rows x 64 x fp32 = 2 MiB per output tensor: pooled buffers.
+    layers = [random_layer(heads=8, tokens=4096, key_dim=64, value_dim=64, seed=120 + i)
+              for i in range(3)]
+    params = dict(target_ratio=0.25, backend="identity")
+    with centroidkv.Client(server.target, result_pool_bytes=64 << 20) as c:
+        expected = [c.compress(k, v, **params).keys.copy() for k, v in layers]
+        assert c.memory.kept_bytes >= 2 * (2 << 20)  # dropped results' memory, kept
+        held = c.compress(*layers[0], **params)
+        view = torch.from_numpy(held.keys)[3:]  # the only reference left
+        del held
+        kept = c.memory.kept_bytes
+        others = [c.compress(*layers[i % 3], **params) for i in (1, 2, 1, 2)]
+        np.testing.assert_array_equal(view.numpy(), expected[0][3:])  # never reused
+        for r, i in zip(others, (1, 2, 1, 2)):
+            np.testing.assert_array_equal(r.keys, expected[i])
+        assert c.memory.kept_bytes < kept  # the new results took kept memory
+        del view, others
+        assert c.memory.kept_bytes > kept
+    with centroidkv.Client(server.target, result_pool_bytes=0) as c:
+        c.compress(*layers[0], **params)
+        assert c.memory.kept_bytes == 0

@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 
 from . import _wire
-from .arrays import (DTYPE_SIZE, Kind, counts_to_wire, dtype_code, ints_from_wire, is_torch,
-                     rows_from_wire, to_wire)
+from .arrays import (DTYPE_SIZE, Kind, ResultMemory, counts_to_wire, dtype_code,
+                     ints_from_wire, is_torch, rows_from_wire, to_wire)
 from .errors import CompressError, invalid_argument, make_error
 from .result import LayerResult
 from .v1 import centroidkv_pb2 as pb
@@ -211,8 +211,9 @@ class Assembler:
     """Reassembles the replies of one stream. feed() takes each decoded reply and returns
     the (job_id, LayerResult | CompressError) it completed, or None."""
 
-    def __init__(self, jobs: dict):
+    def __init__(self, jobs: dict, memory: ResultMemory):
         self.jobs = jobs  # job_id -> Job, for the layer index and the caller's kind
+        self.memory = memory  # where result tensors are received
         self.partial: dict = {}
 
     def feed(self, reply) -> Optional[tuple]:
@@ -236,7 +237,7 @@ class Assembler:
                  pb.TENSOR_OUT_VALUES: header.out_values_bytes,
                  pb.TENSOR_OUT_COUNTS: header.out_counts_bytes,
                  pb.TENSOR_ASSIGNMENT: header.assignment_bytes}
-        part = _Partial(header, {t: np.empty(n, np.uint8) for t, n in sizes.items()},
+        part = _Partial(header, {t: self.memory.buffer(n) for t, n in sizes.items()},
                         sum(sizes.values()))
         self.partial[header.job_id] = part
         return self._finish(header.job_id) if part.missing == 0 else None

@@ -116,7 +116,7 @@ class AsyncClient(ClientCore):
         to send CancelJob on it."""
         call = self._compress(timeout=self.timeout, metadata=self._metadata)
         jobs = dict(jobs)  # the caller removes jobs as they are returned
-        assembler = Assembler(jobs)
+        assembler = Assembler(jobs, self.memory)
         finished, started = set(), set()  # started: StartJob may have reached the server
         stop = []  # set by a cancellation: the writer stops between two messages
         # The write side stays open until every result is in, so that a cancellation can

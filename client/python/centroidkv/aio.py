@@ -15,7 +15,8 @@ import grpc.aio
 
 from . import _wire
 from ._jobs import Assembler, stream_error
-from .client import PROBE_SECONDS, ClientCore, choose_slab_bytes, get_info_error
+from .client import (PROBE_SECONDS, ClientCore, choose_slab_bytes, get_info_error,
+                     waited_in_vain)
 from .errors import CompressError, UnavailableError, make_error
 from .result import LayerResult, ServerInfo, server_info_from_proto
 from .v1 import centroidkv_pb2 as pb
@@ -47,16 +48,8 @@ class AsyncClient(ClientCore):
                 reply = await self._get_info(pb.GetInfoRequest(), timeout=timeout,
                                              wait_for_ready=True, metadata=self._metadata)
             except grpc.RpcError as e:
-                error = e
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    try:  # why no connection came up (as Client.info)
-                        reply = await self._get_info(pb.GetInfoRequest(), timeout=PROBE_SECONDS,
-                                                     metadata=self._metadata)
-                        error = None
-                    except grpc.RpcError as probe:
-                        error = probe if probe.code() == grpc.StatusCode.UNAVAILABLE else e
-                if error is not None:
-                    raise get_info_error(error, timeout) from None
+                probe = await self._why_no_connection() if waited_in_vain(e) else None
+                raise get_info_error(e, probe, timeout) from None
             self._info = server_info_from_proto(reply)
         return self._info
 
@@ -84,6 +77,14 @@ class AsyncClient(ClientCore):
             yield result
 
     # -- internals -----------------------------------------------------------------------
+    async def _why_no_connection(self) -> Optional[grpc.RpcError]:
+        try:
+            await self._get_info(pb.GetInfoRequest(), timeout=PROBE_SECONDS,
+                                 metadata=self._metadata)
+        except grpc.RpcError as probe:
+            return probe
+        return None
+
     async def _run(self, jobs: dict, return_exceptions: bool = False):
         slab_bytes = choose_slab_bytes(self._slab_request, await self.info())
         pending = dict(jobs)

@@ -58,11 +58,19 @@ def choose_slab_bytes(requested: Optional[int], info: ServerInfo) -> int:
 PROBE_SECONDS = 5.0
 
 
-def get_info_error(error: grpc.RpcError, waited: float) -> CompressError:
-    details = error.details() or ""
-    if error.code() == grpc.StatusCode.UNAVAILABLE:
-        details = f"no connection within {waited:g} s: {details}"
-    return make_error(error.code(), f"GetInfo: {details}")
+def waited_in_vain(error: grpc.RpcError) -> bool:
+    """GetInfo's wait for a ready connection ran out: worth a probe to say why."""
+    return error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def get_info_error(error: grpc.RpcError, probe: Optional[grpc.RpcError],
+                   waited: float) -> CompressError:
+    """The CompressError of a failed GetInfo; `probe` (a fail-fast GetInfo's error) names
+    the connection's last error when it is UNAVAILABLE."""
+    if probe is not None and probe.code() == grpc.StatusCode.UNAVAILABLE:
+        return make_error(probe.code(),
+                          f"GetInfo: no connection within {waited:g} s: {probe.details()}")
+    return make_error(error.code(), f"GetInfo: {error.details()}")
 
 
 class Backoff:
@@ -175,18 +183,17 @@ class Client(ClientCore):
                 reply = self._get_info(pb.GetInfoRequest(), timeout=timeout, wait_for_ready=True,
                                        metadata=self._metadata)
             except grpc.RpcError as e:
-                error = e
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    try:  # why no connection came up (a TLS handshake, a refused port)
-                        reply = self._get_info(pb.GetInfoRequest(), timeout=PROBE_SECONDS,
-                                               metadata=self._metadata)
-                        error = None
-                    except grpc.RpcError as probe:
-                        error = probe if probe.code() == grpc.StatusCode.UNAVAILABLE else e
-                if error is not None:
-                    raise get_info_error(error, timeout) from None
+                probe = self._why_no_connection() if waited_in_vain(e) else None
+                raise get_info_error(e, probe, timeout) from None
             self._info = server_info_from_proto(reply)
         return self._info
+
+    def _why_no_connection(self) -> Optional[grpc.RpcError]:
+        try:
+            self._get_info(pb.GetInfoRequest(), timeout=PROBE_SECONDS, metadata=self._metadata)
+        except grpc.RpcError as probe:
+            return probe
+        return None
 
     @property
     def slab_bytes(self) -> int:

@@ -4,7 +4,10 @@ pad_to / exact_target, token-major output, the per-head account, JobErrors with 
 head / token that leave the other layers alone, job deadlines, priorities, slab limits."""
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import threading
+import time
 
 import grpc
 import numpy as np
@@ -12,7 +15,7 @@ import pytest
 import torch
 
 import centroidkv
-from server_process import ServerProcess
+from server_process import ServerProcess, metric_value
 from test_client import random_layer
 
 # Parameters under which heads end with different lengths: a similarity floor that stops
@@ -86,6 +89,25 @@ def test_a_ragged_result_goes_back_as_it_is(client, form):
         lo, hi = int(first.offsets[h]), int(first.offsets[h + 1])
         np.testing.assert_array_equal(second.assignment[lo:hi], alone.assignment[0])
         assert int(got.counts.sum()) == 160
+
+
+def test_bad_ragged_input_names_the_argument(client):
+    keys, values = random_layer(heads=1, tokens=30, seed=56)
+    k, v = keys[0], values[0]  # [30, d]
+    cases = [(dict(head_tokens=[10, 10]), "head_tokens"), (dict(offsets=[0, 10, 20]), "offsets"),
+             (dict(offsets=[0, 20, 10, 30]), "offsets"),
+             (dict(head_tokens=[10, 20], offsets=[0, 10, 30]), "offsets"),
+             (dict(head_tokens=[10, 20], layout="token_major"), "layout")]
+    for options, argument in cases:
+        with pytest.raises(centroidkv.InvalidArgumentError) as caught:
+            client.compress(k, v, **options)
+        assert caught.value.argument == argument, (options, caught.value)
+    with pytest.raises(centroidkv.InvalidArgumentError) as caught:  # the server's check
+        client.compress(k, v, head_tokens=[0, 30])
+    assert caught.value.field == "start_job.head_tokens" and caught.value.head == 0
+    with pytest.raises(centroidkv.InvalidArgumentError) as caught:
+        client.compress(keys, values, head_tokens=[30])  # 3-D keys with head_tokens
+    assert caught.value.argument == "keys"
 
 
 def test_a_torch_result_goes_back_as_it_is(client):
@@ -233,45 +255,67 @@ def test_async_client_returns_exceptions_too(server, client):
 def one_thread_server():
     """One clustering thread: jobs queue behind a slow one."""
     with tempfile.TemporaryDirectory(prefix="ckv-py-queue-") as folder:
-        process = ServerProcess(f"unix://{folder}/ckv.sock", threads=1)
+        process = ServerProcess(f"unix://{folder}/ckv.sock", threads=1, metrics=True)
         yield process
         process.stop()
 
 
-def _slow_layer(seed):
-    """Seconds of work on the reference backend."""
-    keys, values = random_layer(heads=8, tokens=4096, key_dim=64, value_dim=64, seed=seed)
-    return dict(keys=keys, values=values, backend="reference", target_ratio=0.1,
-                chunk_size=512)
+@contextlib.contextmanager
+def slow_job_computing(server):
+    """Runs a job of about a second (reference backend) on its own stream and returns once
+    the server has taken it (its input complete: centroidkv_jobs_total went up), so that
+    the only clustering thread is busy while the caller queues other jobs."""
+    keys, values = random_layer(heads=8, tokens=4096, key_dim=64, value_dim=64, seed=90)
+    before = metric_value(server.metrics(), "centroidkv_jobs_total")
+    outcome = []
+    with centroidkv.Client(server.target, timeout=120) as slow:
+        worker = threading.Thread(target=lambda: outcome.append(slow.compress(
+            keys, values, backend="reference", target_ratio=0.1, chunk_size=512)))
+        worker.start()
+        deadline = time.monotonic() + 60
+        while metric_value(server.metrics(), "centroidkv_jobs_total") <= before:
+            assert time.monotonic() < deadline and worker.is_alive(), outcome
+            time.sleep(0.005)
+        yield
+        worker.join()
+    assert len(outcome) == 1 and outcome[0].total_entries > 0
 
 
 def test_an_expired_job_is_dropped_while_the_others_complete(one_thread_server):
     quick = [dict(zip(("keys", "values"), random_layer(seed=80 + i))) for i in range(3)]
-    slow = _slow_layer(81)
     with centroidkv.Client(one_thread_server.target, timeout=120) as c:
-        results = c.compress_layers([slow, {**quick[0], "timeout": 0.2}, quick[1], quick[2]],
-                                    return_exceptions=True, **SMALL)
-        for r in (results[0], results[2], results[3]):
+        with slow_job_computing(one_thread_server):
+            results = c.compress_layers([{**quick[0], "timeout": 0.1}, quick[1], quick[2]],
+                                        return_exceptions=True, **SMALL)
+        for r in results[1:]:
             assert isinstance(r, centroidkv.LayerResult), r
-        late = results[1]
+        late = results[0]
         assert isinstance(late, centroidkv.DeadlineExceededError), late
         assert late.code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert late.field == "start_job.timeout_ms" and late.argument == "timeout"
-        assert late.layer == 1
+        assert late.layer == 0
         # Enough time: the same job completes.
         assert c.compress(quick[0]["keys"], quick[0]["values"], timeout=60,
                           **SMALL).total_entries > 0
 
 
 def test_priorities_reorder_the_queue(one_thread_server):
-    layers = [_slow_layer(90)] + [
-        {**dict(zip(("keys", "values"), random_layer(seed=91 + i))), "priority": p}
-        for i, p in enumerate([0, 0, 5, 9])]
+    # The jobs queue behind the slow one; each takes ~50 ms itself (reference backend), so
+    # the order in which they were started shows in their queue times: highest priority
+    # first, equal priorities in arrival order. (Not the order results arrive in: replies
+    # of different jobs may interleave on the stream.)
+    def queued(seed, priority):
+        keys, values = random_layer(heads=4, tokens=2048, key_dim=32, value_dim=32, seed=seed)
+        return dict(keys=keys, values=values, priority=priority)
+
+    layers = [queued(91 + i, p) for i, p in enumerate([0, 0, 5, 9])]
     with centroidkv.Client(one_thread_server.target, timeout=120) as c:
-        order = [r.layer_index for r in c.iter_compress_layers(layers, **SMALL)]
-    # The slow job holds the thread while the others queue; then highest priority first,
-    # equal priorities in arrival order.
-    assert order == [0, 4, 3, 1, 2], order
+        with slow_job_computing(one_thread_server):
+            results = c.compress_layers(layers, backend="reference", target_ratio=0.25,
+                                        chunk_size=256)
+    started = sorted(range(4), key=lambda i: results[i].queue_seconds)
+    assert started == [3, 2, 0, 1], [(r.layer_index, r.queue_seconds, r.compute_seconds)
+                                     for r in results]
 
 
 @pytest.fixture(scope="module")

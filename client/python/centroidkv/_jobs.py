@@ -91,7 +91,7 @@ def _uint(name: str, value, low: int = 0) -> int:
     return int(value)
 
 
-def _head_tokens(head_tokens, offsets, rows: int, heads_hint=None) -> list:
+def _head_tokens(head_tokens, offsets, rows: int) -> list:
     """Per-head entry counts of ragged input, from head_tokens [H] or offsets [H + 1]."""
     if head_tokens is not None and offsets is not None:
         raise invalid_argument("offsets", "give head_tokens or offsets, not both")
@@ -130,7 +130,7 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
                 offsets is not None:
             raise TypeError("compress(result): values, counts, head_tokens and offsets come "
                             "from the result")
-        keys, values, counts, layout, offsets = _result_as_input(keys, layout)
+        keys, values, counts, layout, offsets = _result_as_input(keys)
     elif values is None:
         raise TypeError("compress() needs keys and values (or a LayerResult)")
     if layout not in _LAYOUTS:
@@ -191,7 +191,7 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
     return Job(job_id, layer_index, start, tensors, kind)
 
 
-def _result_as_input(result: LayerResult, layout: str) -> tuple:
+def _result_as_input(result: LayerResult) -> tuple:
     """(keys, values, counts, layout, offsets) that send `result`'s rows back as they are:
     token-major results as token-major input [L, H, d]; head-major ones as ragged input
     (padding rows have count 0 and are ignored by the server)."""

@@ -289,6 +289,10 @@ def test_result_memory_is_recycled_only_once_every_array_is_gone(server):
         assert c.memory.kept_bytes < kept  # the new results took kept memory
         del view, others
         assert c.memory.kept_bytes > kept
+        last = c.compress(*layers[2], **params)
+    assert c.memory.kept_bytes == 0  # closing unmaps what was kept
+    del last
+    assert c.memory.kept_bytes == 0  # and keeps nothing after
     with centroidkv.Client(server.target, result_pool_bytes=0) as c:
         c.compress(*layers[0], **params)
         assert c.memory.kept_bytes == 0

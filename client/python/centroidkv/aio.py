@@ -34,6 +34,7 @@ class AsyncClient(ClientCore):
 
     async def close(self) -> None:
         await self._channel.close()
+        self.memory.close()
 
     async def __aenter__(self):
         return self

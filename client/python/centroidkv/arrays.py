@@ -155,6 +155,15 @@ class ResultMemory:
     def kept_bytes(self) -> int:
         return self._kept
 
+    def close(self) -> None:
+        """Unmaps what is kept and keeps nothing from now on (results alive stay valid)."""
+        with self._lock:
+            self.keep_bytes = 0
+            free, self._free, self._kept = self._free, {}, 0
+        for memories in free.values():
+            for memory in memories:
+                memory.close()
+
 
 def rows_from_wire(buf: np.ndarray, dtype: int, shape: tuple, kind: Kind):
     """Keys or values of `shape` ([total, dim], or [L, H, dim]) from the received bytes, in

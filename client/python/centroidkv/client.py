@@ -167,6 +167,7 @@ class Client(ClientCore):
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
         self._channel.close()
+        self.memory.close()
 
     def __enter__(self):
         return self

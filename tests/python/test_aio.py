@@ -65,7 +65,8 @@ def test_errors_raise_compress_error(server):
         async with centroidkv.AsyncClient(server.target) as aclient:
             with pytest.raises(centroidkv.InvalidArgumentError) as caught:
                 await aclient.compress(keys, values, chunk_size=1)
-            assert caught.value.field == "chunk_size"
+            assert caught.value.argument == "chunk_size"
+            assert caught.value.field == "start_job.params.chunk_size"
             return await aclient.compress(keys, values, **SMALL)  # the channel still works
 
     assert run(main()).total_entries > 0

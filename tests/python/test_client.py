@@ -29,7 +29,7 @@ def test_info_reports_backends_limits_and_defaults(client):
     assert info.limits.max_tokens > 0 and info.limits.max_job_bytes > 0
     assert info.defaults["chunk_size"] == 256 and info.defaults["target_ratio"] == 0.25
     assert info.worker_threads >= 1
-    assert client.slab_bytes <= info.limits.max_message_bytes
+    assert client.slab_bytes <= info.limits.max_slab_bytes
 
 
 @pytest.mark.parametrize("backend", ["auto", "reference"])
@@ -190,17 +190,29 @@ def test_small_slabs_split_tensors_across_many_messages(server, client):
     np.testing.assert_array_equal(a.assignment, b.assignment)
 
 
-def test_slab_size_is_capped_by_the_servers_message_limit(server):
+def test_no_server_says_why_the_connection_failed():
+    with centroidkv.Client("127.0.0.1:1", connect_timeout=0.5) as nowhere:
+        with pytest.raises(centroidkv.UnavailableError) as caught:
+            nowhere.info()
+    assert "no connection within 0.5 s: failed to connect" in caught.value.message
+
+
+def test_slab_size_is_capped_by_the_servers_slab_limit(server):
     with centroidkv.Client(server.target, slab_bytes=1 << 30) as big:
-        assert big.slab_bytes < big.info().limits.max_message_bytes
+        limits = big.info().limits
+        assert 0 < limits.max_slab_bytes < limits.max_message_bytes
+        assert big.slab_bytes == limits.max_slab_bytes
 
 
-def _expect_error(call, error_type, code, field):
+def _expect_error(call, error_type, code, argument):
+    """The call raises error_type with `code`, naming the compress() keyword `argument`
+    (and its wire field, as the server spells it, in .field)."""
     with pytest.raises(error_type) as caught:
         call()
     assert isinstance(caught.value, centroidkv.CompressError)
     assert caught.value.code == code, caught.value
-    assert caught.value.field == field, caught.value
+    assert caught.value.argument == argument, caught.value
+    assert caught.value.field.split(".")[-1] in (argument, "dtype"), caught.value
     return caught.value
 
 
@@ -256,3 +268,31 @@ def test_a_gpu_job_on_a_server_without_one_fails_precondition(client):
                           centroidkv.FailedPreconditionError,
                           grpc.StatusCode.FAILED_PRECONDITION, "backend")
     assert "gpu" in error.message.lower() or "cuda" in error.message.lower()
+
+
+def test_result_memory_is_recycled_only_once_every_array_is_gone(server):
+    # 8 heads x 1024 kept rows x 64 x fp32 = 2 MiB per output tensor: pooled buffers.
+    layers = [random_layer(heads=8, tokens=4096, key_dim=64, value_dim=64, seed=120 + i)
+              for i in range(3)]
+    params = dict(target_ratio=0.25, backend="identity")
+    with centroidkv.Client(server.target, result_pool_bytes=64 << 20) as c:
+        expected = [c.compress(k, v, **params).keys.copy() for k, v in layers]
+        assert c.memory.kept_bytes >= 2 * (2 << 20)  # dropped results' memory, kept
+        held = c.compress(*layers[0], **params)
+        view = torch.from_numpy(held.keys)[3:]  # the only reference left
+        del held
+        kept = c.memory.kept_bytes
+        others = [c.compress(*layers[i % 3], **params) for i in (1, 2, 1, 2)]
+        np.testing.assert_array_equal(view.numpy(), expected[0][3:])  # never reused
+        for r, i in zip(others, (1, 2, 1, 2)):
+            np.testing.assert_array_equal(r.keys, expected[i])
+        assert c.memory.kept_bytes < kept  # the new results took kept memory
+        del view, others
+        assert c.memory.kept_bytes > kept
+        last = c.compress(*layers[2], **params)
+    assert c.memory.kept_bytes == 0  # closing unmaps what was kept
+    del last
+    assert c.memory.kept_bytes == 0  # and keeps nothing after
+    with centroidkv.Client(server.target, result_pool_bytes=0) as c:
+        c.compress(*layers[0], **params)
+        assert c.memory.kept_bytes == 0

@@ -10,6 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from transformers import DynamicCache
 
 from centroidkv.convert_llama2c import to_transformers
 from centroidkv.transformers import CentroidKVCache, enable
@@ -29,21 +30,19 @@ def model():
 
 @pytest.fixture(scope="module")
 def texts(model):
-    """Texts sampled from the model itself (temperature 0.8, BOS/EOS suppressed), BOS first."""
-    out = []
+    """Texts sampled from the model itself (temperature 0.8, BOS/EOS suppressed), BOS first:
+    all TEXTS sequences at once, one batched forward per step (a plain DynamicCache)."""
+    g = torch.Generator().manual_seed(1000)
+    ids = torch.ones(TEXTS, 1, dtype=torch.long)
+    cache = DynamicCache()
+    step = ids
     with torch.no_grad():
-        for i in range(TEXTS):
-            g = torch.Generator().manual_seed(1000 + i)
-            ids = [1]
-            cache = CentroidKVCache(None, compress_on_prefill=False)
-            logits = model(torch.tensor([ids]), past_key_values=cache).logits[0, -1]
-            while len(ids) < PREFILL + CONTINUATION:
-                logits[[1, 2]] = -float("inf")
-                token = int(torch.multinomial(torch.softmax(logits / 0.8, -1), 1, generator=g))
-                ids.append(token)
-                logits = model(torch.tensor([[token]]), past_key_values=cache).logits[0, -1]
-            out.append(ids)
-    return out
+        while ids.shape[1] < PREFILL + CONTINUATION:
+            logits = model(step, past_key_values=cache).logits[:, -1]
+            logits[:, [1, 2]] = -float("inf")
+            step = torch.multinomial(torch.softmax(logits / 0.8, -1), 1, generator=g)
+            ids = torch.cat([ids, step], dim=1)
+    return ids.tolist()
 
 
 def worker_logits(tmp_path, tokens):

@@ -11,14 +11,16 @@ Hugging Face transformers' generate(). The wire API is proto/centroidkv/v1/centr
 from .client import Client
 from .errors import (CancelledError, CompressError, DeadlineExceededError,
                      FailedPreconditionError, InternalError, InvalidArgumentError,
-                     ResourceExhaustedError, UnavailableError)
+                     PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
+                     UnavailableError)
 from .result import HeadResult, LayerResult, Limits, ServerInfo
 
 __version__ = "0.1.0"
 
 __all__ = ["Client", "AsyncClient", "CompressError", "InvalidArgumentError",
            "ResourceExhaustedError", "FailedPreconditionError", "UnavailableError",
-           "DeadlineExceededError", "CancelledError", "InternalError", "LayerResult",
+           "DeadlineExceededError", "CancelledError", "InternalError", "UnauthenticatedError",
+           "PermissionDeniedError", "LayerResult",
            "HeadResult", "ServerInfo", "Limits"]
 
 

@@ -4,6 +4,7 @@ No I/O happens here.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
@@ -11,7 +12,8 @@ import grpc
 import numpy as np
 
 from . import _wire
-from .arrays import DTYPE_SIZE, Kind, counts_to_wire, dtype_code, ints_from_wire, rows_from_wire, to_wire
+from .arrays import (DTYPE_SIZE, Kind, ResultMemory, counts_to_wire, dtype_code,
+                     ints_from_wire, is_torch, rows_from_wire, to_wire)
 from .errors import CompressError, invalid_argument, make_error
 from .result import LayerResult
 from .v1 import centroidkv_pb2 as pb
@@ -19,11 +21,12 @@ from .v1 import centroidkv_pb2 as pb
 _LAYOUTS = {"head_major": pb.LAYOUT_HEAD_MAJOR, "token_major": pb.LAYOUT_TOKEN_MAJOR}
 _BACKENDS = {"auto": pb.BACKEND_AUTO, "cpu": pb.BACKEND_CPU, "gpu": pb.BACKEND_GPU,
              "reference": pb.BACKEND_REFERENCE, "identity": pb.BACKEND_IDENTITY}
+STOP_REASONS = {value: name[len("STOP_REASON_"):].lower()
+                for name, value in pb.StopReason.items()}
 _UINT_PARAMS = ("chunk_size", "sink_tokens", "recent_tokens", "max_passes")
 _FLOAT_PARAMS = ("min_similarity", "tighten_per_pass")
 PARAM_NAMES = ("target_ratio", "target_tokens") + _UINT_PARAMS + _FLOAT_PARAMS + (
     "uniform_heads", "passthrough_heads")
-JOB_OPTION_NAMES = PARAM_NAMES + ("layout", "output_dtype", "return_assignment", "backend")
 
 
 def compression_params(target_ratio=None, target_tokens=None, chunk_size=None,
@@ -68,6 +71,10 @@ class Job:
     tensors: list  # [(pb.Tensor, WireArray)]
     kind: Kind
 
+    @property
+    def ragged(self) -> bool:
+        return len(self.start.head_tokens) > 0
+
     def requests(self, slab_bytes: int) -> Iterator[bytes]:
         """The serialized requests of this job: StartJob, then every tensor in slabs."""
         yield _wire.encode_start_job(self.start)
@@ -78,39 +85,119 @@ class Job:
                                         data[offset:offset + slab_bytes])
 
 
-def make_job(job_id: int, layer_index: int, keys, values, counts=None, *,
+def _uint(name: str, value, low: int = 0) -> int:
+    if isinstance(value, bool) or int(value) != value or not low <= int(value) < 2**32:
+        raise invalid_argument(name, f"must be an integer in [{low}, 2^32) (got {value!r})")
+    return int(value)
+
+
+def _head_tokens(head_tokens, offsets, rows: int) -> list:
+    """Per-head entry counts of ragged input, from head_tokens [H] or offsets [H + 1]."""
+    if head_tokens is not None and offsets is not None:
+        raise invalid_argument("offsets", "give head_tokens or offsets, not both")
+    if offsets is not None:
+        o = np.asarray(offsets.detach().cpu().numpy() if is_torch(offsets) else offsets)
+        if o.ndim != 1 or len(o) < 2 or o.dtype.kind not in "ui":
+            raise invalid_argument("offsets", f"must be integers [H + 1] (got shape {o.shape}, "
+                                   f"dtype {o.dtype})")
+        o = o.astype(np.int64)
+        if o[0] != 0 or o[-1] != rows or np.any(np.diff(o) < 0):
+            raise invalid_argument("offsets", f"must rise from 0 to the {rows} rows of keys")
+        tokens = np.diff(o).tolist()
+    else:
+        t = head_tokens.detach().cpu().numpy() if is_torch(head_tokens) else head_tokens
+        tokens = [_uint("head_tokens", x) for x in np.asarray(t).reshape(-1).tolist()]
+        if sum(tokens) != rows:
+            raise invalid_argument("head_tokens", f"sum to {sum(tokens)}, but keys have {rows} rows")
+    if not tokens:
+        raise invalid_argument("head_tokens", "no head")
+    return tokens
+
+
+def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
              layout: str = "head_major", output_dtype=None, return_assignment: bool = False,
-             backend: str = "auto", **params) -> Job:
+             backend: str = "auto", head_tokens=None, offsets=None, pad_heads: bool = False,
+             pad_to: Optional[int] = None, exact_target: bool = False,
+             output_layout: Optional[str] = None, timeout: Optional[float] = None,
+             priority: Optional[int] = None, **params) -> Job:
+    """The Job of one compress() call. `keys` may be a LayerResult (a previous result sent
+    back as it is: its rows, counts and per-head lengths)."""
     unknown = set(params) - set(PARAM_NAMES)
     if unknown:
         raise TypeError(f"unknown compression parameter(s): {', '.join(sorted(unknown))}")
+    if isinstance(keys, LayerResult):
+        if values is not None or counts is not None or head_tokens is not None or \
+                offsets is not None:
+            raise TypeError("compress(result): values, counts, head_tokens and offsets come "
+                            "from the result")
+        keys, values, counts, layout, offsets = _result_as_input(keys)
+    elif values is None:
+        raise TypeError("compress() needs keys and values (or a LayerResult)")
     if layout not in _LAYOUTS:
         raise invalid_argument("layout", f"'{layout}' is not head_major or token_major")
+    if output_layout is not None and output_layout not in _LAYOUTS:
+        raise invalid_argument("output_layout", f"'{output_layout}' is not head_major or "
+                               "token_major")
     if backend not in _BACKENDS:
         raise invalid_argument("backend", f"'{backend}' is not one of {', '.join(_BACKENDS)}")
     k, kind = to_wire(keys, "keys")
     v, _ = to_wire(values, "values")
+    ragged = head_tokens is not None or offsets is not None
+    rank = 2 if ragged else 3
+    what = "2-D [rows, d] (ragged input)" if ragged else f"3-D ({layout})"
     for name, array in (("keys", k), ("values", v)):
-        if len(array.shape) != 3:
-            raise invalid_argument(name, f"must be 3-D ({layout}), got shape {array.shape}")
+        if len(array.shape) != rank:
+            raise invalid_argument(name, f"must be {what}, got shape {array.shape}")
     if k.dtype != v.dtype:
         raise invalid_argument("values", "must have the dtype of keys")
-    if k.shape[:2] != v.shape[:2]:
+    if k.shape[:-1] != v.shape[:-1]:
         raise invalid_argument("values", f"shape {v.shape} does not match keys {k.shape}")
-    heads, tokens = (k.shape[0], k.shape[1]) if layout == "head_major" else (k.shape[1], k.shape[0])
+    tokens_per_head: list = []
+    if ragged:
+        if layout != "head_major":
+            raise invalid_argument("layout", "ragged input (head_tokens / offsets) is head-major")
+        tokens_per_head = _head_tokens(head_tokens, offsets, k.shape[0])
+        heads, tokens = len(tokens_per_head), max(tokens_per_head)
+    elif layout == "head_major":
+        heads, tokens = k.shape[0], k.shape[1]
+    else:
+        heads, tokens = k.shape[1], k.shape[0]
     tensors = [(pb.TENSOR_KEYS, k), (pb.TENSOR_VALUES, v)]
     if counts is not None:
         c = counts_to_wire(counts)
-        if c.shape != k.shape[:2]:
-            raise invalid_argument("counts", f"shape {c.shape} does not match keys' {k.shape[:2]}")
+        if c.shape != k.shape[:-1]:
+            raise invalid_argument("counts", f"shape {c.shape} does not match keys' {k.shape[:-1]}")
         tensors.append((pb.TENSOR_COUNTS, c))
     start = pb.StartJob(
         job_id=job_id, layer_index=layer_index, num_heads=heads, num_tokens=tokens,
-        key_dim=k.shape[2], value_dim=v.shape[2], dtype=k.dtype, layout=_LAYOUTS[layout],
+        key_dim=k.shape[-1], value_dim=v.shape[-1], dtype=k.dtype, layout=_LAYOUTS[layout],
         has_counts=counts is not None, params=compression_params(**params),
         return_assignment=bool(return_assignment),
-        output_dtype=dtype_code(output_dtype, "output_dtype"), backend=_BACKENDS[backend])
+        output_dtype=dtype_code(output_dtype, "output_dtype"), backend=_BACKENDS[backend],
+        head_tokens=tokens_per_head, pad_heads=bool(pad_heads), exact_target=bool(exact_target))
+    if pad_to is not None:
+        start.pad_to = _uint("pad_to", pad_to)
+    if output_layout is not None:
+        start.output_layout = _LAYOUTS[output_layout]
+    if timeout is not None:
+        if not timeout > 0:
+            raise invalid_argument("timeout", f"must be positive seconds (got {timeout!r})")
+        start.timeout_ms = _uint("timeout", max(1, math.ceil(float(timeout) * 1000)))
+    if priority is not None:
+        if isinstance(priority, bool) or int(priority) != priority or \
+                not -2**31 <= int(priority) < 2**31:
+            raise invalid_argument("priority", f"must be an int32 (got {priority!r})")
+        start.priority = int(priority)
     return Job(job_id, layer_index, start, tensors, kind)
+
+
+def _result_as_input(result: LayerResult) -> tuple:
+    """(keys, values, counts, layout, offsets) that send `result`'s rows back as they are:
+    token-major results as token-major input [L, H, d]; head-major ones as ragged input
+    (padding rows have count 0 and are ignored by the server)."""
+    if result.layout == "token_major":
+        return result.keys, result.values, result.counts, "token_major", None
+    return result.keys, result.values, result.counts, "head_major", result.offsets
 
 
 @dataclass
@@ -124,8 +211,9 @@ class Assembler:
     """Reassembles the replies of one stream. feed() takes each decoded reply and returns
     the (job_id, LayerResult | CompressError) it completed, or None."""
 
-    def __init__(self, jobs: dict):
+    def __init__(self, jobs: dict, memory: ResultMemory):
         self.jobs = jobs  # job_id -> Job, for the layer index and the caller's kind
+        self.memory = memory  # where result tensors are received
         self.partial: dict = {}
 
     def feed(self, reply) -> Optional[tuple]:
@@ -137,8 +225,11 @@ class Assembler:
         if which == "error":
             error = reply.error
             job = self.jobs.get(error.job_id)
-            return error.job_id, make_error(error.code, error.message, job_id=error.job_id,
-                                            layer=job.layer_index if job else None)
+            return error.job_id, make_error(
+                error.code, error.message, field=error.field or None, job_id=error.job_id,
+                layer=job.layer_index if job else None,
+                head=error.head if error.HasField("head") else None,
+                token=error.token if error.HasField("token") else None)
         return None
 
     def _header(self, header: pb.JobResult):
@@ -146,7 +237,7 @@ class Assembler:
                  pb.TENSOR_OUT_VALUES: header.out_values_bytes,
                  pb.TENSOR_OUT_COUNTS: header.out_counts_bytes,
                  pb.TENSOR_ASSIGNMENT: header.assignment_bytes}
-        part = _Partial(header, {t: np.empty(n, np.uint8) for t, n in sizes.items()},
+        part = _Partial(header, {t: self.memory.buffer(n) for t, n in sizes.items()},
                         sum(sizes.values()))
         self.partial[header.job_id] = part
         return self._finish(header.job_id) if part.missing == 0 else None
@@ -177,16 +268,28 @@ class Assembler:
         heads, tokens = header.num_heads, header.num_tokens
         assignment = None
         if header.has_assignment:
-            assignment = ints_from_wire(
-                b[pb.TENSOR_ASSIGNMENT].view(np.int32).reshape(heads, tokens), kind)
+            rows = b[pb.TENSOR_ASSIGNMENT].view(np.int32)
+            # Ragged input: one entry per input row, heads one after another ([sum]).
+            assignment = ints_from_wire(rows if job.ragged else rows.reshape(heads, tokens), kind)
+        token_major = header.layout == pb.LAYOUT_TOKEN_MAJOR
+        # Token-major: rows [L, H, d], counts [L, H]; head-major: [total, d], [total].
+        lead = (header.padded_length, heads) if token_major else (-1,)
         result = LayerResult(
-            keys=rows_from_wire(b[pb.TENSOR_OUT_KEYS], header.dtype, header.key_dim, kind),
-            values=rows_from_wire(b[pb.TENSOR_OUT_VALUES], header.dtype, header.value_dim, kind),
-            counts=ints_from_wire(b[pb.TENSOR_OUT_COUNTS].view(np.uint32), kind),
+            keys=rows_from_wire(b[pb.TENSOR_OUT_KEYS], header.dtype, lead + (header.key_dim,), kind),
+            values=rows_from_wire(b[pb.TENSOR_OUT_VALUES], header.dtype,
+                                  lead + (header.value_dim,), kind),
+            counts=ints_from_wire(b[pb.TENSOR_OUT_COUNTS].view(np.uint32).reshape(lead), kind),
             offsets=ints_from_wire(np.asarray(header.offsets, dtype=np.int64), kind),
             assignment=assignment, layer_index=header.layer_index, num_heads=heads,
             num_tokens=tokens, backend=header.backend, passes_run=header.passes_run,
-            compute_seconds=header.compute_seconds, queue_seconds=header.queue_seconds)
+            compute_seconds=header.compute_seconds, queue_seconds=header.queue_seconds,
+            layout="token_major" if token_major else "head_major",
+            padded_length=header.padded_length, target_tokens=header.target_tokens,
+            target_reached=header.target_reached,
+            head_entries=np.asarray(header.head_entries, dtype=np.int64),
+            head_input_tokens=np.asarray(header.head_input_tokens, dtype=np.int64),
+            head_tokens=np.asarray(header.head_tokens, dtype=np.int64),
+            stop_reasons=tuple(STOP_REASONS.get(r, "unspecified") for r in header.stop_reasons))
         return job_id, result
 
 
@@ -204,12 +307,17 @@ def stream_error(error: grpc.RpcError, jobs: dict) -> CompressError:
 
 
 def normalize_layer(layer: Any) -> tuple:
-    """A compress_layers item: (keys, values), (keys, values, counts) or a dict with
-    keys/values[/counts]."""
+    """A compress_layers item as (args, options): (keys, values), (keys, values, counts), a
+    LayerResult (sent back as it is), or a dict with keys/values[/counts] and any per-layer
+    option (head_tokens / offsets of ragged input, pad_to, priority, ...)."""
+    if isinstance(layer, LayerResult):
+        return (layer,), {}
     if isinstance(layer, dict):
-        return layer["keys"], layer["values"], layer.get("counts")
+        options = dict(layer)
+        args = (options.pop("keys"), options.pop("values"), options.pop("counts", None))
+        return args, options
     if len(layer) == 2:
-        return layer[0], layer[1], None
+        return (layer[0], layer[1], None), {}
     if len(layer) == 3:
-        return tuple(layer)
-    raise TypeError("a layer is (keys, values), (keys, values, counts) or a dict")
+        return tuple(layer), {}
+    raise TypeError("a layer is (keys, values), (keys, values, counts), a LayerResult or a dict")

@@ -14,11 +14,11 @@ import grpc
 import grpc.aio
 
 from . import _wire
-from ._jobs import Assembler, make_job, normalize_layer, stream_error
-from .client import ClientCore, choose_slab_bytes
+from ._jobs import Assembler, stream_error
+from .client import (PROBE_SECONDS, ClientCore, choose_slab_bytes, get_info_error,
+                     waited_in_vain)
 from .errors import CompressError, UnavailableError, make_error
 from .result import LayerResult, ServerInfo, server_info_from_proto
-from .targets import parse_target
 from .v1 import centroidkv_pb2 as pb
 
 # How long a cancelled call waits for the server to acknowledge the CancelJobs by ending
@@ -30,10 +30,11 @@ class AsyncClient(ClientCore):
     """Like Client (same target forms and options), for asyncio code."""
 
     def __init__(self, target: str, **options):
-        super().__init__(grpc.aio.insecure_channel, target, **options)
+        super().__init__(grpc.aio, target, **options)
 
     async def close(self) -> None:
         await self._channel.close()
+        self.memory.close()
 
     async def __aenter__(self):
         return self
@@ -46,33 +47,46 @@ class AsyncClient(ClientCore):
             timeout = self.connect_timeout if self.timeout is None else self.timeout
             try:
                 reply = await self._get_info(pb.GetInfoRequest(), timeout=timeout,
-                                             wait_for_ready=True)
+                                             wait_for_ready=True, metadata=self._metadata)
             except grpc.RpcError as e:
-                raise make_error(e.code(), f"GetInfo: {e.details()}") from None
+                probe = await self._why_no_connection() if waited_in_vain(e) else None
+                raise get_info_error(e, probe, timeout) from None
             self._info = server_info_from_proto(reply)
         return self._info
 
-    async def compress(self, keys, values, counts=None, *, layer_index: int = 0,
+    async def compress(self, keys, values=None, counts=None, *, layer_index: int = 0,
                        **options) -> LayerResult:
-        job_id = self._job_id()
-        jobs = {job_id: make_job(job_id, layer_index, keys, values, counts, **options)}
+        """As Client.compress."""
+        jobs = self._one_job(keys, values, counts, layer_index, options)
         results = [result async for _, result in self._run(jobs)]
         return results[0]
 
-    async def compress_layers(self, layers: Iterable, **options) -> list:
+    async def compress_layers(self, layers: Iterable, *, return_exceptions: bool = False,
+                              **options) -> list:
+        """As Client.compress_layers (return_exceptions as asyncio.gather's)."""
         jobs = self._make_jobs(layers, options)
         results = {}
-        async for job_id, result in self._run(jobs):
+        async for job_id, result in self._run(jobs, return_exceptions):
             results[job_id] = result
         return [results[job_id] for job_id in jobs]
 
-    async def stream_layers(self, layers: Iterable, **options) -> AsyncIterator[LayerResult]:
-        """Yields each layer's LayerResult as it completes (result.layer_index says which)."""
-        async for _, result in self._run(self._make_jobs(layers, options)):
+    async def stream_layers(self, layers: Iterable, *, return_exceptions: bool = False,
+                            **options) -> AsyncIterator[LayerResult]:
+        """Yields each layer's LayerResult as it completes (result.layer_index says which);
+        with return_exceptions, a job's CompressError in its place (error.layer)."""
+        async for _, result in self._run(self._make_jobs(layers, options), return_exceptions):
             yield result
 
     # -- internals -----------------------------------------------------------------------
-    async def _run(self, jobs: dict):
+    async def _why_no_connection(self) -> Optional[grpc.RpcError]:
+        try:
+            await self._get_info(pb.GetInfoRequest(), timeout=PROBE_SECONDS,
+                                 metadata=self._metadata)
+        except grpc.RpcError as probe:
+            return probe
+        return None
+
+    async def _run(self, jobs: dict, return_exceptions: bool = False):
         slab_bytes = choose_slab_bytes(self._slab_request, await self.info())
         pending = dict(jobs)
         attempt = 0
@@ -80,13 +94,11 @@ class AsyncClient(ClientCore):
             retry: Optional[CompressError] = None
             try:
                 async for job_id, outcome in self._stream(pending, slab_bytes):
-                    if isinstance(outcome, UnavailableError):
+                    done = self._outcome(job_id, outcome, pending, return_exceptions)
+                    if done is None:
                         retry = outcome
-                        continue
-                    if isinstance(outcome, CompressError):
-                        raise outcome
-                    del pending[job_id]
-                    yield job_id, outcome
+                    else:
+                        yield job_id, done
             except UnavailableError as e:
                 retry = e
             if not pending:
@@ -104,9 +116,9 @@ class AsyncClient(ClientCore):
         as each finishes. The call is read and written by tasks of its own: grpc.aio cancels
         an RPC whose read or write is cancelled, and a cancelled caller must still be able
         to send CancelJob on it."""
-        call = self._compress(timeout=self.timeout)
+        call = self._compress(timeout=self.timeout, metadata=self._metadata)
         jobs = dict(jobs)  # the caller removes jobs as they are returned
-        assembler = Assembler(jobs)
+        assembler = Assembler(jobs, self.memory)
         finished, started = set(), set()  # started: StartJob may have reached the server
         stop = []  # set by a cancellation: the writer stops between two messages
         # The write side stays open until every result is in, so that a cancellation can

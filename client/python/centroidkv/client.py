@@ -16,14 +16,19 @@ from typing import Iterable, Iterator, Optional
 import grpc
 
 from . import _wire
-from ._jobs import Assembler, Job, make_job, normalize_layer, stream_error
+from ._jobs import Assembler, make_job, normalize_layer, stream_error
+from .arrays import ResultMemory
 from .errors import CompressError, UnavailableError, invalid_argument, make_error
 from .result import LayerResult, ServerInfo, server_info_from_proto
+from .security import channel_security
 from .targets import parse_target
 from .v1 import centroidkv_pb2 as pb
 
 DEFAULT_SLAB_BYTES = 4 << 20  # large enough that Python's per-message cost stays small
 MAX_RECEIVE_BYTES = 1 << 30
+# Memory of dropped results kept for the next ones (arrays.ResultMemory): a sequence's
+# worth of layers at 32k context (llama3-8b: 32 layers x 32 MiB at ratio 0.25).
+DEFAULT_RESULT_POOL_BYTES = 1 << 30
 
 
 def channel_options(target, extra=()) -> list:
@@ -36,14 +41,36 @@ def channel_options(target, extra=()) -> list:
 
 def choose_slab_bytes(requested: Optional[int], info: ServerInfo) -> int:
     """Slab payload size: the request (or DEFAULT_SLAB_BYTES), never more than the server's
-    largest message less the slab's own fields."""
-    limit = info.limits.max_message_bytes - _wire.SLAB_OVERHEAD_BYTES
+    GetInfo limits.max_slab_bytes (from servers older than it: its largest message less the
+    slab's own fields)."""
+    limit = info.limits.max_slab_bytes or (info.limits.max_message_bytes -
+                                           _wire.SLAB_OVERHEAD_BYTES)
     if limit <= 0:
         limit = DEFAULT_SLAB_BYTES
     size = requested if requested is not None else DEFAULT_SLAB_BYTES
     if size < 1:
         raise invalid_argument("slab_bytes", f"must be positive (got {size})")
     return min(size, limit)
+
+
+# After GetInfo found no ready connection within the connect timeout, one fail-fast call
+# tells why (its UNAVAILABLE names the connection's last error).
+PROBE_SECONDS = 5.0
+
+
+def waited_in_vain(error: grpc.RpcError) -> bool:
+    """GetInfo's wait for a ready connection ran out: worth a probe to say why."""
+    return error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def get_info_error(error: grpc.RpcError, probe: Optional[grpc.RpcError],
+                   waited: float) -> CompressError:
+    """The CompressError of a failed GetInfo; `probe` (a fail-fast GetInfo's error) names
+    the connection's last error when it is UNAVAILABLE."""
+    if probe is not None and probe.code() == grpc.StatusCode.UNAVAILABLE:
+        return make_error(probe.code(),
+                          f"GetInfo: no connection within {waited:g} s: {probe.details()}")
+    return make_error(error.code(), f"GetInfo: {error.details()}")
 
 
 class Backoff:
@@ -58,20 +85,31 @@ class Backoff:
 
 class ClientCore:
     """What Client and AsyncClient share: the target, the options, the channel made by
-    `channel_factory` (grpc.insecure_channel or grpc.aio.insecure_channel), its two methods
-    and the numbering of jobs."""
+    `grpc_module` (grpc or grpc.aio; plaintext or TLS), its two methods, the call metadata
+    (the bearer token) and the numbering of jobs."""
 
-    def __init__(self, channel_factory, target: str, *, timeout: Optional[float] = None,
+    def __init__(self, grpc_module, target: str, *, timeout: Optional[float] = None,
                  connect_timeout: float = 30.0, slab_bytes: Optional[int] = None,
-                 max_attempts: Optional[int] = None, grpc_options=()):
+                 max_attempts: Optional[int] = None, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 tls_server_name: Optional[str] = None, auth_token: Optional[str] = None,
+                 result_pool_bytes: int = DEFAULT_RESULT_POOL_BYTES, grpc_options=()):
         self.target = parse_target(target)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._slab_request = slab_bytes
         self.max_attempts = max_attempts or (4 if self.target.is_replica_set else 1)
         self.backoff = Backoff()
-        self._channel = channel_factory(self.target.grpc_target,
-                                        options=channel_options(self.target, grpc_options))
+        self.memory = ResultMemory(result_pool_bytes)
+        security = channel_security(tls_ca, tls_cert, tls_key, tls_server_name, auth_token)
+        self.tls = security.tls
+        self._metadata = security.metadata or None
+        options = channel_options(self.target, security.channel_options + list(grpc_options))
+        if security.credentials is None:
+            self._channel = grpc_module.insecure_channel(self.target.grpc_target, options=options)
+        else:
+            self._channel = grpc_module.secure_channel(self.target.grpc_target,
+                                                       security.credentials, options=options)
         self._compress = self._channel.stream_stream(
             _wire.METHOD_COMPRESS, request_serializer=None,
             response_deserializer=_wire.decode_response)
@@ -89,10 +127,25 @@ class ClientCore:
     def _make_jobs(self, layers, options) -> dict:
         jobs = {}
         for index, layer in enumerate(layers):
-            keys, values, counts = normalize_layer(layer)
+            args, layer_options = normalize_layer(layer)
             job_id = self._job_id()
-            jobs[job_id] = make_job(job_id, index, keys, values, counts, **options)
+            jobs[job_id] = make_job(job_id, index, *args, **{**options, **layer_options})
         return jobs
+
+    def _one_job(self, keys, values, counts, layer_index, options) -> dict:
+        job_id = self._job_id()
+        return {job_id: make_job(job_id, layer_index, keys, values, counts, **options)}
+
+    def _outcome(self, job_id, outcome, pending: dict, return_exceptions: bool):
+        """What _run does with one finished job: None to resend it (UNAVAILABLE: a draining
+        replica refused it), else the outcome to yield; a job's error raises unless
+        return_exceptions."""
+        if isinstance(outcome, UnavailableError):
+            return None
+        if isinstance(outcome, CompressError) and not return_exceptions:
+            raise outcome
+        del pending[job_id]
+        return outcome
 
 
 class Client(ClientCore):
@@ -100,16 +153,21 @@ class Client(ClientCore):
 
     target: "host:port", "unix:///path", a comma list of replicas, or "dns:///name:port".
     timeout: deadline in seconds of each call (None: none). slab_bytes: request slab payload
-    (clamped to the server's max_message_bytes). max_attempts: streams tried per call when
-    one fails with UNAVAILABLE (default 4 for a replica set, 1 for one address).
+    (clamped to the server's limits.max_slab_bytes). max_attempts: streams tried per call
+    when one fails with UNAVAILABLE (default 4 for a replica set, 1 for one address).
+    tls_ca, tls_cert + tls_key (mTLS), tls_server_name, auth_token (default
+    $CENTROIDKV_TOKEN): as the C++ client's options (centroidkv.security).
+    result_pool_bytes: memory of dropped result arrays kept for the next results (default
+    1 GiB; 0 keeps none): refilling fresh pages costs more than the copy itself.
     """
 
     def __init__(self, target: str, **options):
-        super().__init__(grpc.insecure_channel, target, **options)
+        super().__init__(grpc, target, **options)
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
         self._channel.close()
+        self.memory.close()
 
     def __enter__(self):
         return self
@@ -123,47 +181,66 @@ class Client(ClientCore):
         if self._info is None or refresh:
             timeout = self.connect_timeout if self.timeout is None else self.timeout
             try:
-                reply = self._get_info(pb.GetInfoRequest(), timeout=timeout, wait_for_ready=True)
+                reply = self._get_info(pb.GetInfoRequest(), timeout=timeout, wait_for_ready=True,
+                                       metadata=self._metadata)
             except grpc.RpcError as e:
-                raise make_error(e.code(), f"GetInfo: {e.details()}") from None
+                probe = self._why_no_connection() if waited_in_vain(e) else None
+                raise get_info_error(e, probe, timeout) from None
             self._info = server_info_from_proto(reply)
         return self._info
+
+    def _why_no_connection(self) -> Optional[grpc.RpcError]:
+        try:
+            self._get_info(pb.GetInfoRequest(), timeout=PROBE_SECONDS, metadata=self._metadata)
+        except grpc.RpcError as probe:
+            return probe
+        return None
 
     @property
     def slab_bytes(self) -> int:
         return choose_slab_bytes(self._slab_request, self.info())
 
-    def compress(self, keys, values, counts=None, *, layer_index: int = 0,
+    def compress(self, keys, values=None, counts=None, *, layer_index: int = 0,
                  **options) -> LayerResult:
         """Compresses one layer: keys [H, n, dk] and values [H, n, dv] (or [n, H, d] with
-        layout="token_major"), counts [H, n] or None. Keyword arguments: every SPEC
-        parameter (target_ratio, target_tokens, chunk_size, sink_tokens, recent_tokens,
-        min_similarity, tighten_per_pass, max_passes, uniform_heads, passthrough_heads; None
-        = the server's default), layout, output_dtype, return_assignment, backend."""
-        job_id = self._job_id()
-        jobs = {job_id: make_job(job_id, layer_index, keys, values, counts, **options)}
+        layout="token_major"), counts [H, n] or None; or ragged input, keys [rows, dk] with
+        head_tokens [H] or offsets [H + 1]; or a LayerResult sent back as it is. Keyword
+        arguments: every SPEC parameter (target_ratio, target_tokens, chunk_size,
+        sink_tokens, recent_tokens, min_similarity, tighten_per_pass, max_passes,
+        uniform_heads, passthrough_heads; None = the server's default), layout,
+        output_dtype, return_assignment, backend, pad_heads, pad_to, exact_target,
+        output_layout, timeout (the job's deadline in seconds, on the server), priority.
+        Raises CompressError."""
+        jobs = self._one_job(keys, values, counts, layer_index, options)
         return [result for _, result in self._run(jobs)][0]
 
-    def compress_layers(self, layers: Iterable, **options) -> list:
+    def compress_layers(self, layers: Iterable, *, return_exceptions: bool = False,
+                        **options) -> list:
         """Compresses every layer of a sequence on one stream, pipelined, and returns the
-        LayerResults in the order of `layers` (each (keys, values[, counts]) or a dict)."""
+        LayerResults in the order of `layers` (each (keys, values[, counts]), a LayerResult,
+        or a dict of keys/values/counts and per-layer options). A job's error raises its
+        CompressError and ends the call; with return_exceptions=True it takes the layer's
+        place in the list instead and the other layers go on (as asyncio.gather). A failure
+        of the whole stream raises either way."""
         results = {}
         jobs = self._make_jobs(layers, options)
-        order = list(jobs)
-        for job_id, result in self._run(jobs):
+        for job_id, result in self._run(jobs, return_exceptions):
             results[job_id] = result
-        return [results[job_id] for job_id in order]
+        return [results[job_id] for job_id in jobs]
 
-    def iter_compress_layers(self, layers: Iterable, **options) -> Iterator[LayerResult]:
-        """As compress_layers, yielding each LayerResult as soon as it is complete (in
-        completion order; result.layer_index says which)."""
-        for _, result in self._run(self._make_jobs(layers, options)):
+    def iter_compress_layers(self, layers: Iterable, *, return_exceptions: bool = False,
+                             **options) -> Iterator[LayerResult]:
+        """As compress_layers, yielding each LayerResult (or, with return_exceptions, a
+        job's CompressError) as soon as it is complete, in completion order
+        (result.layer_index / error.layer says which)."""
+        for _, result in self._run(self._make_jobs(layers, options), return_exceptions):
             yield result
 
     # -- internals -----------------------------------------------------------------------
-    def _run(self, jobs: dict) -> Iterator[tuple]:
-        """Yields (job_id, LayerResult) for every job exactly once, resending on a new
-        stream the jobs of a stream (or the jobs) that failed with UNAVAILABLE."""
+    def _run(self, jobs: dict, return_exceptions: bool = False) -> Iterator[tuple]:
+        """Yields (job_id, LayerResult | CompressError) for every job exactly once,
+        resending on a new stream the jobs of a stream (or the jobs) that failed with
+        UNAVAILABLE."""
         slab_bytes = self.slab_bytes
         pending = dict(jobs)
         attempt = 0
@@ -171,22 +248,19 @@ class Client(ClientCore):
             retry: Optional[CompressError] = None
             try:
                 for job_id, outcome in self._stream(pending, slab_bytes):
-                    if isinstance(outcome, UnavailableError):
-                        retry = outcome  # a draining replica refused it: resend
-                        continue
-                    if isinstance(outcome, CompressError):
-                        raise outcome
-                    del pending[job_id]
-                    yield job_id, outcome
+                    done = self._outcome(job_id, outcome, pending, return_exceptions)
+                    if done is None:
+                        retry = outcome
+                    else:
+                        yield job_id, done
             except UnavailableError as e:
                 retry = e
             if not pending:
                 return
             attempt += 1
             if retry is None:
-                retry = make_error(grpc.StatusCode.INTERNAL,
-                                   f"the stream ended with {len(pending)} jobs unanswered")
-                raise retry
+                raise make_error(grpc.StatusCode.INTERNAL,
+                                 f"the stream ended with {len(pending)} jobs unanswered")
             if attempt >= self.max_attempts:
                 raise retry
             time.sleep(self.backoff.delay(attempt - 1))
@@ -199,8 +273,8 @@ class Client(ClientCore):
                 yield from job.requests(slab_bytes)
 
         jobs = dict(jobs)  # the caller removes jobs as they are returned
-        assembler = Assembler(jobs)
-        call = self._compress(requests(), timeout=self.timeout)
+        assembler = Assembler(jobs, self.memory)
+        call = self._compress(requests(), timeout=self.timeout, metadata=self._metadata)
         try:
             for reply in call:
                 done = assembler.feed(reply)

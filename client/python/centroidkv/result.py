@@ -13,11 +13,24 @@ class HeadResult(NamedTuple):
 
 @dataclass
 class LayerResult:
-    """One compressed layer, heads concatenated along the entry axis: head h owns rows
-    offsets[h] .. offsets[h+1] of keys [total, dk], values [total, dv] and counts [total]
-    (how many original tokens each entry stands for). assignment [H, n] maps every input
-    entry to its head-local output row (None unless asked for). numpy in, numpy out (counts
-    uint32, offsets int64, assignment int32); torch in, torch out (those three as int64)."""
+    """One compressed layer. Head-major (the default): heads concatenated along the entry
+    axis, head h owns rows offsets[h] .. offsets[h+1] of keys [total, dk], values
+    [total, dv] and counts [total] (how many original tokens each entry stands for).
+    Token-major (output_layout="token_major"): keys [L, H, dk], values [L, H, dv], counts
+    [L, H], every head L rows (offsets h * L). Padded results (pad_heads, pad_to, token-major)
+    end shorter heads with count-0 rows (zero keys and values) that attention must mask
+    (centroidkv.torch does). assignment maps every input entry to its head-local output row
+    (-1 for count-0 padding input): [H, n], or [sum] for ragged input (None unless asked
+    for). numpy in, numpy out (counts uint32, offsets int64, assignment int32); torch in,
+    torch out (those three as int64).
+
+    The honest account, per head (numpy int64 arrays, [H]): head_entries (real rows, count
+    > 0), head_input_tokens (sum of the input counts), head_tokens (input rows);
+    stop_reasons (why each head stopped: "target_reached", "passthrough",
+    "similarity_floor", "max_passes", "protected", "uniform_heads"); target_tokens (t) and
+    target_reached (every compressed head has at most t entries).
+
+    A LayerResult goes back for another round as it is: client.compress(result, ...)."""
 
     keys: Any
     values: Any
@@ -31,14 +44,34 @@ class LayerResult:
     passes_run: int
     compute_seconds: float
     queue_seconds: float
+    layout: str = "head_major"
+    padded_length: int = 0
+    target_tokens: int = 0
+    target_reached: bool = True
+    head_entries: Any = None
+    head_input_tokens: Any = None
+    head_tokens: Any = None
+    stop_reasons: tuple = ()
 
     @property
     def total_entries(self) -> int:
+        """Rows of the result, padding included."""
         return int(self.offsets[-1])
 
+    @property
+    def missed_heads(self) -> list:
+        """The heads left above the target (their stop_reasons say why)."""
+        if self.head_entries is None:
+            return []
+        return [h for h, reason in enumerate(self.stop_reasons)
+                if reason != "passthrough" and int(self.head_entries[h]) > self.target_tokens]
+
     def head(self, h: int) -> HeadResult:
+        """Head h's rows (padding rows included, count 0)."""
         if not 0 <= h < self.num_heads:
             raise IndexError(f"head {h} outside [0, {self.num_heads})")
+        if self.layout == "token_major":
+            return HeadResult(self.keys[:, h], self.values[:, h], self.counts[:, h])
         lo, hi = int(self.offsets[h]), int(self.offsets[h + 1])
         return HeadResult(self.keys[lo:hi], self.values[lo:hi], self.counts[lo:hi])
 
@@ -53,6 +86,7 @@ class Limits:
     max_total_bytes: int
     max_message_bytes: int
     result_slab_bytes: int
+    max_slab_bytes: int = 0  # largest slab payload taken (0 from servers before issue 14)
 
 
 @dataclass
@@ -79,7 +113,7 @@ def server_info_from_proto(reply) -> ServerInfo:
 
     l = reply.limits
     limits = Limits(l.max_heads, l.max_tokens, l.max_dim, l.max_job_bytes, l.max_stream_bytes,
-                    l.max_total_bytes, l.max_message_bytes, l.result_slab_bytes)
+                    l.max_total_bytes, l.max_message_bytes, l.result_slab_bytes, l.max_slab_bytes)
     defaults = MessageToDict(reply.defaults, preserving_proto_field_name=True)
     devices = [Device(d.backend, d.name, d.memory_bytes, (d.compute_major, d.compute_minor))
                for d in reply.device_info]

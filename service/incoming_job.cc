@@ -44,12 +44,11 @@ absl::Status FromEngine(const absl::Status& status) {
 std::string TensorName(v1::Tensor tensor) { return v1::Tensor_Name(tensor); }
 
 // Freed input buffers kept for the next job of the same size. Bounded: buffers under
-// kMinPooled bytes are not kept (the heap serves them well), and at most kMaxRetained bytes
-// are held idle. Thread-safe.
+// kMinPooled bytes are not kept (the heap serves them well), and at most max_retained_
+// bytes are held idle (SetIdleInputBytesLimit). Thread-safe.
 class InputBufferPool {
  public:
   static constexpr uint64_t kMinPooled = uint64_t{1} << 20;
-  static constexpr uint64_t kMaxRetained = uint64_t{512} << 20;
 
   static InputBufferPool& Get() {
     static InputBufferPool* const pool = new InputBufferPool();  // never destroyed
@@ -73,13 +72,13 @@ class InputBufferPool {
   void Give(uint8_t* bytes, uint64_t size) {
     if (size >= kMinPooled) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (retained_ + size > kMaxRetained && !free_.empty()) {
+      while (retained_ + size > max_retained_ && !free_.empty()) {
         // Make room by dropping the oldest buffer (a shape not seen lately).
         retained_ -= free_.front().first;
         delete[] free_.front().second;
         free_.erase(free_.begin());
       }
-      if (retained_ + size <= kMaxRetained) {
+      if (retained_ + size <= max_retained_) {
         free_.emplace_back(size, bytes);
         retained_ += size;
         return;
@@ -87,14 +86,26 @@ class InputBufferPool {
     }
     delete[] bytes;
   }
+  void SetLimit(uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    max_retained_ = bytes;
+    while (retained_ > max_retained_ && !free_.empty()) {
+      retained_ -= free_.front().first;
+      delete[] free_.front().second;
+      free_.erase(free_.begin());
+    }
+  }
 
  private:
   std::mutex mu_;
+  uint64_t max_retained_ = kDefaultIdleInputBytes;
   std::vector<std::pair<uint64_t, uint8_t*>> free_;  // oldest first
   uint64_t retained_ = 0;
 };
 
 }  // namespace
+
+void SetIdleInputBytesLimit(uint64_t bytes) { InputBufferPool::Get().SetLimit(bytes); }
 
 void InputBufferDeleter::operator()(uint8_t* bytes) const {
   InputBufferPool::Get().Give(bytes, size);
@@ -222,14 +233,21 @@ absl::StatusOr<std::unique_ptr<IncomingJob>> IncomingJob::Create(const v1::Start
   }
   job->footprint_bytes_ = input_bytes + MaxResultBytes(view, job->options_, job->output_dtype_);
 
-  job->keys_.Allocate(key_bytes);
-  job->values_.Allocate(value_bytes);
-  job->counts_.Allocate(count_bytes);
-  view.keys = job->keys_.bytes.get();
-  view.values = job->values_.bytes.get();
-  view.counts = job->has_counts_ ? reinterpret_cast<const uint32_t*>(job->counts_.bytes.get())
-                                 : nullptr;
+  job->keys_.size = key_bytes;
+  job->values_.size = value_bytes;
+  job->counts_.size = count_bytes;
   return job;
+}
+
+void IncomingJob::AllocateInput() {
+  if (allocated_) return;
+  allocated_ = true;
+  keys_.Allocate(keys_.size);
+  values_.Allocate(values_.size);
+  counts_.Allocate(counts_.size);
+  view_.keys = keys_.bytes.get();
+  view_.values = values_.bytes.get();
+  view_.counts = has_counts_ ? reinterpret_cast<const uint32_t*>(counts_.bytes.get()) : nullptr;
 }
 
 IncomingJob::TensorBuffer* IncomingJob::BufferFor(v1::Tensor tensor) {
@@ -274,6 +292,7 @@ absl::Status IncomingJob::AddSlab(const v1::TensorSlab& slab) {
     return InvalidFieldError({"slab.data"},
                              absl::StrCat("slab.data for job ", job_id_, " is empty"));
   }
+  AllocateInput();
   std::memcpy(buffer->bytes.get() + buffer->received, slab.data().data(), slab.data().size());
   buffer->received += slab.data().size();
   return absl::OkStatus();

@@ -19,6 +19,12 @@
 
 namespace centroidkv::service {
 
+// The most bytes of freed input buffers the process keeps for reuse (default 512 MiB).
+// Process-wide; a server sets it to at most its --max-total-bytes, so idle inputs add at
+// most one budget's worth to its memory.
+constexpr uint64_t kDefaultIdleInputBytes = uint64_t{512} << 20;
+void SetIdleInputBytesLimit(uint64_t bytes);
+
 // Returns a job's input buffer of `size` bytes to the pool (incoming_job.cc).
 struct InputBufferDeleter {
   uint64_t size = 0;
@@ -27,10 +33,14 @@ struct InputBufferDeleter {
 
 class IncomingJob {
  public:
-  // Validates `start` (dtype, layout, dims, parameters, size limits) and allocates the
-  // input buffers. RESOURCE_EXHAUSTED when the job exceeds max_job_bytes.
+  // Validates `start` (dtype, layout, dims, parameters, size limits). RESOURCE_EXHAUSTED
+  // when the job exceeds max_job_bytes. Allocates nothing big: a job waiting for the memory
+  // budget holds no input buffer.
   static absl::StatusOr<std::unique_ptr<IncomingJob>> Create(const v1::StartJob& start,
                                                              const ServerOptions& options);
+  // Takes the input buffers (from the pool of freed ones); the stream calls it once the
+  // job's footprint is reserved. AddSlab calls it too if it has not run. Idempotent.
+  void AllocateInput();
 
   // Copies one slab into place. FAILED_PRECONDITION for an overlap or a gap (framing: the
   // stream ends), INVALID_ARGUMENT naming slab.tensor / slab.data for a tensor the job does
@@ -52,7 +62,8 @@ class IncomingJob {
   const CompressOptions& options() const { return options_; }
   // Input bytes plus the most the result can take: what the stream reserves for this job.
   uint64_t footprint_bytes() const { return footprint_bytes_; }
-  // Borrowed view of the assembled input; valid while this object lives.
+  // Borrowed view of the assembled input (its tensors null before AllocateInput); valid
+  // while this object lives.
   const LayerView& view() const { return view_; }
 
  private:
@@ -78,7 +89,8 @@ class IncomingJob {
   int32_t priority_ = 0;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
   std::vector<int64_t> head_offsets_;  // ragged input: [H + 1], view_.head_offsets
-  TensorBuffer keys_, values_, counts_;
+  TensorBuffer keys_, values_, counts_;  // sizes set by Create, bytes by AllocateInput
+  bool allocated_ = false;
   uint64_t footprint_bytes_ = 0;
   LayerView view_;
 };

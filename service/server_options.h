@@ -56,6 +56,14 @@ struct ServerOptions {
   // 0 results = no pool (every job allocates and zero-fills its result afresh).
   int32_t max_pooled_results = 16;
   uint64_t max_pooled_result_bytes = uint64_t{512} << 20;
+  // Transport (gRPC) memory, outside the byte budgets above: a grpc::ResourceQuota of
+  // max_transport_bytes over all connections (gRPC shrinks windows and refuses allocations
+  // under it), at most max_streams streams in all (more end at once with
+  // RESOURCE_EXHAUSTED), and each stream's receive window fixed at stream_window_bytes (no
+  // BDP growth: an unread stream buffers at most that much).
+  uint64_t max_transport_bytes = uint64_t{256} << 20;
+  int32_t max_streams = 1024;
+  int32_t stream_window_bytes = 1 << 20;
   // Input bytes of one job (keys + values + counts); larger jobs get RESOURCE_EXHAUSTED.
   uint64_t max_job_bytes = uint64_t{256} << 20;
   // Largest message accepted (slabs are 64 KiB - 1 MiB; this leaves room for headers).
@@ -67,6 +75,13 @@ struct ServerOptions {
   int32_t max_slab_bytes = 4 << 20;
   // Payload size of each result slab the server sends.
   int32_t result_slab_bytes = 1 << 20;
+
+  // Timeouts (StreamWatchdog): a job whose slabs have not all arrived this long after its
+  // memory was reserved fails with a DEADLINE_EXCEEDED JobError and its reservation expires
+  // (clients that announce jobs and send nothing cannot hold the budget); a stream with
+  // nothing read, written or in flight for idle_stream_timeout ends with DEADLINE_EXCEEDED.
+  std::chrono::milliseconds incomplete_job_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds idle_stream_timeout{std::chrono::minutes(10)};
 
   // On SIGTERM: time to finish in-flight jobs before the remaining streams are cancelled.
   // Kubernetes' terminationGracePeriodSeconds must exceed it (deploy/ checks this).

@@ -1,9 +1,11 @@
 // ServiceContext construction and the registry of live streams.
 #include "service/service_context.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "service/compress_reactor.h"
+#include "service/incoming_job.h"
 
 namespace centroidkv::service {
 
@@ -18,7 +20,15 @@ ServiceContext::ServiceContext(const ServerOptions& server_options)
       callers(CallerLimits{server_options.security.max_caller_streams,
                            server_options.security.max_caller_jobs,
                            server_options.security.max_caller_bytes},
-              &metrics) {}
+              &metrics) {
+  SetIdleInputBytesLimit(std::min(kDefaultIdleInputBytes, server_options.max_total_bytes));
+}
+
+ServiceContext::~ServiceContext() {
+  jobs.CancelAll();
+  // The engines check the flag inside their loops, so this returns soon after.
+  executor->WaitIdle(std::chrono::hours(24));
+}
 
 void StreamRegistry::Add(CompressReactor* reactor) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -42,6 +52,10 @@ size_t StreamRegistry::size() const {
 }
 
 void StreamRegistry::DrainAll() {
+  ForEach([](CompressReactor* reactor) { reactor->Drain(); });
+}
+
+void StreamRegistry::ForEach(const std::function<void(CompressReactor*)>& visit) {
   std::vector<CompressReactor*> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -51,7 +65,7 @@ void StreamRegistry::DrainAll() {
     }
   }
   for (CompressReactor* reactor : live) {
-    reactor->Drain();
+    visit(reactor);
     reactor->Unref();
   }
 }

@@ -129,6 +129,10 @@ struct EngineLimits {
   int32_t max_tokens = 1 << 22;  // 4M entries per head
   int32_t max_dim = 4096;        // key_dim and value_dim
   int64_t max_layer_elements = int64_t{1} << 31;  // H * n * (dk + dv)
+  // Largest CompressOptions::chunk_size (RESOURCE_EXHAUSTED above it). Matching costs
+  // about n * C * key_dim / 4 per head and pass, so this bounds one job's work, and one
+  // chunk's (the interval at which backends check for cancellation: tens of ms at 4096).
+  int32_t max_chunk_size = 4096;
 };
 
 // The output of one layer job: heads concatenated along the entry axis, in
@@ -170,7 +174,8 @@ struct CompressResult {
 
 // Per-call control that is not part of the job: cooperative cancellation.
 struct CompressControl {
-  // When set and it becomes true, the engine stops at the next pass boundary and returns
+  // When set and it becomes true, the engine stops within one chunk's work (the cpu and
+  // reference backends check it inside their matching and merging loops) and returns
   // absl::CancelledError. Borrowed; must outlive the call.
   const std::atomic<bool>* cancelled = nullptr;
   // The job's deadline: past it the engine stops the same way (CancelledError); the caller

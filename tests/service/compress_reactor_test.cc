@@ -1265,7 +1265,10 @@ double ProcessCpuSeconds() {
 // call's deadline: within a second the pool is empty and the server uses no more CPU. Both
 // engines that run on the CPU check the flag inside their matching and merging loops: the
 // reference backend (per source row; a small layer takes it seconds) and the cpu backend
-// (per chunk of at most max_chunk_size rows; a layer of 8 x 16384 x 128 takes it seconds).
+// (per chunk of at most max_chunk_size rows; a layer of 8 x 16384 x 128 takes it a second or
+// two). The call's deadline reaches the job the same way as the client's cancellation
+// (OnCancel sets its flag); it is tried on the reference backend only, whose job surely
+// outlives a deadline that leaves time to send it.
 TEST_F(CompressReactorTest, CancelledBigJobStopsUsingCpuWithinASecond) {
   struct Case {
     v1::Backend backend;
@@ -1281,9 +1284,10 @@ TEST_F(CompressReactorTest, CancelledBigJobStopsUsingCpuWithinASecond) {
   enum class How { kCancelJob, kCancelCall, kDeadline };
   for (const Case& big : cases) {
     for (How how : {How::kCancelJob, How::kCancelCall, How::kDeadline}) {
+      if (how == How::kDeadline && big.backend != v1::BACKEND_REFERENCE) continue;
       SCOPED_TRACE(::testing::Message() << v1::Backend_Name(big.backend) << " how "
                                         << static_cast<int>(how));
-      // The deadline leaves time to send the job (64 MiB for the cpu case) and start it.
+      // The deadline leaves time to send the job and start it.
       constexpr std::chrono::milliseconds kDeadline{2500};
       const auto opened = std::chrono::steady_clock::now();
       RawStream stream(stub_.get(),

@@ -9,8 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -136,6 +138,7 @@ bool WaitForCpu(const ServerProcess& server, double base, double seconds) {
 // 20 runs: each server gets SIGTERM while its job computes, past a 0.2 s grace period.
 TEST(ServerMainTest, SigtermDuringALongJobExitsZeroEveryTime) {
   constexpr int kRuns = 20;
+  double slowest_exit = 0;
   for (int run = 0; run < kRuns; ++run) {
     SCOPED_TRACE(::testing::Message() << "run " << run);
     ServerProcess server;
@@ -162,7 +165,9 @@ TEST(ServerMainTest, SigtermDuringALongJobExitsZeroEveryTime) {
     EXPECT_FALSE(stream.Finish(&responses).ok());
     EXPECT_TRUE(DecodeResults(responses).empty());
     EXPECT_LT(exit_seconds, 3.0) << server.Log();
+    slowest_exit = std::max(slowest_exit, exit_seconds);
   }
+  std::cout << kRuns << " runs exited 0; slowest exit " << slowest_exit << " s after SIGTERM\n";
 }
 
 }  // namespace

@@ -41,7 +41,9 @@ void AddFlags(CLI::App& app, ServerOptions& options, DurationFlags& durations) {
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-total-bytes", options.max_total_bytes,
-                 "Bytes all streams together may hold in flight")
+                 "Bytes all streams together may hold in flight (a job's input buffer is "
+                 "taken only once its input + result fit; idle freed inputs are kept up to "
+                 "this much too)")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-pooled-results", options.max_pooled_results,
@@ -53,7 +55,11 @@ void AddFlags(CLI::App& app, ServerOptions& options, DurationFlags& durations) {
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-transport-bytes", options.max_transport_bytes,
-                 "gRPC transport memory over all connections (a grpc::ResourceQuota)")
+                 "gRPC transport memory over all connections (a grpc::ResourceQuota; under "
+                 "it new streams get RESOURCE_EXHAUSTED). RSS stays within the idle process "
+                 "+ 2 x --max-total-bytes + --max-pooled-result-bytes + this + a fixed "
+                 "overhead of 64 MiB (tested) plus the engine's scratch for the largest job "
+                 "per thread (docs/reliability.md)")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-streams", options.max_streams,

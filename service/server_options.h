@@ -48,6 +48,8 @@ struct ServerOptions {
 
   // Backpressure: bytes a stream may buffer (inputs being received or computed, results
   // not yet written) before the server stops reading it, and the same over all streams.
+  // A job's input buffer is taken only once its footprint is reserved, and freed input
+  // buffers kept for reuse are capped at max_total_bytes too.
   uint64_t max_stream_bytes = uint64_t{512} << 20;
   uint64_t max_total_bytes = uint64_t{4} << 30;
   // Finished jobs' float32 result buffers kept idle for reuse by later jobs (ResultPool):
@@ -60,7 +62,10 @@ struct ServerOptions {
   // max_transport_bytes over all connections (gRPC shrinks windows and refuses allocations
   // under it), at most max_streams streams in all (more end at once with
   // RESOURCE_EXHAUSTED), and each stream's receive window fixed at stream_window_bytes (no
-  // BDP growth: an unread stream buffers at most that much).
+  // BDP growth: an unread stream buffers at most that much). Together: RSS <= idle process
+  // + 2 max_total_bytes + max_pooled_result_bytes + max_transport_bytes + a fixed overhead
+  // (64 MiB, tests/service/server_memory_test.cc) + the engine's per-thread scratch for the
+  // largest job computed (not budgeted; docs/reliability.md).
   uint64_t max_transport_bytes = uint64_t{256} << 20;
   int32_t max_streams = 1024;
   int32_t stream_window_bytes = 1 << 20;

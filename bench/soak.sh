@@ -36,7 +36,7 @@ else
   bin_dir="$build_dir/bin"
 fi
 
-server_flags=${CKV_SERVER_FLAGS:---max-total-bytes 256MiB --max-stream-bytes 64MiB --incomplete-job-timeout 5 --idle-stream-timeout 30 --grace-period 2}
+server_flags=${CKV_SERVER_FLAGS:---max-total-bytes 256MiB --max-stream-bytes 64MiB --max-pooled-result-bytes 128MiB --incomplete-job-timeout 5 --idle-stream-timeout 30 --grace-period 2}
 log=$(mktemp /tmp/centroidkv-soak.XXXXXX.log)
 # shellcheck disable=SC2086
 "$bin_dir/centroidkv-server" --listen 127.0.0.1:0 --metrics-listen off $server_flags >"$log" 2>&1 &
@@ -62,5 +62,5 @@ server_rc=0
 wait "$server_pid" || server_rc=$?
 trap 'rm -f "$log"' EXIT
 [ -n "$line" ] || { echo "soak.sh: centroidkv-soak printed nothing" >&2; tail -20 "$log" >&2; exit 1; }
-echo "${line%\}},\"server_exit_code\":$server_rc,\"load_before\":$load_before,\"load_after\":$load_after}"
+echo "${line%\}},\"server_flags\":\"$server_flags\",\"server_exit_code\":$server_rc,\"load_before\":$load_before,\"load_after\":$load_after}"
 [ "$soak_rc" = 0 ] && [ "$server_rc" = 0 ]

@@ -58,8 +58,8 @@ void AddFlags(CLI::App& app, ServerOptions& options, DurationFlags& durations) {
                  "gRPC transport memory over all connections (a grpc::ResourceQuota; under "
                  "it new streams get RESOURCE_EXHAUSTED). RSS stays within the idle process "
                  "+ 2 x --max-total-bytes + --max-pooled-result-bytes + this + a fixed "
-                 "overhead of 64 MiB (tested) plus the engine's scratch for the largest job "
-                 "per thread (docs/reliability.md)")
+                 "overhead of 64 MiB (tested) + the engine's scratch for the largest jobs "
+                 "(docs/reliability.md)")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-streams", options.max_streams,

@@ -64,8 +64,8 @@ struct ServerOptions {
   // RESOURCE_EXHAUSTED), and each stream's receive window fixed at stream_window_bytes (no
   // BDP growth: an unread stream buffers at most that much). Together: RSS <= idle process
   // + 2 max_total_bytes + max_pooled_result_bytes + max_transport_bytes + a fixed overhead
-  // (64 MiB, tests/service/server_memory_test.cc) + the engine's per-thread scratch for the
-  // largest job computed (not budgeted; docs/reliability.md).
+  // (64 MiB, tests/service/server_memory_test.cc) + the cpu engine's reusable scratch for
+  // the largest jobs computed together (not budgeted; docs/reliability.md).
   uint64_t max_transport_bytes = uint64_t{256} << 20;
   int32_t max_streams = 1024;
   int32_t stream_window_bytes = 1 << 20;

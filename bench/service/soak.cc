@@ -4,7 +4,7 @@
 // byte with the in-process cpu engine's result for the same job (computed once per shape
 // before the run); the server's RSS is sampled from /proc. At the end one JSON line:
 // jobs, results checked and mismatched, statuses by code (expected and unexpected, per
-// behaviour), RSS min / max / after the first minute. bench/soak.sh starts a server and
+// behaviour), RSS min / max / after the first minute / the largest of each 10 s. bench/soak.sh starts a server and
 // runs it; exit code 1 if any status was unexpected or any result differed.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -98,7 +98,8 @@ class Tally {
   const std::vector<std::string>& first_unexpected() const { return first_unexpected_; }
 
   std::string Json(double seconds, const Config& config, uint64_t rss_min, uint64_t rss_max,
-                   uint64_t rss_after_first_minute, int samples) const {
+                   uint64_t rss_after_first_minute, int samples,
+                   const std::vector<uint64_t>& rss_max_per_window) const {
     auto counts = [](const std::map<std::string, int64_t>& map) {
       std::vector<std::string> parts;
       for (const auto& [name, n] : map) parts.push_back(absl::StrCat("\"", name, "\":", n));
@@ -114,6 +115,8 @@ class Tally {
           "}"));
     }
     constexpr double kMiB = 1 << 20;
+    std::vector<std::string> windows;
+    for (uint64_t rss : rss_max_per_window) windows.push_back(absl::StrCat(rss >> 20));
     return absl::StrCat(
         "{\"seconds\":", seconds, ",\"streams\":", config.streams,
         ",\"connections\":", config.connections, ",\"jobs_submitted\":", submitted_.load(),
@@ -122,7 +125,7 @@ class Tally {
         ",\"statuses_unexpected\":", counts(unexpected_), ",\"behaviours\":{",
         absl::StrJoin(behaviours, ","), "},\"rss_mib\":{\"min\":", rss_min / kMiB,
         ",\"max\":", rss_max / kMiB, ",\"after_first_minute\":", rss_after_first_minute / kMiB,
-        ",\"samples\":", samples, "}}");
+        ",\"samples\":", samples, ",\"max_per_10s\":[", absl::StrJoin(windows, ","), "]}}");
   }
 
  private:
@@ -361,6 +364,7 @@ int SoakMain(int argc, char** argv) {
                          raw[static_cast<size_t>(i % config.connections)].get(), until, &tally);
   }
   uint64_t rss_min = UINT64_MAX, rss_max = 0, rss_after_minute = 0;
+  std::vector<uint64_t> rss_max_per_window;  // the largest sample of each 10 s
   int samples = 0;
   while (Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
@@ -372,6 +376,9 @@ int SoakMain(int argc, char** argv) {
     ++samples;
     rss_min = std::min(rss_min, rss);
     rss_max = std::max(rss_max, rss);
+    const auto window = static_cast<size_t>((Clock::now() - start) / std::chrono::seconds(10));
+    if (rss_max_per_window.size() <= window) rss_max_per_window.resize(window + 1, 0);
+    rss_max_per_window[window] = std::max(rss_max_per_window[window], rss);
     if (rss_after_minute == 0 && Clock::now() - start >= std::chrono::minutes(1)) {
       rss_after_minute = rss;
     }
@@ -379,7 +386,7 @@ int SoakMain(int argc, char** argv) {
   for (std::thread& thread : threads) thread.join();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::cout << tally.Json(seconds, config, samples > 0 ? rss_min : 0, rss_max, rss_after_minute,
-                          samples)
+                          samples, rss_max_per_window)
             << std::endl;
   for (const std::string& line : tally.first_unexpected()) std::cerr << "unexpected: " << line << "\n";
   return tally.clean() && samples > 0 ? 0 : 1;

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -25,20 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kMiB = 1 << 20;
-
-uint64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      uint64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 16, '\n');
-  }
-  return 0;
-}
 
 struct AttackResult {
   uint64_t idle_rss = 0;
@@ -61,7 +46,7 @@ AttackResult RunAttack(int connections, int streams_per_connection, int max_stre
       << server.Log();
   if (server.pid() <= 0) return out;
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  out.idle_rss = RssBytes(server.pid());
+  out.idle_rss = server.RssBytes();
 
   // 2 heads x 4096 tokens x (64 + 64) float32: 4 MiB in, ~8 MiB of footprint each.
   static const test::RandomLayer layer =
@@ -95,7 +80,7 @@ AttackResult RunAttack(int connections, int streams_per_connection, int max_stre
   }
   const auto until = Clock::now() + std::chrono::seconds(4);
   while (Clock::now() < until) {
-    out.peak_rss = std::max(out.peak_rss, RssBytes(server.pid()));
+    out.peak_rss = std::max(out.peak_rss, server.RssBytes());
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (auto& stream : streams) stream->context().TryCancel();

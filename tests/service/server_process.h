@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ class ServerProcess {
   pid_t pid() const { return pid_; }
   // User + system CPU time the process has used so far (/proc/PID/stat).
   double CpuSeconds() const;
+  // Its resident set size now (/proc/PID/status VmRSS); 0 once it is gone.
+  uint64_t RssBytes() const;
 
  private:
   std::string log_path_;

@@ -76,6 +76,7 @@ absl::StatusOr<ServerInfo> FetchServerInfo(v1::CentroidKV::Stub& stub) {
   info.max_tokens = static_cast<int32_t>(response.limits().max_tokens());
   info.max_heads = static_cast<int32_t>(response.limits().max_heads());
   info.max_dim = static_cast<int32_t>(response.limits().max_dim());
+  info.max_chunk_size = static_cast<int32_t>(response.limits().max_chunk_size());
   return info;
 }
 

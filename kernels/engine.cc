@@ -67,7 +67,8 @@ absl::Status CheckDims(const LayerView& layer, const EngineLimits& limits) {
   return absl::OkStatus();
 }
 
-absl::Status CheckOptions(const LayerView& layer, const CompressOptions& options) {
+absl::Status CheckOptions(const LayerView& layer, const CompressOptions& options,
+                          const EngineLimits& limits) {
   if (options.target_ratio.has_value() && options.target_tokens.has_value()) {
     return InvalidFieldError({"target_tokens"}, "set only one of target_ratio and target_tokens");
   }
@@ -85,6 +86,11 @@ absl::Status CheckOptions(const LayerView& layer, const CompressOptions& options
   if (options.chunk_size < 2) {
     return InvalidFieldError(
         {"chunk_size"}, absl::StrCat("chunk_size must be at least 2 (got ", options.chunk_size, ")"));
+  }
+  if (options.chunk_size > limits.max_chunk_size) {
+    return FieldError(absl::StatusCode::kResourceExhausted, {"chunk_size"},
+                      absl::StrCat("chunk_size is ", options.chunk_size, ", above the limit of ",
+                                   limits.max_chunk_size, " (GetInfo limits.max_chunk_size)"));
   }
   if (options.sink_tokens < 0 || options.recent_tokens < 0) {
     return options.sink_tokens < 0
@@ -253,7 +259,7 @@ double LayerPlan::FloorForPass(int32_t pass) const {
 absl::Status ValidateJobShape(const LayerView& layer, const CompressOptions& options,
                               const EngineLimits& limits) {
   CKV_RETURN_IF_ERROR(CheckDims(layer, limits));
-  return CheckOptions(layer, options);
+  return CheckOptions(layer, options, limits);
 }
 
 absl::Status CheckLayerData(const LayerView& layer) { return CheckData(layer); }

@@ -15,8 +15,7 @@ namespace {
 
 // A stream refused before anything of it is read (no or a bad token, over the caller's
 // stream limit): it ends at once with `status`.
-class RefusedStream final
-    : public grpc::ServerBidiReactor<v1::CompressRequest, v1::CompressResponse> {
+class RefusedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit RefusedStream(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -24,8 +23,8 @@ class RefusedStream final
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::CompressRequest, v1::CompressResponse>*
-CentroidKVService::Compress(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CentroidKVService::Compress(
+    grpc::CallbackServerContext* context) {
   absl::StatusOr<std::unique_ptr<CallerStream>> caller = context_->callers.OpenStream(*context);
   if (!caller.ok()) {
     context_->metrics.Error(static_cast<int>(caller.status().code()), "stream");
@@ -64,6 +63,7 @@ grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext
   limits->set_max_heads(static_cast<uint32_t>(options.engine_limits.max_heads));
   limits->set_max_tokens(static_cast<uint32_t>(options.engine_limits.max_tokens));
   limits->set_max_dim(static_cast<uint32_t>(options.engine_limits.max_dim));
+  limits->set_max_chunk_size(static_cast<uint32_t>(options.engine_limits.max_chunk_size));
   limits->set_max_job_bytes(options.max_job_bytes);
   limits->set_max_stream_bytes(options.max_stream_bytes);
   limits->set_max_total_bytes(options.max_total_bytes);

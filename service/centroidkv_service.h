@@ -10,11 +10,16 @@
 
 namespace centroidkv::service {
 
-class CentroidKVService final : public v1::CentroidKV::CallbackService {
+// Compress is registered raw (grpc::ByteBuffer in and out) so that the reactor parses each
+// request itself: gRPC's typed reader reports a message that does not parse exactly like
+// the client's half-close (OnReadDone(false)), which would end the stream with OK.
+class CentroidKVService final
+    : public v1::CentroidKV::WithCallbackMethod_GetInfo<
+          v1::CentroidKV::WithRawCallbackMethod_Compress<v1::CentroidKV::Service>> {
  public:
   explicit CentroidKVService(ServiceContext* context) : context_(context) {}
 
-  grpc::ServerBidiReactor<v1::CompressRequest, v1::CompressResponse>* Compress(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Compress(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
                                     const v1::GetInfoRequest* request,

@@ -10,6 +10,7 @@
 #include "centroidkv/wire/grpc_status.h"
 #include "centroidkv/wire/job_codec.h"
 #include "centroidkv/wire/wire_convert.h"
+#include "service/result_range.h"
 
 namespace centroidkv::service {
 namespace {
@@ -40,8 +41,14 @@ CompressReactor::CompressReactor(ServiceContext* context, std::unique_ptr<Caller
   {
     std::lock_guard<std::mutex> lock(mu_);
     draining_ = context_->draining.load();
+    const size_t max_streams = static_cast<size_t>(context_->options.max_streams);
     if (draining_) {
       MaybeFinish(&actions);  // a stream opened during shutdown ends at once
+    } else if (context_->streams.size() > max_streams) {
+      FailStream(absl::ResourceExhaustedError(absl::StrCat(
+                     "the server has its limit of ", max_streams,
+                     " open streams (max_streams); retry later or on another replica")),
+                 &actions);
     } else {
       read_in_flight_ = true;
       ++calls_in_progress_;
@@ -65,9 +72,15 @@ void CompressReactor::OnReadDone(bool ok) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     read_in_flight_ = false;
-    if (ok) context_->metrics.BytesIn(request_.ByteSizeLong());
+    last_activity_ = std::chrono::steady_clock::now();
+    if (ok) context_->metrics.BytesIn(read_buffer_.Length());
     if (finish_requested_) {
-      // The stream is ending; drop whatever arrived.
+      read_buffer_.Clear();  // the stream is ending; drop whatever arrived
+    } else if (ok && !ParseRequest()) {
+      FailStream(absl::InvalidArgumentError(
+                     "request: a message on the stream is not a valid CompressRequest "
+                     "(protobuf parse failed)"),
+                 &actions);
     } else if (!ok) {
       reads_done_ = true;
       FailIncompleteJobs(&actions);
@@ -89,6 +102,7 @@ void CompressReactor::OnWriteDone(bool ok) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     write_in_flight_ = false;
+    last_activity_ = std::chrono::steady_clock::now();
     if (!ok) {
       FailStream(absl::UnavailableError("writing a result failed: the client went away"),
                  &actions);
@@ -138,8 +152,52 @@ void CompressReactor::Drain() {
   Perform(actions);
 }
 
+void CompressReactor::CheckTimeouts(std::chrono::steady_clock::time_point now) {
+  const ServerOptions& options = context_->options;
+  auto seconds = [](std::chrono::steady_clock::duration d) {
+    return std::chrono::duration<double>(d).count();
+  };
+  Actions actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_requested_) return;
+    // An incomplete job fails alone (a JobError; its later slabs are dropped) and its
+    // reserved memory goes back to the budget; the stream goes on.
+    for (auto it = receiving_.begin(); it != receiving_.end();) {
+      auto next = std::next(it);
+      if (now - it->second.admitted > options.incomplete_job_timeout) {
+        const IncomingJob& job = *it->second.job;
+        const absl::Status status = FieldError(
+            absl::StatusCode::kDeadlineExceeded, {job.FirstMissingField()},
+            absl::StrCat("job ", it->first, " still incomplete ",
+                         seconds(now - it->second.admitted),
+                         " s after its memory was reserved (its slabs must follow within the "
+                         "server's incomplete_job_timeout of ",
+                         seconds(options.incomplete_job_timeout), " s; missing ",
+                         job.MissingTensors(), "); its reserved memory is released"));
+        FailReceivingJob(it, status, &actions);
+      }
+      it = next;
+    }
+    if (!finish_requested_ && Idle() && now - last_activity_ > options.idle_stream_timeout) {
+      FailStream(absl::DeadlineExceededError(absl::StrCat(
+                     "stream idle for ", seconds(now - last_activity_),
+                     " s (the server's idle_stream_timeout is ",
+                     seconds(options.idle_stream_timeout), " s); open a new one")),
+                 &actions);
+    }
+  }
+  Perform(actions);
+}
+
 // ---------------------------------------------------------------------------------------
 // Requests.
+
+bool CompressReactor::ParseRequest() {
+  // What gRPC's typed reader does, minus treating a failure like the end of the stream.
+  return grpc::SerializationTraits<v1::CompressRequest>::Deserialize(&read_buffer_, &request_)
+      .ok();
+}
 
 absl::Status CompressReactor::HandleRequest(Actions* actions) {
   switch (request_.message_case()) {
@@ -208,7 +266,7 @@ absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions*
     RejectJob(job_id, admitted, actions);
     return absl::OkStatus();
   }
-  waiting_ = ReceivingJob{std::move(*job), *engine};
+  waiting_ = ReceivingJob{std::move(*job), *engine, {}};
   AdmitWaitingJob(actions);
   return absl::OkStatus();
 }
@@ -249,7 +307,20 @@ void CompressReactor::AdmitWaitingJob(Actions* actions) {
     budget_wait_.reset();
   }
   stream_bytes_ += footprint;
+  waiting_->admitted = std::chrono::steady_clock::now();
   const uint64_t job_id = waiting_->job->job_id();
+  try {
+    waiting_->job->AllocateInput();  // only now: a job waiting for memory holds none
+  } catch (const std::bad_alloc&) {
+    waiting_.reset();
+    ReleaseFootprint(footprint, actions);
+    RejectJob(job_id,
+              FieldError(absl::StatusCode::kResourceExhausted, {"start_job.num_tokens"},
+                         absl::StrCat("start_job: out of memory allocating job ", job_id)),
+              actions);
+    StartReadIfIdle(actions);
+    return;
+  }
   receiving_.emplace(job_id, std::move(*waiting_));
   waiting_.reset();
   StartReadIfIdle(actions);
@@ -377,7 +448,8 @@ void CompressReactor::SubmitJob(ReceivingJob job, Actions* actions) {
     QueueJobError(job_id, DeadlineError(job_id), job.job->footprint_bytes(), actions);
     return;
   }
-  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  // Registered server-wide too, so that shutdown can cancel it after the grace period.
+  std::shared_ptr<std::atomic<bool>> cancelled = context_->jobs.Register();
   computing_.emplace(job_id, cancelled);
   computing_footprint_.emplace(job_id, job.job->footprint_bytes());
   Ref();  // held by the task
@@ -394,7 +466,7 @@ void CompressReactor::SubmitJob(ReceivingJob job, Actions* actions) {
         RunJob(job_id, input, engine, cancelled, enqueue_time);
         Unref();
       },
-      priority);
+      priority, reinterpret_cast<uintptr_t>(this));  // fair across streams
 }
 
 void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
@@ -425,6 +497,8 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
           absl::StrCat("job ", job_id, ": out of memory while clustering"));
     }
   }
+  if (status.ok()) status = CheckResultFitsDType(*result, job->output_dtype(), job_id);
+  context_->jobs.Unregister(cancelled);
   provenance.compute_seconds = NowSeconds() - start;
   context_->metrics.JobComputed(engine->name(), provenance.queue_seconds,
                                 provenance.compute_seconds);
@@ -515,7 +589,15 @@ void CompressReactor::PrepareWrite(Actions* actions) {
       ReleaseFootprint(footprint, actions);
     }
     if (have_message) {
-      context_->metrics.BytesOut(response_.ByteSizeLong());
+      bool own_buffer = false;
+      write_buffer_.Clear();  // gRPC copied the previous message; the writer wants it empty
+      if (!grpc::SerializationTraits<v1::CompressResponse>::Serialize(response_, &write_buffer_,
+                                                                      &own_buffer)
+               .ok()) {
+        FailStream(absl::InternalError("a response could not be serialized"), actions);
+        return;
+      }
+      context_->metrics.BytesOut(write_buffer_.Length());
       write_in_flight_ = true;
       ++calls_in_progress_;
       actions->start_write = true;
@@ -573,8 +655,8 @@ void CompressReactor::RequestFinish(const grpc::Status& status, Actions* actions
 void CompressReactor::Perform(const Actions& actions) {
   if (actions.release_bytes > 0) context_->budget.Release(actions.release_bytes);
   const int32_t calls = (actions.start_read ? 1 : 0) + (actions.start_write ? 1 : 0);
-  if (actions.start_read) StartRead(&request_);
-  if (actions.start_write) StartWrite(&response_);
+  if (actions.start_read) StartRead(&read_buffer_);
+  if (actions.start_write) StartWrite(&write_buffer_);
   bool finish = actions.finish;
   grpc::Status status;
   if (calls > 0) {

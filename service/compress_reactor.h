@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -29,8 +30,9 @@
 
 namespace centroidkv::service {
 
-class CompressReactor final
-    : public grpc::ServerBidiReactor<v1::CompressRequest, v1::CompressResponse> {
+// Raw messages (see CentroidKVService): each request is parsed here, so that one that does
+// not parse fails the stream with INVALID_ARGUMENT instead of passing for a half-close.
+class CompressReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `caller`: this stream's share of its caller's limits (CallerGate::OpenStream).
   CompressReactor(ServiceContext* context, std::unique_ptr<CallerStream> caller);
@@ -43,6 +45,11 @@ class CompressReactor final
   // Server shutdown: new jobs get UNAVAILABLE, jobs in flight finish and are written,
   // then the stream ends with UNAVAILABLE (or OK if the client already half-closed).
   void Drain();
+  // Fails (a DEADLINE_EXCEEDED JobError) each job incomplete for longer than
+  // incomplete_job_timeout since its memory was reserved, releasing that memory; ends the
+  // stream with DEADLINE_EXCEEDED if it has been idle (no job, no traffic) for longer than
+  // idle_stream_timeout. StreamWatchdog calls it.
+  void CheckTimeouts(std::chrono::steady_clock::time_point now);
 
   void Ref();
   void Unref();
@@ -58,6 +65,7 @@ class CompressReactor final
   struct ReceivingJob {
     std::unique_ptr<IncomingJob> job;
     const ClusterEngine* engine = nullptr;
+    std::chrono::steady_clock::time_point admitted;  // when its footprint was reserved
   };
   struct Output {  // one job's reply: a result, or an error message
     std::unique_ptr<ResultEncoder> encoder;
@@ -67,6 +75,8 @@ class CompressReactor final
 
   ~CompressReactor() override = default;
 
+  // Parses read_buffer_ into request_; false if it is not a valid CompressRequest.
+  bool ParseRequest();
   absl::Status HandleRequest(Actions* actions);
   absl::Status HandleStartJob(const v1::StartJob& start, Actions* actions);
   absl::Status HandleSlab(const v1::TensorSlab& slab, Actions* actions);
@@ -112,8 +122,10 @@ class CompressReactor final
   std::atomic<int32_t> refs_{1};
 
   std::mutex mu_;
-  v1::CompressRequest request_;    // the read buffer; one read in flight
-  v1::CompressResponse response_;  // the write buffer; one write in flight
+  grpc::ByteBuffer read_buffer_;   // one read in flight
+  grpc::ByteBuffer write_buffer_;  // one write in flight: response_, serialized
+  v1::CompressRequest request_;    // the last request read, parsed
+  v1::CompressResponse response_;  // the next response, before serialization
   std::map<uint64_t, ReceivingJob> receiving_;
   std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> computing_;  // job -> cancel flag
   std::map<uint64_t, uint64_t> computing_footprint_;
@@ -124,6 +136,7 @@ class CompressReactor final
   std::optional<ReceivingJob> waiting_;  // a job waiting for memory; reading is paused
   std::optional<MemoryBudget::WaiterId> budget_wait_;
   uint64_t stream_bytes_ = 0;  // footprints of this stream's admitted jobs
+  std::chrono::steady_clock::time_point last_activity_ = std::chrono::steady_clock::now();
   bool reads_done_ = false;
   bool read_in_flight_ = false;
   bool write_in_flight_ = false;

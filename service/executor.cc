@@ -1,5 +1,5 @@
-// WorkExecutor: a priority queue of tasks, tbb::task_arena::enqueue to run them, and a
-// pending-task counter for shutdown.
+// WorkExecutor: queues per priority and per owner (round-robin across owners) drained by
+// tbb::task_arena::enqueue'd runners, plus a pending-task counter for shutdown.
 #include "service/executor.h"
 
 #include <algorithm>
@@ -24,12 +24,15 @@ WorkExecutor::WorkExecutor(int32_t threads)
 
 WorkExecutor::~WorkExecutor() { WaitIdle(std::chrono::hours(1)); }
 
-void WorkExecutor::Submit(std::function<void()> task, int32_t priority) {
+void WorkExecutor::Submit(std::function<void()> task, int32_t priority, uintptr_t owner) {
   pending_.fetch_add(1);
   queued_.fetch_add(1);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push(Queued{priority, next_sequence_++, std::move(task)});
+    Level& level = levels_[priority];
+    std::deque<std::function<void()>>& queue = level.queues[owner];
+    if (queue.empty()) level.turns.push_back(owner);
+    queue.push_back(std::move(task));
   }
   arena_->enqueue([this] { RunNext(); });
 }
@@ -38,9 +41,19 @@ void WorkExecutor::RunNext() {
   std::function<void()> task;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    // One arena task per queued task: the queue is never empty here.
-    task = std::move(const_cast<Queued&>(queue_.top()).task);
-    queue_.pop();
+    // One arena task per queued task: there is always a level with work here.
+    auto level = levels_.begin();
+    const uintptr_t owner = level->second.turns.front();
+    level->second.turns.pop_front();
+    auto queue = level->second.queues.find(owner);
+    task = std::move(queue->second.front());
+    queue->second.pop_front();
+    if (queue->second.empty()) {
+      level->second.queues.erase(queue);
+      if (level->second.queues.empty()) levels_.erase(level);
+    } else {
+      level->second.turns.push_back(owner);  // its next task waits for every other owner's turn
+    }
   }
   queued_.fetch_sub(1);
   task();

@@ -53,20 +53,31 @@ absl::StatusOr<std::unique_ptr<IncomingJob>> IncomingJob::Create(const v1::Start
   }
   job->footprint_bytes_ =
       bytes.total() + MaxResultBytes(shape, spec.options, spec.output_dtype);
-
-  job->keys_ = Allocate(inputs, bytes.keys);
-  job->values_ = Allocate(inputs, bytes.values);
-  job->counts_ = Allocate(inputs, bytes.counts);
-  job->view_ = spec.View(job->keys_.get(), job->values_.get(),
-                         reinterpret_cast<const uint32_t*>(job->counts_.get()));
-  std::vector<SlabAssembler::Tensor> tensors = {
-      {v1::TENSOR_KEYS, job->keys_.get(), bytes.keys, "keys"},
-      {v1::TENSOR_VALUES, job->values_.get(), bytes.values, "values"}};
-  if (spec.has_counts) {
-    tensors.push_back({v1::TENSOR_COUNTS, job->counts_.get(), bytes.counts, "counts"});
-  }
-  job->slabs_.emplace(spec.job_id, std::move(tensors));
+  job->inputs_ = inputs;
+  job->bytes_ = bytes;
+  job->view_ = shape;
+  job->MakeAssembler();
   return job;
+}
+
+void IncomingJob::AllocateInput() {
+  if (allocated_) return;
+  allocated_ = true;
+  keys_ = Allocate(inputs_, bytes_.keys);
+  values_ = Allocate(inputs_, bytes_.values);
+  counts_ = Allocate(inputs_, bytes_.counts);
+  view_ = job_.View(keys_.get(), values_.get(), reinterpret_cast<const uint32_t*>(counts_.get()));
+  MakeAssembler();  // no slab has arrived yet: AddSlab allocates first
+}
+
+void IncomingJob::MakeAssembler() {
+  std::vector<SlabAssembler::Tensor> tensors = {
+      {v1::TENSOR_KEYS, keys_.get(), bytes_.keys, "keys"},
+      {v1::TENSOR_VALUES, values_.get(), bytes_.values, "values"}};
+  if (job_.has_counts) {
+    tensors.push_back({v1::TENSOR_COUNTS, counts_.get(), bytes_.counts, "counts"});
+  }
+  slabs_.emplace(job_.job_id, std::move(tensors));
 }
 
 }  // namespace centroidkv::service

@@ -22,16 +22,22 @@ namespace centroidkv::service {
 
 class IncomingJob {
  public:
-  // Validates `start` (dtype, layout, dims, parameters, size limits) and takes the input
-  // buffers from `inputs` (null: from the heap). RESOURCE_EXHAUSTED when the job exceeds
-  // max_job_bytes.
+  // Validates `start` (dtype, layout, dims, parameters, size limits). RESOURCE_EXHAUSTED
+  // when the job exceeds max_job_bytes. Allocates nothing big: a job waiting for the memory
+  // budget holds no input buffer. `inputs` (null: the heap) serves AllocateInput.
   static absl::StatusOr<std::unique_ptr<IncomingJob>> Create(const v1::StartJob& start,
                                                              const ServerOptions& options,
                                                              InputPool* inputs = nullptr);
+  // Takes the input buffers; the stream calls it once the job's footprint is reserved.
+  // AddSlab calls it too if it has not run. Idempotent.
+  void AllocateInput();
 
   // Copies one slab into place (SlabAssembler::Add: FAILED_PRECONDITION for an overlap or a
   // gap ends the stream; INVALID_ARGUMENT naming slab.tensor / slab.data fails the job).
-  absl::Status AddSlab(const v1::TensorSlab& slab) { return slabs_->Add(slab); }
+  absl::Status AddSlab(const v1::TensorSlab& slab) {
+    AllocateInput();
+    return slabs_->Add(slab);
+  }
 
   bool complete() const { return slabs_->complete(); }
   // The input tensors still short of bytes, e.g. "TENSOR_VALUES (0 of 4096 bytes)".
@@ -48,14 +54,22 @@ class IncomingJob {
   const CompressOptions& options() const { return job_.options; }
   // Input bytes plus the most the result can take: what the stream reserves for this job.
   uint64_t footprint_bytes() const { return footprint_bytes_; }
-  // Borrowed view of the assembled input; valid while this object lives.
+  // Borrowed view of the assembled input (its tensors null before AllocateInput); valid
+  // while this object lives.
   const LayerView& view() const { return view_; }
 
  private:
   IncomingJob() = default;
 
+  // The assembler over the input buffers (before AllocateInput: over null buffers of the
+  // right sizes, which only answer complete() / MissingTensors()).
+  void MakeAssembler();
+
   JobAnnouncement job_;
+  InputPool* inputs_ = nullptr;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
+  InputBytes bytes_;
+  bool allocated_ = false;
   PooledInput keys_, values_, counts_;
   std::optional<SlabAssembler> slabs_;
   uint64_t footprint_bytes_ = 0;

@@ -14,7 +14,13 @@ namespace centroidkv::service {
 namespace {
 
 constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
-constexpr int kHttpThreads = 2;  // scrapes are rare and cheap
+// Each connection holds a thread while httplib reads its request, so slow or half-open
+// connections (a scanner, a stuck client) could starve the scrapes with a small pool: the
+// pool is larger than any sane number of concurrent scrapers, and every read, write and
+// idle keep-alive times out soon (a connection holds a thread for at most ~kIoTimeout).
+constexpr int kHttpThreads = 32;
+constexpr time_t kIoTimeoutSeconds = 2;
+constexpr size_t kKeepAliveRequests = 16;
 
 }  // namespace
 
@@ -49,6 +55,11 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  server->http_->set_read_timeout(kIoTimeoutSeconds, 0);
+  server->http_->set_write_timeout(kIoTimeoutSeconds, 0);
+  server->http_->set_keep_alive_timeout(kIoTimeoutSeconds);
+  server->http_->set_keep_alive_max_count(kKeepAliveRequests);
+  server->http_->set_payload_max_length(1 << 16);
   server->http_->Get("/metrics", [render = std::move(render)](const httplib::Request&,
                                                              httplib::Response& response) {
     response.set_content(render(), kContentType);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "service/listen_address.h"
 #include "service/metrics_tls.h"
 #include "service/security/server_credentials.h"
 #include "service/security/token_table.h"
@@ -22,6 +23,9 @@ constexpr std::chrono::milliseconds kLinger{300};
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  if (absl::Status status = CheckUnixPathNotServed(options.listen_address); !status.ok()) {
+    return status;
+  }
   std::unique_ptr<Server> server(new Server());
   server->context_ = std::make_unique<ServiceContext>(options);
   server->service_ = std::make_unique<CentroidKVService>(server->context_.get());
@@ -71,6 +75,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
+  // Transport memory (ServerOptions): one quota, bounded streams and windows.
+  grpc::ResourceQuota quota("centroidkv-transport");
+  quota.Resize(static_cast<size_t>(options.max_transport_bytes));
+  builder.SetResourceQuota(quota);
+  // (No GRPC_ARG_MAX_CONCURRENT_STREAMS: with gRPC 1.51's builder it made every message
+  // over the stream limit's value in bytes fail as "larger than max"; max_streams bounds
+  // the streams instead.)
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.stream_window_bytes);
+  // No SO_REUSEPORT (gRPC's default on Linux): a second server on a bound port must fail
+  // to start instead of sharing the port and splitting the connections between the two.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr) {
     return absl::UnavailableError(
@@ -94,6 +110,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->context_->callers.SetPeerUidLookup(
         [raw](const std::string& peer) { return raw->UidOfPeer(peer); });
   }
+  server->watchdog_ = std::make_unique<StreamWatchdog>(
+      &server->context_->streams,
+      StreamWatchdog::TickFor(options.incomplete_job_timeout, options.idle_stream_timeout));
   grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
@@ -131,11 +150,13 @@ void Server::Shutdown() {
                                   std::chrono::steady_clock::now() - start);
     grpc_server_->Shutdown(std::chrono::system_clock::now() +
                            std::max(left, std::chrono::milliseconds(0)));
-    // Every stream is cancelled by now, so its jobs stop at their next check; one may still
-    // be inside a head past the grace period, and must not outlive the server it reports to.
-    if (!context_->executor->WaitIdle(grace)) {
-      context_->executor->WaitIdle(std::chrono::minutes(10));
-    }
+    // Every stream has ended (gRPC cancelled the rest, which cancelled their jobs); jobs
+    // still computing belong to nobody. Cancel any left and wait: the engines check the flag
+    // inside their loops, so this takes well under a second, and nothing a job touches
+    // (metrics, pools, the engines) is destroyed while it runs.
+    context_->jobs.CancelAll();
+    context_->executor->WaitIdle(std::chrono::minutes(10));
+    watchdog_.reset();
     if (metrics_http_ != nullptr) metrics_http_->Stop();
   });
 }

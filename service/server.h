@@ -15,6 +15,7 @@
 #include "service/security/unix_peer_listener.h"
 #include "service/server_options.h"
 #include "service/service_context.h"
+#include "service/stream_watchdog.h"
 
 namespace centroidkv::service {
 
@@ -50,6 +51,7 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;  // null when metrics are off
   std::unique_ptr<UnixPeerListener> peer_listener_;  // only with --allow-uids
+  std::unique_ptr<StreamWatchdog> watchdog_;  // stopped before the streams' context goes
   std::string listen_address_;
   int port_ = 0;
   std::once_flag shutdown_once_;

@@ -18,7 +18,13 @@ namespace {
 
 using centroidkv::service::ServerOptions;
 
-void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
+struct DurationFlags {
+  double grace_seconds;
+  double incomplete_job_seconds;
+  double idle_stream_seconds;
+};
+
+void AddFlags(CLI::App& app, ServerOptions& options, DurationFlags& durations) {
   app.add_option("--listen", options.listen_address,
                  "Address to serve on: HOST:PORT (port 0 picks a free one) or "
                  "unix:///path/to.sock")
@@ -39,7 +45,9 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-total-bytes", options.max_total_bytes,
-                 "Bytes all streams together may hold in flight")
+                 "Bytes all streams together may hold in flight (a job's input buffer is "
+                 "taken only once its input + result fit; idle freed inputs are kept up to "
+                 "this much too)")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-pooled-results", options.max_pooled_results,
@@ -54,6 +62,23 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
                  "Bytes the idle input buffers may hold (outside --max-total-bytes); 0 = no pool")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
+  app.add_option("--max-transport-bytes", options.max_transport_bytes,
+                 "gRPC transport memory over all connections (a grpc::ResourceQuota; under "
+                 "it new streams get RESOURCE_EXHAUSTED). RSS stays within the idle process "
+                 "+ --max-total-bytes + the idle pools (--max-pooled-input-bytes, at most "
+                 "--max-total-bytes, and --max-pooled-result-bytes) + this + a fixed "
+                 "overhead of 64 MiB (tested) + the engine's scratch for the largest jobs "
+                 "(docs/reliability.md)")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--max-streams", options.max_streams,
+                 "Open Compress streams in all; more end with RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--stream-window-bytes", options.stream_window_bytes,
+                 "HTTP/2 receive window of each stream (what an unread stream may buffer)")
+      ->capture_default_str()
+      ->check(CLI::Range(1 << 16, 1 << 30));
   app.add_option("--max-job-bytes", options.max_job_bytes, "Largest input of one layer job")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
@@ -70,7 +95,17 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
                  "Payload bytes per result slab sent back")
       ->capture_default_str()
       ->check(CLI::Range(1 << 10, 1 << 26));
-  app.add_option("--grace-period,--drain-timeout", grace_seconds,
+  app.add_option("--incomplete-job-timeout", durations.incomplete_job_seconds,
+                 "Seconds a job's slabs may take to arrive after its start_job (its memory "
+                 "is reserved meanwhile); later, the job fails with DEADLINE_EXCEEDED")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--idle-stream-timeout", durations.idle_stream_seconds,
+                 "Seconds a stream may stay idle (nothing read, written or in flight) before "
+                 "it is ended with DEADLINE_EXCEEDED")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--grace-period,--drain-timeout", durations.grace_seconds,
                  "Seconds in-flight jobs get to finish after SIGTERM (health is NOT_SERVING "
                  "meanwhile); Kubernetes' terminationGracePeriodSeconds must exceed it")
       ->capture_default_str()
@@ -82,6 +117,10 @@ void AddFlags(CLI::App& app, ServerOptions& options, double& grace_seconds) {
   app.add_option("--max-heads", options.engine_limits.max_heads, "Largest number of heads")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-chunk-size", options.engine_limits.max_chunk_size,
+                 "Largest chunk_size a job may ask for (bounds one job's matching work)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 22));
   app.add_option("--max-dim", options.engine_limits.max_dim, "Largest key or value dimension")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -134,14 +173,22 @@ void AddSecurityFlags(CLI::App& app, centroidkv::service::SecurityOptions& secur
 int main(int argc, char** argv) {
   centroidkv::KeepFreedHeapMemory();  // reuse job buffers instead of faulting them in anew
   ServerOptions options;
-  double grace_seconds =
-      std::chrono::duration<double>(options.grace_period).count();
+  auto seconds = [](std::chrono::milliseconds ms) {
+    return std::chrono::duration<double>(ms).count();
+  };
+  auto milliseconds = [](double s) {
+    return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  };
+  DurationFlags durations{seconds(options.grace_period), seconds(options.incomplete_job_timeout),
+                          seconds(options.idle_stream_timeout)};
   CLI::App app{"CentroidKV server: compresses LLM KV caches by clustering similar tokens"};
-  AddFlags(app, options, grace_seconds);
+  AddFlags(app, options, durations);
   AddSecurityFlags(app, options.security);
   CLI11_PARSE(app, argc, argv);
   if (options.metrics_listen == "off") options.metrics_listen.clear();
-  options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000));
+  options.grace_period = milliseconds(durations.grace_seconds);
+  options.incomplete_job_timeout = milliseconds(durations.incomplete_job_seconds);
+  options.idle_stream_timeout = milliseconds(durations.idle_stream_seconds);
 
   // Block the shutdown signals in every thread; one thread waits for them.
   sigset_t signals;

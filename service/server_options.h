@@ -51,6 +51,8 @@ struct ServerOptions {
 
   // Backpressure: bytes a stream may buffer (inputs being received or computed, results
   // not yet written) before the server stops reading it, and the same over all streams.
+  // A job's input buffer is taken only once its footprint is reserved, and freed input
+  // buffers kept for reuse are capped at max_total_bytes too.
   uint64_t max_stream_bytes = uint64_t{512} << 20;
   uint64_t max_total_bytes = uint64_t{4} << 30;
   // Finished jobs' float32 result buffers kept idle for reuse by later jobs (ResultPool):
@@ -60,9 +62,21 @@ struct ServerOptions {
   int32_t max_pooled_results = 16;
   uint64_t max_pooled_result_bytes = uint64_t{512} << 20;
   // Freed job input buffers kept idle for the next job of the same size (InputPool), at
-  // most this many bytes, also outside max_total_bytes: the server's buffers total at most
-  // max_total_bytes + max_pooled_result_bytes + max_pooled_input_bytes. 0 = no pool.
+  // most this many bytes (and never more than max_total_bytes), also outside
+  // max_total_bytes. 0 = no pool.
   uint64_t max_pooled_input_bytes = uint64_t{512} << 20;
+  // Transport (gRPC) memory, outside the byte budgets above: a grpc::ResourceQuota of
+  // max_transport_bytes over all connections (gRPC shrinks windows and refuses allocations
+  // under it), at most max_streams streams in all (more end at once with
+  // RESOURCE_EXHAUSTED), and each stream's receive window fixed at stream_window_bytes (no
+  // BDP growth: an unread stream buffers at most that much). Together: RSS <= idle process
+  // + max_total_bytes + min(max_pooled_input_bytes, max_total_bytes) +
+  // max_pooled_result_bytes + max_transport_bytes + a fixed overhead (64 MiB,
+  // tests/service/server_memory_test.cc) + the cpu engine's reusable scratch for the
+  // largest jobs computed together (not budgeted; docs/reliability.md).
+  uint64_t max_transport_bytes = uint64_t{256} << 20;
+  int32_t max_streams = 1024;
+  int32_t stream_window_bytes = 1 << 20;
   // Input bytes of one job (keys + values + counts); larger jobs get RESOURCE_EXHAUSTED.
   uint64_t max_job_bytes = uint64_t{256} << 20;
   // Largest message accepted (slabs are 64 KiB - 1 MiB; this leaves room for headers).
@@ -74,6 +88,13 @@ struct ServerOptions {
   int32_t max_slab_bytes = 4 << 20;
   // Payload size of each result slab the server sends.
   int32_t result_slab_bytes = 1 << 20;
+
+  // Timeouts (StreamWatchdog): a job whose slabs have not all arrived this long after its
+  // memory was reserved fails with a DEADLINE_EXCEEDED JobError and its reservation expires
+  // (clients that announce jobs and send nothing cannot hold the budget); a stream with
+  // nothing read, written or in flight for idle_stream_timeout ends with DEADLINE_EXCEEDED.
+  std::chrono::milliseconds incomplete_job_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds idle_stream_timeout{std::chrono::minutes(10)};
 
   // On SIGTERM: time to finish in-flight jobs before the remaining streams are cancelled.
   // Kubernetes' terminationGracePeriodSeconds must exceed it (deploy/ checks this).

@@ -1,6 +1,7 @@
 // ServiceContext construction and the registry of live streams.
 #include "service/service_context.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "service/compress_reactor.h"
@@ -14,12 +15,20 @@ ServiceContext::ServiceContext(const ServerOptions& server_options)
       budget(server_options.max_total_bytes),
       results(ResultPool::Create({server_options.max_pooled_results,
                                   server_options.max_pooled_result_bytes})),
-      inputs(InputPool::Create({.max_idle_bytes = server_options.max_pooled_input_bytes})),
+      // Idle inputs never exceed one memory budget's worth.
+      inputs(InputPool::Create({.max_idle_bytes = std::min(server_options.max_pooled_input_bytes,
+                                                            server_options.max_total_bytes)})),
       metrics(streams, *executor, budget, *results, *inputs, draining, engines->EngineNames()),
       callers(CallerLimits{server_options.security.max_caller_streams,
                            server_options.security.max_caller_jobs,
                            server_options.security.max_caller_bytes},
               &metrics) {}
+
+ServiceContext::~ServiceContext() {
+  jobs.CancelAll();
+  // The engines check the flag inside their loops, so this returns soon after.
+  executor->WaitIdle(std::chrono::hours(24));
+}
 
 void StreamRegistry::Add(CompressReactor* reactor) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -43,6 +52,10 @@ size_t StreamRegistry::size() const {
 }
 
 void StreamRegistry::DrainAll() {
+  ForEach([](CompressReactor* reactor) { reactor->Drain(); });
+}
+
+void StreamRegistry::ForEach(const std::function<void(CompressReactor*)>& visit) {
   std::vector<CompressReactor*> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -52,7 +65,7 @@ void StreamRegistry::DrainAll() {
     }
   }
   for (CompressReactor* reactor : live) {
-    reactor->Drain();
+    visit(reactor);
     reactor->Unref();
   }
 }

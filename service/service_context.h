@@ -14,6 +14,7 @@
 #include "centroidkv/kernels/engine_factory.h"
 #include "service/executor.h"
 #include "service/input_pool.h"
+#include "service/job_cancellation.h"
 #include "service/memory_budget.h"
 #include "service/result_pool.h"
 #include "service/security/caller_gate.h"
@@ -33,6 +34,8 @@ class StreamRegistry {
   size_t size() const;
   // Calls Drain() on every live stream, holding a reference so none is deleted meanwhile.
   void DrainAll();
+  // Calls `visit` on every live stream, likewise.
+  void ForEach(const std::function<void(CompressReactor*)>& visit);
   // Waits until no stream is live or `timeout` passes; returns true when none is live.
   bool WaitEmpty(std::chrono::milliseconds timeout);
 
@@ -53,6 +56,9 @@ struct ServiceStats {
 
 struct ServiceContext {
   explicit ServiceContext(const ServerOptions& server_options);
+  // Cancels and waits for every job still in the pool before any member they use (the
+  // metrics, the budget, the result pool, the engines) is destroyed.
+  ~ServiceContext();
 
   ServerOptions options;
   std::unique_ptr<EngineSet> engines;
@@ -61,6 +67,7 @@ struct ServiceContext {
   std::shared_ptr<ResultPool> results;  // shared: leases keep it alive
   std::shared_ptr<InputPool> inputs;    // likewise
   StreamRegistry streams;
+  JobCancellation jobs;  // every job in the pool, for shutdown
   ServiceStats stats;
   std::atomic<bool> draining{false};
   ServiceMetrics metrics;  // its gauges read the members above

@@ -426,9 +426,11 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
   }
   tbb::parallel_for(tbb::blocked_range<size_t>(0, tasks.size()),
                     [&](const tbb::blocked_range<size_t>& range) {
-                      if (control_.IsCancelled()) return;
                       ChunkScratch& scratch = scratch_->local();
                       for (size_t i = range.begin(); i != range.end(); ++i) {
+                        // Per chunk: a chunk's work is bounded (EngineLimits::max_chunk_size),
+                        // so a cancelled job stops within one chunk per thread.
+                        if (control_.IsCancelled()) return;
                         Head& head = heads_[tasks[i].head];
                         const bool values_in_output =
                             check_output_values_ && head.sink == Sink::kOutput;

@@ -60,8 +60,10 @@ double Cosine(const double* x, const double* y, int32_t dim) {
 
 // Steps 1-4: the best edge of every source in the compressible range, kept if it reaches
 // the floor of this pass.
+// Stops early (some edges missing) once `control` is cancelled: checked per source (at most
+// EngineLimits::max_chunk_size / 2 cosines apart); the caller then drops the job.
 std::vector<Edge> CandidateEdges(const HeadState& head, const LayerPlan& plan, int32_t key_dim,
-                                 double floor) {
+                                 double floor, const CompressControl& control) {
   const CompressOptions& options = plan.options;
   const int64_t begin = options.sink_tokens;
   const int64_t end = int64_t{head.length} - options.recent_tokens;
@@ -70,6 +72,7 @@ std::vector<Edge> CandidateEdges(const HeadState& head, const LayerPlan& plan, i
   for (int64_t chunk = begin; chunk < end; chunk += options.chunk_size) {
     const int64_t chunk_end = std::min<int64_t>(chunk + options.chunk_size, end);
     for (int64_t a = chunk; a < chunk_end; a += 2) {
+      if (control.IsCancelled()) return edges;
       Edge best{static_cast<int32_t>(a), -1, 0.0};
       for (int64_t b = chunk + 1; b < chunk_end; b += 2) {
         const double score = Cosine(&head.keys[a * key_dim], &head.keys[b * key_dim], key_dim);
@@ -185,7 +188,9 @@ absl::Status ReferenceEngine::CompressImpl(const LayerPlan& plan, const LayerVie
       if (plan.passthrough[h] || heads[h].length <= t) continue;
       if (control.IsCancelled()) return absl::CancelledError("job cancelled");
       any_long = true;
-      candidates[h] = CandidateEdges(heads[h], plan, layer.key_dim, plan.FloorForPass(pass));
+      candidates[h] =
+          CandidateEdges(heads[h], plan, layer.key_dim, plan.FloorForPass(pass), control);
+      if (control.IsCancelled()) return absl::CancelledError("job cancelled");
       merges[h] = std::min<int64_t>(heads[h].length - t, candidates[h].size());
     }
     if (!any_long) break;
@@ -199,6 +204,7 @@ absl::Status ReferenceEngine::CompressImpl(const LayerPlan& plan, const LayerVie
     bool merged_any = false;
     for (int32_t h = 0; h < layer.num_heads; ++h) {
       if (merges[h] <= 0) continue;
+      if (control.IsCancelled()) return absl::CancelledError("job cancelled");
       KeepBest(&candidates[h], merges[h]);
       MergeAndCompact(&heads[h], candidates[h], layer.key_dim, layer.value_dim);
       merged_any = true;

@@ -261,6 +261,7 @@ TEST_F(ClientTest, GetInfoDescribesTheServer) {
   EXPECT_EQ(info->max_heads, options.engine_limits.max_heads);
   EXPECT_EQ(info->max_tokens, options.engine_limits.max_tokens);
   EXPECT_EQ(info->max_dim, options.engine_limits.max_dim);
+  EXPECT_EQ(info->max_chunk_size, options.engine_limits.max_chunk_size);
 }
 
 TEST(ClientConnectTest, NothingListeningIsUnavailableWithinTheTimeout) {

@@ -104,6 +104,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadJobCase{"TooManyElements",
                    [](LV*, CO*, EL* e) { e->max_layer_elements = 2 * 40 * (8 + 12) - 1; },
                    absl::StatusCode::kResourceExhausted, "elements"},
+        BadJobCase{"ChunkSizeAboveLimit",
+                   [](LV*, CO* o, EL* e) {
+                     o->chunk_size = 17;
+                     e->max_chunk_size = 16;
+                   },
+                   absl::StatusCode::kResourceExhausted, "chunk_size"},
         BadJobCase{"MissingKeys", [](LV* l, CO*, EL*) { l->keys = nullptr; }, kInvalid, "keys"},
         BadJobCase{"MissingValues", [](LV* l, CO*, EL*) { l->values = nullptr; }, kInvalid,
                    "values"}),

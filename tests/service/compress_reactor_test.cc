@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <thread>
@@ -1191,6 +1192,143 @@ TEST(CompressReactorLimitsTest, OversizedSlabGetsANamedJobErrorAndTheClientSizes
   ASSERT_TRUE(answers.ok()) << answers.status();
   ASSERT_TRUE((*answers)[0].status.ok()) << (*answers)[0].status;
   EXPECT_EQ((*answers)[0].counts, results[2].counts);
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 16: no silent loss, work that stops.
+
+// Bytes that are not a CompressRequest (field 1 with wire type 7, which does not exist)
+// end the stream with INVALID_ARGUMENT; before, gRPC's typed reader took them for a
+// half-close and the stream ended OK, the job sent before them never answered.
+TEST_F(CompressReactorTest, UnparseableMessageEndsStreamWithInvalidArgument) {
+  auto channel = grpc::CreateChannel(server_->target(), grpc::InsecureChannelCredentials());
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel.get(),
+          grpc::internal::RpcMethod("/centroidkv.v1.CentroidKV/Compress",
+                                    grpc::internal::RpcMethod::BIDI_STREAMING),
+          &context));
+  RandomLayer layer = SmallLayer(5);
+  const std::string start = StartJobRequest(3, layer.view(), SmallOptions()).SerializeAsString();
+  const std::string garbage = "\x0f\xff\xff\xff";
+  for (const std::string& bytes : {start, garbage}) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    stream->Write(buffer);
+  }
+  stream->WritesDone();
+  grpc::ByteBuffer response;
+  while (stream->Read(&response)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("not a valid CompressRequest"), std::string::npos)
+      << status.error_message();
+  ExpectServerStillServes();
+}
+
+// float32 keys beyond fp16's range, asked back in fp16: a JobError naming output_dtype
+// (OUT_OF_RANGE) instead of Inf rows with status OK; the stream goes on.
+TEST_F(CompressReactorTest, ResultBeyondFloat16RangeIsAJobErrorNamingOutputDType) {
+  RandomLayer layer = SmallLayer(6);
+  for (int32_t t = 0; t < layer.spec().num_tokens; ++t) layer.SetKey(0, t, 0, 1e6f);
+  v1::CompressRequest start = StartJobRequest(8, layer.view(), SmallOptions());
+  start.mutable_start_job()->set_output_dtype(v1::DTYPE_FLOAT16);
+  RawStream stream(stub_.get());
+  ASSERT_TRUE(stream.Write(start));
+  const LayerView view = layer.view();
+  ASSERT_TRUE(stream.Write(SlabRequest(8, v1::TENSOR_KEYS, 0, view.keys, KeyBytes(view))));
+  ASSERT_TRUE(
+      stream.Write(SlabRequest(8, v1::TENSOR_VALUES, 0, view.values, ValueBytes(view))));
+  ASSERT_TRUE(stream.SendJob(9, layer.view(), SmallOptions()));  // float32 out: fine
+  std::vector<v1::CompressResponse> responses;
+  ASSERT_TRUE(stream.Finish(&responses).ok());
+  std::map<uint64_t, v1::JobError> errors;
+  auto results = DecodeResults(responses, &errors);
+  ASSERT_EQ(errors.count(8), 1u);
+  EXPECT_EQ(errors[8].code(), static_cast<int32_t>(absl::StatusCode::kOutOfRange));
+  EXPECT_NE(errors[8].message().find("output_dtype"), std::string::npos) << errors[8].message();
+  EXPECT_EQ(errors[8].field(), "start_job.output_dtype");
+  EXPECT_EQ(results.count(8), 0u);
+  EXPECT_EQ(results.count(9), 1u);
+}
+
+// The process's CPU time (every thread), for checking that cancelled work stops.
+double ProcessCpuSeconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+// A big job cancelled with CancelJob, by the client's cancellation of the call and by the
+// call's deadline: within a second the pool is empty and the server uses no more CPU. Both
+// engines that run on the CPU check the flag inside their matching and merging loops: the
+// reference backend (per source row; a small layer takes it seconds) and the cpu backend
+// (per chunk of at most max_chunk_size rows; a layer of 8 x 16384 x 128 takes it a second or
+// two). The call's deadline reaches the job the same way as the client's cancellation
+// (OnCancel sets its flag); it is tried on the reference backend only, whose job surely
+// outlives a deadline that leaves time to send it.
+TEST_F(CompressReactorTest, CancelledBigJobStopsUsingCpuWithinASecond) {
+  struct Case {
+    v1::Backend backend;
+    RandomLayer layer;
+  };
+  const Case cases[] = {
+      {v1::BACKEND_REFERENCE, RandomLayer::Generate(test::Spec(2, 8192, 64, 64, 21, DType::kFloat16))},
+      {v1::BACKEND_CPU, RandomLayer::Generate(test::Spec(8, 16384, 128, 128, 22, DType::kFloat16))}};
+  CompressOptions options;
+  options.target_ratio = 0.1;
+  options.chunk_size = 4096;
+  options.max_passes = 8;
+  enum class How { kCancelJob, kCancelCall, kDeadline };
+  for (const Case& big : cases) {
+    for (How how : {How::kCancelJob, How::kCancelCall, How::kDeadline}) {
+      if (how == How::kDeadline && big.backend != v1::BACKEND_REFERENCE) continue;
+      SCOPED_TRACE(::testing::Message() << v1::Backend_Name(big.backend) << " how "
+                                        << static_cast<int>(how));
+      // The deadline leaves time to send the job and start it.
+      constexpr std::chrono::milliseconds kDeadline{2500};
+      const auto opened = std::chrono::steady_clock::now();
+      RawStream stream(stub_.get(),
+                       how == How::kDeadline ? kDeadline : std::chrono::milliseconds(0));
+      ASSERT_TRUE(stream.SendJob(1, big.layer.view(), options, 1 << 20, big.backend));
+      ASSERT_TRUE(WaitFor(
+          [&] {
+            return server_->context().executor->pending() == 1 &&
+                   server_->context().executor->queued() == 0;
+          },
+          std::chrono::seconds(20)));
+      const double started = ProcessCpuSeconds();
+      ASSERT_TRUE(WaitFor([&] { return ProcessCpuSeconds() > started + 0.2; },
+                          std::chrono::seconds(20)));
+      ASSERT_EQ(server_->context().executor->pending(), 1) << "the job ended on its own";
+      auto cancelled = std::chrono::steady_clock::now();
+      if (how == How::kCancelJob) {
+        v1::CompressRequest cancel;
+        cancel.mutable_cancel_job()->set_job_id(1);
+        ASSERT_TRUE(stream.Write(cancel));
+      } else if (how == How::kCancelCall) {
+        stream.context().TryCancel();
+      } else {
+        ASSERT_LT(cancelled, opened + kDeadline) << "the job must still run at its deadline";
+        cancelled = opened + kDeadline;
+      }
+      EXPECT_TRUE(WaitFor([&] { return server_->context().executor->pending() == 0; },
+                          std::chrono::seconds(20)));
+      const double stopped_after =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled).count();
+      EXPECT_LT(stopped_after, 1.0) << "the job ran on after it was cancelled";
+      const double cpu_then = ProcessCpuSeconds();
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      EXPECT_LT(ProcessCpuSeconds() - cpu_then, 0.05) << "CPU still burning after the cancel";
+      std::vector<v1::CompressResponse> responses;
+      const grpc::Status status = stream.Finish(&responses);
+      EXPECT_EQ(status.ok(), how == How::kCancelJob) << status.error_message();
+      EXPECT_TRUE(DecodeResults(responses).empty());
+    }
+  }
+  ExpectServerStillServes();
 }
 
 }  // namespace

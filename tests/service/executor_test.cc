@@ -68,5 +68,38 @@ TEST(WorkExecutorTest, RunsAsManyTasksAtOnceAsItHasThreads) {
   EXPECT_EQ(PeakConcurrency(3), 3);
 }
 
+// One thread, held busy while owner 1 queues ten tasks and owner 2 then one: owner 2's task
+// runs second, not eleventh (round-robin across owners, FIFO within one).
+TEST(WorkExecutorTest, OneOwnersBacklogDoesNotStarveAnother) {
+  WorkExecutor executor(1);
+  std::atomic<bool> release{false};
+  std::mutex mu;
+  std::vector<int> order;
+  executor.Submit([&] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  while (executor.queued() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < 10; ++i) {
+    executor.Submit(
+        [&, i] {
+          std::lock_guard<std::mutex> lock(mu);
+          order.push_back(i);
+        },
+        0, 1);
+  }
+  executor.Submit(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(100);
+      },
+      0, 2);
+  release.store(true);
+  ASSERT_TRUE(executor.WaitIdle(std::chrono::seconds(30)));
+  ASSERT_EQ(order.size(), 11u);
+  EXPECT_EQ(order[0], 0);
+  EXPECT_EQ(order[1], 100);
+  for (int i = 2; i < 11; ++i) EXPECT_EQ(order[i], i - 1);
+}
+
 }  // namespace
 }  // namespace centroidkv::service

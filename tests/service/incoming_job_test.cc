@@ -37,11 +37,14 @@ TEST(IncomingJobTest, ReusesTheInputBuffersOfAFinishedJobOfTheSameShape) {
   const v1::StartJob start = StartJobRequest(1, layer.view(), CompressOptions{}).start_job();
   auto first = IncomingJob::Create(start, ServerOptions{});
   ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ((*first)->view().keys, nullptr) << "nothing is allocated before admission";
+  (*first)->AllocateInput();
   const void* keys = (*first)->view().keys;
   const void* values = (*first)->view().values;
   first->reset();
   auto second = IncomingJob::Create(start, ServerOptions{});
   ASSERT_TRUE(second.ok()) << second.status();
+  (*second)->AllocateInput();
   const void* reused[] = {keys, values};
   EXPECT_TRUE((*second)->view().keys == reused[0] || (*second)->view().keys == reused[1]);
   EXPECT_TRUE((*second)->view().values == reused[0] || (*second)->view().values == reused[1]);

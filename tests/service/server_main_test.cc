@@ -1,74 +1,53 @@
-// centroidkv-server as a process: SIGHUP re-reads --auth-tokens-file (a removed token is
-// UNAUTHENTICATED from then on, without a restart), and plaintext TCP logs a warning.
-#include <fcntl.h>
+// centroidkv-server as a process (service/server_main.cc): SIGHUP re-reads
+// --auth-tokens-file (a removed token is UNAUTHENTICATED from then on, without a restart),
+// plaintext TCP logs a warning, and SIGTERM while a job outlives the grace period cancels
+// and joins the job before anything it uses is torn down, and the process exits 0, every
+// time (issue 16: it used to crash in Histogram::Observe).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <iostream>
 #include <regex>
-#include <sstream>
 #include <thread>
 
 #include "centroidkv/client/client.h"
+#include "tests/service/server_process.h"
+#include "tests/service/service_test_util.h"
+#include "tests/testing/random_layer.h"
 
-namespace centroidkv::service {
+namespace centroidkv::service::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Polls `path` for `pattern` for up to 20 s; returns the first match's group 1 ("" if none).
-std::string WaitForLog(const std::string& path, const std::regex& pattern) {
+// Polls the server's log for `pattern` for up to 20 s; true once it appears.
+bool WaitForLog(const ServerProcess& server, const std::regex& pattern) {
   const auto give_up = Clock::now() + std::chrono::seconds(20);
   while (Clock::now() < give_up) {
-    std::smatch match;
-    const std::string text = ReadFile(path);
-    if (std::regex_search(text, match, pattern)) return match.size() > 1 ? match[1].str() : "x";
+    if (std::regex_search(server.Log(), pattern)) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return "";
+  return false;
 }
 
 TEST(ServerMainTest, SighupRevokesARemovedToken) {
-  const std::string prefix = "/tmp/ckv-sighup-" + std::to_string(getpid());
-  const std::string tokens = prefix + ".tokens";
-  const std::string log_path = prefix + ".log";
+  const std::string tokens = "/tmp/ckv-sighup-" + std::to_string(getpid()) + ".tokens";
   std::ofstream(tokens) << "tok-alpha worker-a\ntok-beta worker-b\n";
-  std::vector<std::string> args = {std::string(CKV_BIN_DIR) + "/centroidkv-server",
-                                   "--listen", "127.0.0.1:0", "--threads", "1",
-                                   "--grace-period", "1", "--auth-tokens-file", tokens};
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ASSERT_GE(log, 0);
-  const pid_t pid = fork();
-  if (pid == 0) {  // only async-signal-safe calls until exec
-    dup2(log, STDOUT_FILENO);
-    dup2(log, STDERR_FILENO);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(log);
-  ASSERT_GT(pid, 0);
-  const std::string port = WaitForLog(log_path, std::regex(R"(dials 127\.0\.0\.1:(\d+))"));
-  ASSERT_FALSE(port.empty()) << ReadFile(log_path);
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--listen", "127.0.0.1:0", "--threads", "1", "--grace-period", "1",
+                            "--auth-tokens-file", tokens}))
+      << server.Log();
   // The warning and the address line come from different loggers: wait, do not assume order.
-  EXPECT_FALSE(WaitForLog(log_path, std::regex("serving plaintext on TCP")).empty())
-      << ReadFile(log_path);
+  EXPECT_TRUE(WaitForLog(server, std::regex("serving plaintext on TCP"))) << server.Log();
 
-  const auto info = [&port](const std::string& token) {
+  const auto info = [&server](const std::string& token) {
     client::ClientOptions options;
-    options.target = "127.0.0.1:" + port;
+    options.target = server.target();
     options.auth_token = token;
     auto client = client::Client::Connect(options);
     if (!client.ok()) return client.status().code();
@@ -79,18 +58,79 @@ TEST(ServerMainTest, SighupRevokesARemovedToken) {
   EXPECT_EQ(info(""), absl::StatusCode::kUnauthenticated);
   std::ofstream(tokens) << "tok-beta worker-b\n";
   EXPECT_EQ(info("tok-alpha"), absl::StatusCode::kOk) << "nothing changes before SIGHUP";
-  kill(pid, SIGHUP);
-  EXPECT_FALSE(WaitForLog(log_path, std::regex("SIGHUP: tokens re-read")).empty());
+  server.Signal(SIGHUP);
+  EXPECT_TRUE(WaitForLog(server, std::regex("SIGHUP: tokens re-read")));
   EXPECT_EQ(info("tok-alpha"), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(info("tok-beta"), absl::StatusCode::kOk);
 
-  kill(pid, SIGTERM);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(log_path);
+  server.Signal(SIGTERM);
+  ASSERT_TRUE(server.WaitExit(std::chrono::seconds(30))) << server.Log();
+  EXPECT_TRUE(WIFEXITED(server.exit_status()) && WEXITSTATUS(server.exit_status()) == 0)
+      << server.Log();
   unlink(tokens.c_str());
-  unlink(log_path.c_str());
+}
+
+// Seconds of clustering whatever the machine: the reference backend (scalar float64, one
+// thread) matching 2 heads x 8192 tokens in chunks of 4096 is ~1G multiply-adds per pass,
+// far longer than the grace period below (the cpu backend finishes such a job in ~0.1 s).
+const test::RandomLayer& LongLayer() {
+  static const test::RandomLayer layer =
+      test::RandomLayer::Generate(test::Spec(2, 8192, 64, 64, 16, DType::kFloat16));
+  return layer;
+}
+
+CompressOptions LongJobOptions() {
+  CompressOptions options;
+  options.target_ratio = 0.1;
+  options.chunk_size = 4096;
+  options.max_passes = 8;
+  return options;
+}
+
+// Waits until the server has used `seconds` more CPU than `base`: the job is computing.
+bool WaitForCpu(const ServerProcess& server, double base, double seconds) {
+  const auto give_up = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < give_up) {
+    if (server.CpuSeconds() >= base + seconds) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// 20 runs: each server gets SIGTERM while its job computes, past a 0.2 s grace period.
+TEST(ServerMainTest, SigtermDuringALongJobExitsZeroEveryTime) {
+  constexpr int kRuns = 20;
+  double slowest_exit = 0;
+  for (int run = 0; run < kRuns; ++run) {
+    SCOPED_TRACE(::testing::Message() << "run " << run);
+    ServerProcess server;
+    ASSERT_TRUE(server.Start({"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                              "--threads", "2", "--grace-period", "0.2"}))
+        << server.Log();
+    const double idle_cpu = server.CpuSeconds();
+    auto stub = MakeStub(server.target());
+    RawStream stream(stub.get());
+    ASSERT_TRUE(stream.SendJob(1, LongLayer().view(), LongJobOptions(), 1 << 20,
+                               v1::BACKEND_REFERENCE));
+    ASSERT_TRUE(WaitForCpu(server, idle_cpu, 0.3)) << server.Log();
+
+    const auto signalled = Clock::now();
+    server.Signal(SIGTERM);
+    ASSERT_TRUE(server.WaitExit(std::chrono::seconds(20))) << server.Log();
+    const double exit_seconds =
+        std::chrono::duration<double>(Clock::now() - signalled).count();
+    ASSERT_TRUE(WIFEXITED(server.exit_status()))
+        << "killed by signal " << WTERMSIG(server.exit_status()) << "\n" << server.Log();
+    EXPECT_EQ(WEXITSTATUS(server.exit_status()), 0) << server.Log();
+    // The job was cut off (no result), within the grace period plus a bounded stop.
+    std::vector<v1::CompressResponse> responses;
+    EXPECT_FALSE(stream.Finish(&responses).ok());
+    EXPECT_TRUE(DecodeResults(responses).empty());
+    EXPECT_LT(exit_seconds, 3.0) << server.Log();
+    slowest_exit = std::max(slowest_exit, exit_seconds);
+  }
+  std::cout << kRuns << " runs exited 0; slowest exit " << slowest_exit << " s after SIGTERM\n";
 }
 
 }  // namespace
-}  // namespace centroidkv::service
+}  // namespace centroidkv::service::testing

@@ -125,6 +125,7 @@ TEST(ServerTest, ReflectionListsTheService) {
 TEST(ServerTest, GetInfoDescribesBackendsLimitsAndDefaults) {
   ServerOptions options;
   options.max_job_bytes = 12345678;
+  options.engine_limits.max_chunk_size = 1000;
   options.worker_threads = 3;
   auto server = StartLoopbackServer(options);
   ASSERT_NE(server, nullptr);
@@ -137,6 +138,7 @@ TEST(ServerTest, GetInfoDescribesBackendsLimitsAndDefaults) {
             info.backends().end());
   EXPECT_FALSE(info.default_backend().empty());
   EXPECT_EQ(info.limits().max_job_bytes(), 12345678u);
+  EXPECT_EQ(info.limits().max_chunk_size(), 1000u);
   EXPECT_EQ(info.worker_threads(), 3u);
   EXPECT_EQ(info.defaults().chunk_size(), 256u);
   EXPECT_EQ(info.defaults().sink_tokens(), 16u);

@@ -126,6 +126,7 @@ struct ServerInfo {
   int32_t max_tokens = 0;
   int32_t max_heads = 0;
   int32_t max_dim = 0;
+  int32_t max_chunk_size = 0;  // largest chunk_size a job may ask for (0: an older server)
   int32_t worker_threads = 0;  // clustering threads of the server (0: an older server)
 };
 

@@ -30,7 +30,8 @@ namespace centroidkv {
 
 // Per-call control that is not part of the job: cooperative cancellation.
 struct CompressControl {
-  // When set and it becomes true, the engine stops at the next pass boundary and returns
+  // When set and it becomes true, the engine stops within one chunk's work (the cpu and
+  // reference backends check it inside their matching and merging loops) and returns
   // absl::CancelledError. Borrowed; must outlive the call.
   const std::atomic<bool>* cancelled = nullptr;
   // The job's deadline: past it the engine stops the same way (CancelledError); the caller

@@ -1,0 +1,140 @@
+// Timeouts on a real loopback server (issue 16): a job whose slabs stop coming fails with a
+// DEADLINE_EXCEEDED JobError naming the missing tensor and gives its reservation back (the
+// stream goes on); clients that only announce big jobs (holding the budget) delay another
+// client's job by at most the timeout; an idle stream ends.
+#include "service/stream_watchdog.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "tests/service/service_test_util.h"
+#include "tests/testing/random_layer.h"
+
+namespace centroidkv::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ::centroidkv::service::testing::DecodeResults;
+using ::centroidkv::service::testing::MakeStub;
+using ::centroidkv::service::testing::RawStream;
+using ::centroidkv::service::testing::SlabRequest;
+using ::centroidkv::service::testing::StartJobRequest;
+using ::centroidkv::service::testing::StartLoopbackServer;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+CompressOptions Options() {
+  CompressOptions options;
+  options.target_ratio = 0.5;
+  return options;
+}
+
+// 2 heads x 4096 tokens x (64 + 64) float32: 4 MiB of input, ~8 MiB of footprint.
+const test::RandomLayer& BigLayer() {
+  static const test::RandomLayer layer =
+      test::RandomLayer::Generate(test::Spec(2, 4096, 64, 64, 3));
+  return layer;
+}
+
+TEST(StreamWatchdogTest, IncompleteJobFailsAloneAndReleasesItsReservation) {
+  ServerOptions options;
+  options.worker_threads = 2;
+  options.incomplete_job_timeout = std::chrono::milliseconds(400);
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  RawStream stream(stub.get());
+  const LayerView view = BigLayer().view();
+  ASSERT_TRUE(stream.Write(StartJobRequest(1, view, Options())));
+  ASSERT_TRUE(stream.Write(SlabRequest(1, v1::TENSOR_KEYS, 0, view.keys, 1 << 16)));
+  const auto start = Clock::now();
+  v1::CompressResponse response;
+  ASSERT_TRUE(stream.Read(&response));
+  EXPECT_LT(SecondsSince(start), 2.0);
+  ASSERT_TRUE(response.has_error());
+  EXPECT_EQ(response.error().job_id(), 1u);
+  EXPECT_EQ(response.error().code(), static_cast<int32_t>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_NE(response.error().message().find("job 1 still incomplete"), std::string::npos)
+      << response.error().message();
+  EXPECT_EQ(response.error().field(), "keys") << response.error().message();
+  EXPECT_EQ(server->context().budget.used(), 0u);
+  // The stream goes on: the job's late slabs are dropped, the next job is answered.
+  ASSERT_TRUE(stream.Write(SlabRequest(1, v1::TENSOR_KEYS, 1 << 16, view.keys, 1 << 16)));
+  const test::RandomLayer small = test::RandomLayer::Generate(test::Spec(1, 64, 8, 8, 4));
+  ASSERT_TRUE(stream.SendJob(2, small.view(), Options()));
+  std::vector<v1::CompressResponse> responses;
+  ASSERT_TRUE(stream.Finish(&responses).ok());
+  EXPECT_EQ(DecodeResults(responses).count(2), 1u);
+}
+
+TEST(StreamWatchdogTest, ReservationHogsDelayAnotherJobByAtMostTheTimeout) {
+  constexpr auto kTimeout = std::chrono::milliseconds(500);
+  ServerOptions options;
+  options.worker_threads = 2;
+  options.max_total_bytes = 20 << 20;  // two of the hogs' jobs fit, the third waits
+  options.incomplete_job_timeout = kTimeout;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  const LayerView view = BigLayer().view();
+  std::vector<std::unique_ptr<RawStream>> hogs;
+  for (int i = 0; i < 4; ++i) {
+    hogs.push_back(std::make_unique<RawStream>(stub.get()));
+    ASSERT_TRUE(hogs.back()->Write(StartJobRequest(1, view, Options())));  // and nothing
+  }
+  while (server->context().budget.used() < (16u << 20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto start = Clock::now();
+  RawStream honest(stub.get());
+  ASSERT_TRUE(honest.SendJob(7, view, Options(), 1 << 20));
+  std::vector<v1::CompressResponse> responses;
+  ASSERT_TRUE(honest.Finish(&responses).ok());
+  const double seconds = SecondsSince(start);
+  EXPECT_EQ(DecodeResults(responses).count(7), 1u);
+  // Two timeouts at most (the hogs admitted first, then the ones that waited), plus the
+  // watchdog's tick and the job itself.
+  EXPECT_LT(seconds, 2 * 0.5 + 2.0) << "the honest job waited behind the reservations";
+  for (auto& hog : hogs) {  // each hog's job expired alone; its stream is still open
+    v1::CompressResponse expired;
+    ASSERT_TRUE(hog->Read(&expired));
+    EXPECT_EQ(expired.error().code(), static_cast<int32_t>(absl::StatusCode::kDeadlineExceeded));
+    EXPECT_TRUE(hog->Finish().ok());
+  }
+  EXPECT_EQ(server->context().budget.used(), 0u);
+}
+
+TEST(StreamWatchdogTest, IdleStreamEnds) {
+  ServerOptions options;
+  options.idle_stream_timeout = std::chrono::milliseconds(300);
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  // A stream that ran a job, then went quiet.
+  const test::RandomLayer layer = test::RandomLayer::Generate(test::Spec(1, 64, 8, 8, 4));
+  RawStream stream(stub.get());
+  ASSERT_TRUE(stream.SendJob(1, layer.view(), Options()));
+  v1::CompressResponse response;
+  while (stream.Read(&response)) {
+  }
+  const grpc::Status status = stream.Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  EXPECT_NE(status.error_message().find("idle"), std::string::npos) << status.error_message();
+}
+
+TEST(StreamWatchdogTest, TickIsAQuarterOfTheShorterTimeoutWithinBounds) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(StreamWatchdog::TickFor(milliseconds(400), milliseconds(60000)), milliseconds(100));
+  EXPECT_EQ(StreamWatchdog::TickFor(milliseconds(60000), milliseconds(600000)),
+            milliseconds(1000));
+  EXPECT_EQ(StreamWatchdog::TickFor(milliseconds(1), milliseconds(1)), milliseconds(10));
+}
+
+}  // namespace
+}  // namespace centroidkv::service

@@ -35,14 +35,16 @@ TEST(IncomingJobTest, ReusesTheInputBuffersOfAFinishedJobOfTheSameShape) {
   spec.dtype = DType::kFloat32;
   test::RandomLayer layer = test::RandomLayer::Generate(spec);
   const v1::StartJob start = StartJobRequest(1, layer.view(), CompressOptions{}).start_job();
-  auto first = IncomingJob::Create(start, ServerOptions{});
+  auto inputs = InputPool::Create({});  // the server's pool (ServiceContext::inputs)
+  auto first = IncomingJob::Create(start, ServerOptions{}, inputs.get());
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ((*first)->view().keys, nullptr) << "nothing is allocated before admission";
   (*first)->AllocateInput();
   const void* keys = (*first)->view().keys;
   const void* values = (*first)->view().values;
   first->reset();
-  auto second = IncomingJob::Create(start, ServerOptions{});
+  EXPECT_EQ(inputs->stats().idle_bytes, 2 * testing::KeyBytes(layer.view()));
+  auto second = IncomingJob::Create(start, ServerOptions{}, inputs.get());
   ASSERT_TRUE(second.ok()) << second.status();
   (*second)->AllocateInput();
   const void* reused[] = {keys, values};

@@ -6,7 +6,7 @@
 #include "kernels/reference/reference_engine.h"
 
 #ifdef CKV_HAVE_CUDA
-#include "centroidkv/kernels/gpu/cuda_engine.h"
+#include "centroidkv/kernels/cuda/cuda_engine.h"
 #endif
 
 namespace centroidkv {
@@ -20,7 +20,7 @@ std::unique_ptr<EngineSet> EngineSet::CreateAvailable(const EngineLimits& limits
   set->cpu_ = std::make_unique<cpu::CpuEngine>(limits);
 #ifdef CKV_HAVE_CUDA
   // The first CUDA device, when there is one the driver lets us use.
-  absl::StatusOr<std::unique_ptr<gpu::CudaEngine>> cuda = gpu::CudaEngine::Create(limits);
+  absl::StatusOr<std::unique_ptr<cuda::CudaEngine>> cuda = cuda::CudaEngine::Create(limits);
   if (cuda.ok()) {
     set->devices_.push_back((*cuda)->device());
     set->cuda_ = *std::move(cuda);

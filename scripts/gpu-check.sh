@@ -25,9 +25,9 @@ BUNDLE="$ROOT/.gpu-bundle"
 RESULTS="$ROOT/docs/gpu"
 BUILD_DIR="${CKV_BUILD_DIR:-$ROOT/build-gpu}"
 TARGETS=(ckv_kernels_test centroidkv_gpu_bench centroidkv_server centroidkv_bench)
-GPU_FILTER='Gpu/*:CudaEngineTest.*:CudaStagesOnHost/*:HostPipelineTest.*:*HostPipelineMatchTest.*:TileMatchTest.*:LayerStagesTest.*:EngineFactoryTest.*'
-WARP_FILTER='Gpu/EngineConformanceTest.GoldenCases/*:Gpu/EngineConformanceTest.*Reference*:CudaEngineTest.*'
-SANITIZER_FILTER='Gpu/EngineConformanceTest.GoldenCases/*:Gpu/EngineConformanceTest.TiesGoToTheLowestDestination/*:Gpu/EngineConformanceTest.FloorRisesEachPass/*:CudaEngineTest.*'
+GPU_FILTER='Cuda/*:CudaEngineTest.*:CudaStagesOnHost/*:HostPipelineTest.*:*HostPipelineMatchTest.*:TileMatchTest.*:LayerStagesTest.*:EngineFactoryTest.*'
+WARP_FILTER='Cuda/EngineConformanceTest.GoldenCases/*:Cuda/EngineConformanceTest.*Reference*:CudaEngineTest.*'
+SANITIZER_FILTER='Cuda/EngineConformanceTest.GoldenCases/*:Cuda/EngineConformanceTest.TiesGoToTheLowestDestination/*:Cuda/EngineConformanceTest.FloorRisesEachPass/*:CudaEngineTest.*'
 
 log() { echo "[gpu-check] $*" >&2; }
 
@@ -119,7 +119,7 @@ if [[ -n "$BIN" ]]; then
   TESTS_PASSED=$(grep -c '^\[       OK \]' "$RESULTS/tests.log")
   TESTS_FAILED=$(grep -Ec '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$RESULTS/tests.log")
   TESTS_SKIPPED=$(grep -Ec '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$RESULTS/tests.log")
-  GPU_SKIPPED=$(grep -Ec '^\[  SKIPPED \] (Gpu/|CudaEngineTest).* \([0-9]+ ms\)$' "$RESULTS/tests.log")
+  GPU_SKIPPED=$(grep -Ec '^\[  SKIPPED \] (Cuda/|CudaEngineTest).* \([0-9]+ ms\)$' "$RESULTS/tests.log")
   if grep -q 'no CUDA device' "$RESULTS/tests.log"; then NO_GPU=1; fi
   log "tests: rc $TESTS_RC, $TESTS_PASSED passed, $TESTS_FAILED failed, $TESTS_SKIPPED skipped ($GPU_SKIPPED GPU cases skipped)"
   if [[ $NO_GPU -eq 0 ]]; then

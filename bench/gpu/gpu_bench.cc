@@ -43,9 +43,9 @@
 #include "absl/strings/str_format.h"
 #include "bench/workload.h"
 #include "centroidkv/kernels/engine.h"
-#include "centroidkv/kernels/gpu/cuda_engine.h"
+#include "centroidkv/kernels/cuda/cuda_engine.h"
 #include "kernels/cpu/cpu_engine.h"
-#include "kernels/gpu/stream_worker.h"
+#include "kernels/cuda/stream_worker.h"
 
 namespace centroidkv::bench {
 namespace {
@@ -268,11 +268,11 @@ int Main(int argc, char** argv) {
         plans.push_back(*std::move(plan));
       }
       std::vector<CompressResult> results(jobs_count);
-      std::vector<gpu::BatchJob> jobs;
+      std::vector<cuda::BatchJob> jobs;
       for (int32_t j = 0; j < jobs_count; ++j) jobs.push_back({&plans[j], &views[j], &results[j]});
-      gpu::StreamWorker worker;
+      cuda::StreamWorker worker;
       absl::Status status =
-          worker.Init(0, match == "warp" ? gpu::MatchKernel::kWarp : gpu::MatchKernel::kTiles);
+          worker.Init(0, match == "warp" ? cuda::MatchKernel::kWarp : cuda::MatchKernel::kTiles);
       if (status.ok()) status = worker.Prepare(jobs);
       if (status.ok()) status = worker.Upload();
       if (!status.ok()) {
@@ -320,7 +320,7 @@ int Main(int argc, char** argv) {
   }
 
   {  // End to end through the engine: host in, host out, jobs from many threads.
-    absl::StatusOr<std::unique_ptr<gpu::CudaEngine>> engine = gpu::CudaEngine::Create();
+    absl::StatusOr<std::unique_ptr<cuda::CudaEngine>> engine = cuda::CudaEngine::Create();
     if (!engine.ok()) {
       std::cerr << engine.status() << "\n";
       return 1;

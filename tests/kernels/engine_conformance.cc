@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/gpu/host_pipeline.h"
+#include "kernels/cuda/host_pipeline.h"
 
 namespace centroidkv::conformance {
 
@@ -429,7 +429,7 @@ void PrintTo(const Backend& backend, std::ostream* os) {
 }
 
 const ClusterEngine& CudaStagesOnHost() {
-  static const ClusterEngine* const engine = new gpu::HostPipelineEngine();
+  static const ClusterEngine* const engine = new cuda::HostPipelineEngine();
   return *engine;
 }
 

@@ -139,7 +139,7 @@ struct Backend {
 
 void PrintTo(const Backend& backend, std::ostream* os);
 
-// The CUDA backend's algorithm run on the host (gpu::HostPipelineEngine), created once.
+// The CUDA backend's algorithm run on the host (cuda::HostPipelineEngine), created once.
 const ClusterEngine& CudaStagesOnHost();
 
 // Selects the engine under test from the Backend parameter (skipping, with the reason, where

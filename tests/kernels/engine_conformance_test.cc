@@ -7,7 +7,7 @@
 // ones: gtest applies them to every TEST_P of EngineConformanceTest, whichever file defines
 // it. A new backend adds one INSTANTIATE line here.
 // The gpu backend's cases skip, with a message saying so, where there is no CUDA device; the
-// CUDA backend's algorithm also runs everywhere as its host twin (gpu::HostPipelineEngine).
+// CUDA backend's algorithm also runs everywhere as its host twin (cuda::HostPipelineEngine).
 #include <cstdint>
 #include <random>
 #include <string>
@@ -247,9 +247,9 @@ INSTANTIATE_TEST_SUITE_P(Cpu, EngineConformanceTest, ::testing::Values(Backend{B
                            return std::string("Cpu");
                          });
 // The CUDA device (skipped with "no CUDA device: ..." where there is none).
-INSTANTIATE_TEST_SUITE_P(Gpu, EngineConformanceTest, ::testing::Values(Backend{BackendKind::kCuda}),
+INSTANTIATE_TEST_SUITE_P(Cuda, EngineConformanceTest, ::testing::Values(Backend{BackendKind::kCuda}),
                          [](const ::testing::TestParamInfo<Backend>&) {
-                           return std::string("Gpu");
+                           return std::string("Cuda");
                          });
 // The CUDA backend's stages, run on the host: the GPU algorithm, checked on every machine.
 INSTANTIATE_TEST_SUITE_P(CudaStagesOnHost, EngineConformanceTest,
@@ -262,9 +262,9 @@ INSTANTIATE_TEST_SUITE_P(Cpu, EngineAgreementTest, ::testing::Values(Backend{Bac
                          [](const ::testing::TestParamInfo<Backend>&) {
                            return std::string("Cpu");
                          });
-INSTANTIATE_TEST_SUITE_P(Gpu, EngineAgreementTest, ::testing::Values(Backend{BackendKind::kCuda}),
+INSTANTIATE_TEST_SUITE_P(Cuda, EngineAgreementTest, ::testing::Values(Backend{BackendKind::kCuda}),
                          [](const ::testing::TestParamInfo<Backend>&) {
-                           return std::string("Gpu");
+                           return std::string("Cuda");
                          });
 INSTANTIATE_TEST_SUITE_P(CudaStagesOnHost, EngineAgreementTest,
                          ::testing::Values(Backend{BackendKind::kCuda, true}),

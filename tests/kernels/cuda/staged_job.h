@@ -9,11 +9,11 @@
 #include <optional>
 #include <vector>
 
-#include "kernels/gpu/layer_batch.h"
-#include "kernels/gpu/tile_match.h"
+#include "kernels/cuda/layer_batch.h"
+#include "kernels/cuda/tile_match.h"
 #include "tests/testing/random_layer.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 // H = 2 heads of `tokens` random keys (value_dim 4), `prototypes` / `noise` as in
 // RandomLayerSpec.
@@ -56,4 +56,4 @@ class StagedJob {
 // exact one). Returns how many lists overflowed.
 int ExpectListsHoldTheExactBest(const StagedJob& job);
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -2,10 +2,10 @@
 // TileMatchBlock for one (head, chunk, source tile) after another, and its launcher.
 #include <algorithm>
 
-#include "kernels/gpu/layer_kernels.h"
-#include "kernels/gpu/tile_match.h"
+#include "kernels/cuda/layer_kernels.h"
+#include "kernels/cuda/tile_match.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 constexpr int kTileThreads = kTileWarps * 32;
@@ -39,4 +39,4 @@ cudaError_t LaunchTileMatch(const BatchParams& params, const BatchArrays& arrays
   return cudaPeekAtLastError();
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -1,5 +1,5 @@
 // LayerBatch: batching rules, workspace layout, input staging and result extraction.
-#include "kernels/gpu/layer_batch.h"
+#include "kernels/cuda/layer_batch.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "oneapi/tbb/parallel_for.h"
-#include "kernels/gpu/tile_match.h"
+#include "kernels/cuda/tile_match.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
@@ -338,4 +338,4 @@ void LayerBatch::ExtractResults(const void* small_out, const int32_t* owner,
   });
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -22,14 +22,14 @@
 
 #include <cstdint>
 
-#include "kernels/gpu/layer_stages.h"
+#include "kernels/cuda/layer_stages.h"
 
 #if defined(__CUDA_ARCH__)
 #include <cuda_bf16.h>
 #include <mma.h>
 #endif
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 constexpr int32_t kTileRows = 64;        // sources per block; destinations per tile
 constexpr int32_t kTileWarps = 4;        // warps per block on the device (16 sources each)
@@ -305,4 +305,4 @@ CKV_HD void TileMatchBlock(const BatchParams& p, const BatchArrays& a, const Pas
   }
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

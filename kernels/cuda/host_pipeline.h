@@ -11,9 +11,9 @@
 #include <span>
 
 #include "centroidkv/kernels/engine.h"
-#include "kernels/gpu/layer_batch.h"
+#include "kernels/cuda/layer_batch.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 // Runs a batch of jobs (CanBatch-compatible, validated and planned) through the stages on
 // the host and fills each job's CompressResult: what one device launch sequence computes.
@@ -42,4 +42,4 @@ class HostPipelineEngine final : public ClusterEngine {
   MatchKernel match_;
 };
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

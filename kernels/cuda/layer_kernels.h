@@ -10,9 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/gpu/layer_stages.h"
+#include "kernels/cuda/layer_stages.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 // One launch running `items` items of stage `id` (a grid-stride loop over RunStageItem).
 cudaError_t LaunchStage(StageId id, const BatchParams& params, const BatchArrays& arrays,
@@ -31,4 +31,4 @@ cudaError_t SegmentedSortScratchBytes(const BatchParams& params, size_t* bytes);
 cudaError_t LaunchSegmentedSort(const BatchParams& params, const BatchArrays& arrays,
                                 void* d_scratch, size_t scratch_bytes, cudaStream_t stream);
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

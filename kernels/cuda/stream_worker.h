@@ -19,9 +19,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/gpu/layer_batch.h"
+#include "kernels/cuda/layer_batch.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 // A device (or pinned host) block that grows on demand and is reused.
 class CudaBlock {
@@ -79,4 +79,4 @@ class StreamWorker {
   CudaBlock h_input_{true}, h_small_{true}, h_owner_{true}, h_packed_{true};
 };
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

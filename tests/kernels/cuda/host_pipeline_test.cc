@@ -1,8 +1,8 @@
-// The CUDA backend's stages run on the host (kernels/gpu/host_pipeline.h) take exactly the
+// The CUDA backend's stages run on the host (kernels/cuda/host_pipeline.h) take exactly the
 // reference engine's decisions and its float64 operation order, so their results are
 // bit-identical to the reference's; and a batch of several jobs gives each job the result it
 // gets alone. (The conformance suite runs the same engine against its looser standard.)
-#include "kernels/gpu/host_pipeline.h"
+#include "kernels/cuda/host_pipeline.h"
 
 #include <algorithm>
 #include <random>
@@ -14,7 +14,7 @@
 #include "tests/testing/random_layer.h"
 #include "tests/testing/result_checks.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 using test::ExpectBitIdentical;
@@ -224,4 +224,4 @@ TEST(HostPipelineTest, ABatchGivesEachJobItsOwnResult) {
 }
 
 }  // namespace
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

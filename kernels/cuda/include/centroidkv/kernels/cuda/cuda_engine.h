@@ -1,5 +1,5 @@
 // The CUDA backend: SPEC.md section 2 on an NVIDIA GPU, with exactly the reference engine's
-// decisions and float64 merge order (kernels/gpu/layer_stages.h says how), behind the
+// decisions and float64 merge order (kernels/cuda/layer_stages.h says how), behind the
 // ClusterEngine interface. No CUDA types here (pimpl, as FAISS's GpuIndexFlat): the service
 // and the factory include this header without the CUDA toolkit.
 //
@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "centroidkv/kernels/engine.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 struct CudaEngineOptions {
   int32_t device = 0;            // CUDA device ordinal
@@ -63,4 +63,4 @@ class CudaEngine final : public ClusterEngine {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -1,6 +1,6 @@
 // CudaEngine: the job queue, the batching workers and their CUDA resources. Host C++ only:
 // device code is reached through the launchers of layer_kernels.h.
-#include "centroidkv/kernels/gpu/cuda_engine.h"
+#include "centroidkv/kernels/cuda/cuda_engine.h"
 
 #include <cuda_runtime_api.h>
 
@@ -14,11 +14,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/status_macros.h"
-#include "kernels/gpu/layer_batch.h"
-#include "kernels/gpu/cuda_status.h"
-#include "kernels/gpu/stream_worker.h"
+#include "kernels/cuda/layer_batch.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/stream_worker.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 int64_t InputBytes(const LayerView& layer) {
@@ -173,4 +173,4 @@ absl::Status CudaEngine::CompressImpl(const LayerPlan& plan, const LayerView& la
   return impl_->Compress(BatchJob{&plan, &layer, out}, control);
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

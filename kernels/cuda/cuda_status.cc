@@ -1,8 +1,8 @@
-#include "kernels/gpu/cuda_status.h"
+#include "kernels/cuda/cuda_status.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -25,4 +25,4 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
   }
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -1,6 +1,6 @@
 // StreamWorker: the steps of one batch on one stream, and the executor that queues the
 // stages (RunBatchStages) as kernel launches.
-#include "kernels/gpu/stream_worker.h"
+#include "kernels/cuda/stream_worker.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "centroidkv/common/status_macros.h"
-#include "kernels/gpu/cuda_status.h"
-#include "kernels/gpu/layer_kernels.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/layer_kernels.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 const char* StageName(StageId id) {
@@ -235,4 +235,4 @@ absl::Status StreamWorker::Finish() {
   return absl::OkStatus();
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -9,16 +9,16 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view what);
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda
 
 // Returns from the enclosing function (absl::Status or StatusOr) when `expr` fails.
 #define CKV_CUDA_RETURN_IF_ERROR(expr, what)                                   \
   do {                                                                         \
     if (const cudaError_t ckv_cuda_error_ = (expr); ckv_cuda_error_ != cudaSuccess) { \
-      return ::centroidkv::gpu::CudaStatus(ckv_cuda_error_, (what));           \
+      return ::centroidkv::cuda::CudaStatus(ckv_cuda_error_, (what));           \
     }                                                                          \
   } while (false)

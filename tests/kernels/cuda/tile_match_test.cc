@@ -1,10 +1,10 @@
-// The tensor-core match's pieces on the host (kernels/gpu/tile_match.h): the bf16x3 scores
+// The tensor-core match's pieces on the host (kernels/cuda/tile_match.h): the bf16x3 scores
 // against the exact cosine and TileMatchBound, and the near-tie lists a block writes (they
 // hold the exact best, only near ties, and overflow when they must). Its bf16 rounding is
 // checked against the host's in layer_stages_test.cc.
-// The same TileMatchBlock runs on the device with WMMA products (tests/kernels/gpu's
-// CudaEngineTest and the Gpu conformance suite check that where a GPU is present).
-#include "kernels/gpu/tile_match.h"
+// The same TileMatchBlock runs on the device with WMMA products (tests/kernels/cuda's
+// CudaEngineTest and the Cuda conformance suite check that where a GPU is present).
+#include "kernels/cuda/tile_match.h"
 
 #include <cmath>
 #include <algorithm>
@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/gpu/layer_batch.h"
-#include "tests/kernels/gpu/staged_job.h"
+#include "kernels/cuda/layer_batch.h"
+#include "tests/kernels/cuda/staged_job.h"
 #include "tests/testing/random_layer.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 TEST(TileMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
@@ -97,4 +97,4 @@ TEST(TileMatchTest, NearTiesAreListedAndTooManyOverflow) {
 }
 
 }  // namespace
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

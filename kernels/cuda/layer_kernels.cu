@@ -1,10 +1,10 @@
 // The stage kernels: one thin __global__ entry per stage of layer_stages.h, each a
 // grid-stride loop over the stage's items, and the launcher that picks it.
-#include "kernels/gpu/layer_kernels.h"
+#include "kernels/cuda/layer_kernels.h"
 
 #include <algorithm>
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 constexpr int kBlockThreads = 256;
@@ -72,4 +72,4 @@ cudaError_t LaunchStage(StageId id, const BatchParams& params, const BatchArrays
   return cudaErrorInvalidValue;
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

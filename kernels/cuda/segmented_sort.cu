@@ -3,9 +3,9 @@
 // Alone in its file: CUB's templates are the slowest part of the build.
 #include <cub/device/device_segmented_sort.cuh>
 
-#include "kernels/gpu/layer_kernels.h"
+#include "kernels/cuda/layer_kernels.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 namespace {
 
@@ -33,4 +33,4 @@ cudaError_t LaunchSegmentedSort(const BatchParams& params, const BatchArrays& ar
   return cudaPeekAtLastError();
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -1,9 +1,9 @@
 // StagedJob and the near-tie list check (staged_job.h).
-#include "tests/kernels/gpu/staged_job.h"
+#include "tests/kernels/cuda/staged_job.h"
 
 #include "gtest/gtest.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 test::RandomLayerSpec TileTestKeys(int32_t tokens, int32_t dim, DType dtype, int32_t prototypes,
                                    double noise, uint64_t seed) {
@@ -98,4 +98,4 @@ int ExpectListsHoldTheExactBest(const StagedJob& job) {
   return overflowed;
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

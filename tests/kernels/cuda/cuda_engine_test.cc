@@ -3,7 +3,7 @@
 // exactly the reference engine's result, and the tensor-core match kernel on its own (its
 // near-tie lists, read back from the device, hold every source's exact best). Cases that
 // need a device skip with "no CUDA device: ..." where there is none.
-#include "centroidkv/kernels/gpu/cuda_engine.h"
+#include "centroidkv/kernels/cuda/cuda_engine.h"
 
 #include <cstring>
 #include <memory>
@@ -14,12 +14,12 @@
 #include <cuda_runtime_api.h>
 
 #include "gtest/gtest.h"
-#include "kernels/gpu/layer_kernels.h"
+#include "kernels/cuda/layer_kernels.h"
 #include "kernels/reference/reference_engine.h"
-#include "tests/kernels/gpu/staged_job.h"
+#include "tests/kernels/cuda/staged_job.h"
 #include "tests/testing/random_layer.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 TEST(CudaEngineTest, AMissingDeviceIsFailedPrecondition) {
@@ -159,4 +159,4 @@ TEST(CudaEngineTest, TileMatchListsHoldTheExactBestOnTheDevice) {
 }
 
 }  // namespace
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

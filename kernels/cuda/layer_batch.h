@@ -15,9 +15,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "centroidkv/kernels/engine.h"
-#include "kernels/gpu/layer_stages.h"
+#include "kernels/cuda/layer_stages.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 // One layer job as the engine received it (validated and planned by ClusterEngine).
 struct BatchJob {
@@ -127,4 +127,4 @@ absl::Status RunBatchStages(const LayerBatch& batch, Executor& exec) {
   return status;
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

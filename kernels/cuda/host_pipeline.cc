@@ -1,5 +1,5 @@
 // HostPipelineEngine: one job as a batch of one, every stage a plain loop.
-#include "kernels/gpu/host_pipeline.h"
+#include "kernels/cuda/host_pipeline.h"
 
 #include <algorithm>
 #include <array>
@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/gpu/layer_batch.h"
-#include "kernels/gpu/tile_match.h"
+#include "kernels/cuda/layer_batch.h"
+#include "kernels/cuda/tile_match.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 // A 256-byte aligned block (the device workspace's stand-in).
@@ -178,4 +178,4 @@ absl::Status RunBatchOnHost(std::span<const BatchJob> jobs, int32_t warp_lanes,
   return absl::OkStatus();
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -1,8 +1,8 @@
-// Tests the scalar helpers of the CUDA backend's stages (kernels/gpu/layer_stages.h) on the
+// Tests the scalar helpers of the CUDA backend's stages (kernels/cuda/layer_stages.h) on the
 // host: exact widening, the sort key order, the chunk arithmetic and the float64 cosine
 // against the reference formula. The whole stage pipeline runs in the conformance suite
 // (engine_conformance_test.cc, CudaStagesOnHost).
-#include "kernels/gpu/layer_stages.h"
+#include "kernels/cuda/layer_stages.h"
 
 #include <bit>
 #include <cmath>
@@ -13,7 +13,7 @@
 #include "centroidkv/common/dtype.h"
 #include "gtest/gtest.h"
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 namespace {
 
 TEST(LayerStagesTest, HalfWideningIsExactForEveryBitPattern) {
@@ -154,4 +154,4 @@ TEST(LayerStagesTest, ExactCosineIsTheReferenceCosineAndFloatScoresStayInTheBoun
 }
 
 }  // namespace
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -37,7 +37,7 @@
 #define CKV_HD inline
 #endif
 
-namespace centroidkv::gpu {
+namespace centroidkv::cuda {
 
 // Element types of the staged input (the values of centroidkv::DType).
 enum InputType : int32_t { kInputF32 = 0, kInputF16 = 1, kInputBF16 = 2 };
@@ -130,7 +130,7 @@ struct BatchArrays {
 };
 
 // ---------------------------------------------------------------------------------------
-// Scalar helpers (tested on the host in tests/kernels/gpu/layer_stages_test.cc).
+// Scalar helpers (tested on the host in tests/kernels/cuda/layer_stages_test.cc).
 
 // Correctly rounded float64 operations that the device compiler may not fuse.
 CKV_HD double MulRn(double a, double b) {
@@ -911,4 +911,4 @@ CKV_HD void RunStageItem(StageId id, const BatchParams& p, const BatchArrays& a,
   }
 }
 
-}  // namespace centroidkv::gpu
+}  // namespace centroidkv::cuda

@@ -5,7 +5,7 @@
 // 16 x 64 score tile into each source's near-tie list: every destination whose score is
 // within 2 TileMatchBound(dim) of the source's best score. The scores never reach device
 // memory. Then a thread of the same block finds each source's exact best among its list in
-// float64 (ResolveSourceEdge, layer_stages.h), while the rows are still in L2.
+// float64 (ResolveSourceEdge, stage_match.h), while the rows are still in L2.
 //
 // One function, TileMatchBlock, is the block's whole algorithm for the device (tile_match.cu
 // runs it with 4 warps of 32 lanes) and for the host (host_pipeline.cc runs it with one
@@ -22,7 +22,11 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/layer_stages.h"
+#include "kernels/cuda/stage_lanes.h"
+#include "kernels/cuda/stage_layout.h"
+#include "kernels/cuda/stage_match.h"
+#include "kernels/cuda/stage_scalars.h"
+#include "kernels/cuda/stage_types.h"
 
 #if defined(__CUDA_ARCH__)
 #include <cuda_bf16.h>

@@ -33,6 +33,10 @@
 //                    writes the result rows in that dtype; the first is the headline)
 //   --dump_dir=DIR  (keys.npy, values.npy, meta.json, assignment_C<chunk>.npy for the
 //                    PyTorch peer)  --summary_out=FILE (the JSON summary)
+//
+// Main runs the steps in order: ParseFlags, SetUp (engine, peak, workload), CheckChunks,
+// the registrations (RegisterPipelines, RegisterMemoryFloors, RegisterFaissPeers), the
+// benchmarks, MeasurePeaksAfter, and Report (the table and the JSON summary).
 #include <benchmark/benchmark.h>
 #include <emmintrin.h>
 #include <tbb/parallel_for.h>
@@ -379,89 +383,126 @@ std::string IsaFeatures() {
   return out;
 }
 
-int Main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);  // removes the --benchmark_* flags it knows
-  const Flags flags = ParseFlags(argc, argv);
-  const WorkloadSpec& spec = flags.workload;
+// What the steps of one run share: the engine, this machine's numbers, the data, and what
+// the untimed checks and the registration established.
+struct BenchRun {
+  std::unique_ptr<EngineSet> engines;
+  const ClusterEngine* engine = nullptr;
+  std::string engine_name;
+  std::string kernel_level;  // the cpu backend's kernels on this CPU: scalar, avx2, avx512, amx
+  PeakOptions peak_options;
+  PeakResult peak_before;
+  std::string cpu_model;
+  std::string isa_features;
+  Workload workload;
+  LayerView view;
+  double tokens = 0.0;    // layer-head tokens per job
+  double kv_bytes = 0.0;  // input bytes per job
+  std::map<int32_t, ChunkCheck> checks;
+  std::map<int32_t, double> flops_per_job;
+  // Per result dtype, the first chunk's result (it sizes the memory floor's result).
+  std::map<DType, std::shared_ptr<CompressResult>> first_results;
+  std::map<DType, double> memory_floor_bytes;
+};
 
-  std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
+// What the timed runs measured besides the benchmarks' own times.
+struct AfterRuns {
+  PeakResult peak_after;
+  double peak_gflops = 0.0;  // the best of the peaks before and after
+  std::optional<PeakResult> amx_peak;
+};
+
+// The engine, this machine's peak and ISA, and the workload (dumped with --dump_dir).
+void SetUp(const Flags& flags, BenchRun* run) {
+  const WorkloadSpec& spec = flags.workload;
+  run->engines = EngineSet::CreateAvailable();
   absl::StatusOr<const ClusterEngine*> selected =
-      flags.engine == "reference" ? engines->Select(BackendKind::kReference)
-      : flags.engine == "cpu"     ? engines->Select(BackendKind::kCpu)
+      flags.engine == "reference" ? run->engines->Select(BackendKind::kReference)
+      : flags.engine == "cpu"     ? run->engines->Select(BackendKind::kCpu)
                                   : absl::InvalidArgumentError("--engine: cpu or reference");
   if (!selected.ok()) Die(selected.status().ToString());
-  const ClusterEngine& engine = **selected;
-  const std::string engine_name(engine.name());
+  run->engine = *selected;
+  run->engine_name = std::string(run->engine->name());
   // The cpu backend's kernels on this CPU (simd_dispatch.h): scalar, avx2, avx512 or amx.
-  const std::string kernel_level(cpu::SimdLevelName(cpu::DetectSimdLevel()));
+  run->kernel_level = std::string(cpu::SimdLevelName(cpu::DetectSimdLevel()));
 
-  PeakOptions peak_options;
-  peak_options.threads = flags.threads;
-  peak_options.repetitions = flags.peak_reps;
-  const PeakResult peak_before = MeasureFp32Peak(peak_options);
-  const std::string cpu_model = CpuModel();
-  const std::string isa_features = IsaFeatures();
-  std::cout << "CPU: " << cpu_model << " (" << isa_features << ")\n"
-            << "kernel level: " << kernel_level << "; fp32 FMA peak (" << peak_before.isa << ", "
-            << peak_before.threads << " threads, best of " << peak_before.samples.size()
+  run->peak_options.threads = flags.threads;
+  run->peak_options.repetitions = flags.peak_reps;
+  run->peak_before = MeasureFp32Peak(run->peak_options);
+  const PeakResult& peak_before = run->peak_before;
+  run->cpu_model = CpuModel();
+  run->isa_features = IsaFeatures();
+  std::cout << "CPU: " << run->cpu_model << " (" << run->isa_features << ")\n"
+            << "kernel level: " << run->kernel_level << "; fp32 FMA peak (" << peak_before.isa
+            << ", " << peak_before.threads << " threads, best of " << peak_before.samples.size()
             << "): " << peak_before.gflops << " GFLOP/s\n";
 
   std::cout << "generating " << spec.heads << " heads x " << spec.tokens << " tokens x d "
             << spec.dim << " (fp16, seed " << spec.seed << ")\n"
             << std::flush;
-  const Workload workload = MakeWorkload(spec);
-  const LayerView view = workload.View();
-  const double tokens = static_cast<double>(spec.heads) * spec.tokens;
-  const double kv_bytes = static_cast<double>(workload.KvBytes());
+  run->workload = MakeWorkload(spec);
+  run->view = run->workload.View();
+  run->tokens = static_cast<double>(spec.heads) * spec.tokens;
+  run->kv_bytes = static_cast<double>(run->workload.KvBytes());
   if (!flags.dump_dir.empty()) {
-    if (absl::Status status = WriteWorkloadNpy(workload, flags.dump_dir); !status.ok()) {
+    if (absl::Status status = WriteWorkloadNpy(run->workload, flags.dump_dir); !status.ok()) {
       Die(status.ToString());
     }
-    WriteMeta(flags, engine_name);
+    WriteMeta(flags, run->engine_name);
   }
+}
 
-  std::map<int32_t, ChunkCheck> checks;
-  std::map<int32_t, double> flops_per_job;
+// Per chunk size: the similarity flops of a job, and (with --check or --dump_dir) one
+// untimed run of the engine, checked (CheckEngine), its assignment dumped with --dump_dir.
+void CheckChunks(const Flags& flags, BenchRun* run) {
+  const WorkloadSpec& spec = flags.workload;
   for (int32_t chunk : flags.chunks) {
     const std::vector<ChunkSpan> spans = FirstPassChunks(spec.tokens, chunk, flags.sink,
                                                           flags.recent);
-    flops_per_job[chunk] =
+    run->flops_per_job[chunk] =
         static_cast<double>(spec.heads) * SimilarityPairs(spans) * 2.0 * spec.dim;
     if (flags.check || !flags.dump_dir.empty()) {
-      std::cout << "checking " << engine_name << " at chunk " << chunk << "\n" << std::flush;
-      checks[chunk] = CheckEngine(engine, workload, flags, chunk);
+      std::cout << "checking " << run->engine_name << " at chunk " << chunk << "\n" << std::flush;
+      run->checks[chunk] = CheckEngine(*run->engine, run->workload, flags, chunk);
       if (!flags.dump_dir.empty()) {
         const std::string path =
             flags.dump_dir + "/assignment_C" + std::to_string(chunk) + ".npy";
         absl::Status status = WriteNpy(path, NpyType::kInt32, {spec.heads, spec.tokens},
-                                       checks[chunk].assignment.data());
+                                       run->checks[chunk].assignment.data());
         if (!status.ok()) Die(status.ToString());
       }
     }
   }
+}
 
+// The engine's benchmarks, per chunk size and result dtype: pipeline (CompressInto into one
+// kept result) and, with --fresh, pipeline_fresh (Compress into a fresh result).
+void RegisterPipelines(const Flags& flags, BenchRun* run) {
+  const ClusterEngine* engine = run->engine;
+  const LayerView view = run->view;
+  const double tokens = run->tokens;
+  const double kv_bytes = run->kv_bytes;
   // Ours first, then the peers: OpenMP threads that spin after FAISS cannot slow us down.
   // Per result dtype, the first chunk's result sizes the memory floor's result.
-  std::map<DType, std::shared_ptr<CompressResult>> first_results;
   for (int32_t chunk : flags.chunks) {
     for (DType dtype : flags.result_dtypes) {
       const CompressOptions options = OptionsFor(flags, chunk, dtype);
-      const double flops = flops_per_job[chunk];
-      const double peak = peak_before.gflops;
+      const double flops = run->flops_per_job[chunk];
+      const double peak = run->peak_before.gflops;
       // The headline: one result kept across jobs (CompressInto), as a server thread keeps
       // one per worker; its memory is faulted in once, before timing.
       auto reused = std::make_shared<CompressResult>();
-      if (absl::Status status = engine.CompressInto(view, options, reused.get()); !status.ok()) {
+      if (absl::Status status = engine->CompressInto(view, options, reused.get()); !status.ok()) {
         Die(status.ToString());
       }
-      first_results.emplace(dtype, reused);
+      run->first_results.emplace(dtype, reused);
       auto counters = [tokens, kv_bytes, flops, peak](benchmark::State& state) {
         SetCounters(state, tokens, kv_bytes, flops, peak);
       };
       RegisterJob(
           PipelineName(chunk, dtype), flags,
-          [&engine, view, options, reused] {
-            absl::Status status = engine.CompressInto(view, options, reused.get());
+          [engine, view, options, reused] {
+            absl::Status status = engine->CompressInto(view, options, reused.get());
             benchmark::DoNotOptimize(reused->counts.data());
             return status;
           },
@@ -471,8 +512,8 @@ int Main(int argc, char** argv) {
       if (flags.fresh) {
         RegisterJob(
             FreshName(chunk, dtype), flags,
-            [&engine, view, options] {
-              absl::StatusOr<CompressResult> result = engine.Compress(view, options);
+            [engine, view, options] {
+              absl::StatusOr<CompressResult> result = engine->Compress(view, options);
               if (result.ok()) benchmark::DoNotOptimize(result->counts.data());
               return result.status();
             },
@@ -480,21 +521,24 @@ int Main(int argc, char** argv) {
       }
     }
   }
+}
 
-  // The memory floor of one job: read every input key and value once and write a result's
-  // worth of keys and values (in the result dtype), counts and assignment once (non-temporal
-  // stores, as the engine writes), over all threads with oneTBB like the engine, and nothing
-  // else. No implementation that reads its input and writes this result can be faster on
-  // this machine; at small chunks the pipeline is measured against it too.
-  std::map<DType, double> memory_floor_bytes;
+// The memory floor of one job: read every input key and value once and write a result's
+// worth of keys and values (in the result dtype), counts and assignment once (non-temporal
+// stores, as the engine writes), over all threads with oneTBB like the engine, and nothing
+// else. No implementation that reads its input and writes this result can be faster on
+// this machine; at small chunks the pipeline is measured against it too.
+void RegisterMemoryFloors(const Flags& flags, BenchRun* run) {
+  const LayerView view = run->view;
+  const double kv_bytes = run->kv_bytes;
   for (DType dtype : flags.result_dtypes) {
-    const CompressResult& sizes = *first_results.at(dtype);
+    const CompressResult& sizes = *run->first_results.at(dtype);
     const int64_t out_bytes =
         static_cast<int64_t>(sizes.key_elements() + sizes.value_elements()) *
             DTypeSize(sizes.dtype) +
         static_cast<int64_t>(sizes.counts.size()) * static_cast<int64_t>(sizeof(sizes.counts[0])) +
         static_cast<int64_t>(sizes.assignment.size()) * 4;
-    memory_floor_bytes[dtype] = static_cast<double>(out_bytes) + kv_bytes;
+    run->memory_floor_bytes[dtype] = static_cast<double>(out_bytes) + kv_bytes;
     // 16-byte aligned (operator new's alignment), as _mm_stream_si128 needs.
     auto out = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(out_bytes / 8 + 2));
     const int64_t in_bytes = static_cast<int64_t>(kv_bytes) / 2;  // keys, then values
@@ -525,24 +569,29 @@ int Main(int argc, char** argv) {
         },
         nullptr);
   }
+}
 
 #ifdef CKV_HAVE_FAISS
-  // One matcher at a time (its indexes hold the whole B half of the layer): built on first
-  // use for a chunk size, outside the timed loop.
-  struct FaissState {
-    int32_t chunk = -1;
-    std::unique_ptr<FaissMatcher> matcher;
-  };
+// One matcher at a time (its indexes hold the whole B half of the layer): built on first
+// use for a chunk size, outside the timed loop.
+struct FaissState {
+  int32_t chunk = -1;
+  std::unique_ptr<FaissMatcher> matcher;
+};
+
+// The FAISS peer's benchmarks (with --faiss): per chunk size, both threadings.
+std::shared_ptr<FaissState> RegisterFaissPeers(const Flags& flags, BenchRun* run) {
   auto faiss_state = std::make_shared<FaissState>();
   if (flags.faiss) {
+    const double tokens = run->tokens;
     for (int32_t chunk : flags.chunks) {
       for (FaissThreading threading : {FaissThreading::kInternal, FaissThreading::kOverChunks}) {
-        const double flops = flops_per_job[chunk];
-        const double peak = peak_before.gflops;
+        const double flops = run->flops_per_job[chunk];
+        const double peak = run->peak_before.gflops;
         const int32_t threads = flags.threads;
         const Flags* flags_ptr = &flags;
-        const Workload* workload_ptr = &workload;
-        auto* check = flags.check ? &checks[chunk] : nullptr;
+        const Workload* workload_ptr = &run->workload;
+        auto* check = flags.check ? &run->checks[chunk] : nullptr;
         benchmark::RegisterBenchmark(
             FaissName(FaissThreadingName(threading), chunk).c_str(),
             [=](benchmark::State& state) {
@@ -578,27 +627,47 @@ int Main(int argc, char** argv) {
       }
     }
   }
+  return faiss_state;
+}
 #endif
 
-  CapturingReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-#ifdef CKV_HAVE_FAISS
-  faiss_state->matcher.reset();
-#endif
-
-  const PeakResult peak_after = MeasureFp32Peak(peak_options);
-  const double peak_gflops = std::max(peak_before.gflops, peak_after.gflops);
-  std::cout << "fp32 FMA peak after the runs: " << peak_after.gflops
-            << " GFLOP/s; using the best: " << peak_gflops << "\n";
+// The fp32 FMA peak again after the timed runs (the best of both is used), and the AMX
+// bf16 peak where the CPU has one.
+AfterRuns MeasurePeaksAfter(const BenchRun& run) {
+  AfterRuns after;
+  after.peak_after = MeasureFp32Peak(run.peak_options);
+  after.peak_gflops = std::max(run.peak_before.gflops, after.peak_after.gflops);
+  std::cout << "fp32 FMA peak after the runs: " << after.peak_after.gflops
+            << " GFLOP/s; using the best: " << after.peak_gflops << "\n";
   // Context only (fraction_of_peak stays against the fp32 FMA peak): the matrix engine the
   // cpu backend's "amx" level matches on, where the CPU has one.
-  const std::optional<PeakResult> amx_peak = MeasureAmxBf16Peak(peak_options);
-  if (amx_peak.has_value()) {
+  after.amx_peak = MeasureAmxBf16Peak(run.peak_options);
+  if (after.amx_peak.has_value()) {
     std::cout << "AMX bf16 peak (context; the amx level spends 3 bf16 products per fp32 one): "
-              << amx_peak->gflops << " GFLOP/s\n";
+              << after.amx_peak->gflops << " GFLOP/s\n";
   }
+  return after;
+}
 
-  // The summary, from the medians; the headline is the first result dtype.
+// The summary, from the medians: a table on stdout, then the JSON line (also written to
+// --summary_out); the headline is the first result dtype.
+void Report(const Flags& flags, BenchRun& run, const CapturingReporter& reporter,
+            const AfterRuns& after) {
+  const WorkloadSpec& spec = flags.workload;
+  const std::string& engine_name = run.engine_name;
+  const std::string& kernel_level = run.kernel_level;
+  const std::string& cpu_model = run.cpu_model;
+  const std::string& isa_features = run.isa_features;
+  const PeakResult& peak_before = run.peak_before;
+  const PeakResult& peak_after = after.peak_after;
+  const double peak_gflops = after.peak_gflops;
+  const std::optional<PeakResult>& amx_peak = after.amx_peak;
+  const double tokens = run.tokens;
+  const double kv_bytes = run.kv_bytes;
+  std::map<int32_t, double>& flops_per_job = run.flops_per_job;
+  std::map<DType, double>& memory_floor_bytes = run.memory_floor_bytes;
+  const std::map<int32_t, ChunkCheck>& checks = run.checks;
+
   const DType headline_dtype = flags.result_dtypes.front();
   const double memory_floor_seconds = reporter.MedianSeconds(MemoryFloorName(headline_dtype));
   std::ostringstream json;
@@ -721,6 +790,27 @@ int Main(int argc, char** argv) {
     if (!out) Die("cannot write " + flags.summary_out);
   }
   std::cout << json.str() << "\n";
+}
+
+int Main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);  // removes the --benchmark_* flags it knows
+  const Flags flags = ParseFlags(argc, argv);
+  BenchRun run;
+  SetUp(flags, &run);
+  CheckChunks(flags, &run);
+  RegisterPipelines(flags, &run);
+  RegisterMemoryFloors(flags, &run);
+#ifdef CKV_HAVE_FAISS
+  std::shared_ptr<FaissState> faiss_state = RegisterFaissPeers(flags, &run);
+#endif
+
+  CapturingReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+#ifdef CKV_HAVE_FAISS
+  faiss_state->matcher.reset();
+#endif
+  const AfterRuns after = MeasurePeaksAfter(run);
+  Report(flags, run, reporter, after);
   benchmark::Shutdown();
   return 0;
 }

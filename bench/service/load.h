@@ -7,7 +7,9 @@
 // in-process CPU engine (on an executor of the server's thread count) side by side on the
 // same data.
 //
-// The pieces are functions so that tests can drive them without main().
+// The pieces are functions so that tests can drive them without main(). Flags and presets
+// are defined in load_flags.cc, the dataset and the runs in load_run.cc, the statistics and
+// the printed report in load_report.cc, BenchMain (flags, run, report) in load.cc.
 #pragma once
 
 #include <cstdint>

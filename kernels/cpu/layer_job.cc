@@ -1,15 +1,14 @@
-// LayerJob, first half: the pass loop (SPEC.md section 2 steps 1-6 and 8), matching, and
-// the result arrays. Merging and writing rows is in layer_job_merge.cc.
+// LayerJob, pass control: the job's per-head state, the pass loop (SPEC.md section 2 steps
+// 1-2, 5-6 and 8: each pass's floor, which heads take part, how many merges each makes, and
+// why the passes stop: no head over the target, no merges, the pass limit, cancellation or
+// bad input), where each pass writes its rows, and the chunk tasks it runs over oneTBB.
+// Matching and merging one chunk is in layer_job_chunks.cc; the result arrays and rows in
+// layer_job_output.cc.
 #include "kernels/cpu/layer_job.h"
 
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <numeric>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "oneapi/tbb/blocked_range.h"
 #include "oneapi/tbb/parallel_for.h"
@@ -27,34 +26,6 @@ ElemType ElemTypeOf(DType dtype) {
       break;
   }
   return ElemType::kF32;
-}
-
-// Sizes an output vector, which is empty (Compress) or holds an earlier result
-// (CompressInto): its elements are all overwritten, so a reused vector at least as long is
-// only shrunk, and only growth is zero-filled. Writing fresh memory first touches every page
-// of it, and a page fault per 4 KiB page costs more than computing the rows (several times
-// over in a VM), so new memory is marked for transparent huge pages first (a hint; Linux).
-template <typename T>
-void ResizeOutput(std::vector<T>* vector, size_t size) {
-  if (vector->capacity() < size) {
-    vector->clear();
-    vector->shrink_to_fit();
-    vector->reserve(size);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    constexpr uintptr_t kPage = 4096;
-    const auto begin = (reinterpret_cast<uintptr_t>(vector->data()) + kPage - 1) & ~(kPage - 1);
-    const auto end = reinterpret_cast<uintptr_t>(vector->data() + size) & ~(kPage - 1);
-    if (size * sizeof(T) >= (size_t{4} << 20) && end > begin) {
-      madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-    }
-#endif
-  }
-  vector->resize(size);
-}
-
-template <typename T>
-void Grow(std::vector<T>* buffer, size_t size) {
-  if (buffer->size() < size) buffer->resize(size);
 }
 
 }  // namespace
@@ -378,38 +349,6 @@ void LayerJob::PrepareSinks(int32_t pass, bool fused) {
   }
 }
 
-// The CompressResult's arrays for the final lengths (the lengths after this pass's merges).
-void LayerJob::AllocateOutput() {
-  if (output_allocated_) return;
-  output_allocated_ = true;
-  out_->num_heads = layer_.num_heads;
-  out_->num_tokens = layer_.num_tokens;
-  out_->key_dim = key_dim_;
-  out_->value_dim = value_dim_;
-  out_->offsets.assign(1, 0);
-  for (const Head& head : heads_)
-    out_->offsets.push_back(out_->offsets.back() + head.length - head.merges);
-  const auto total = static_cast<size_t>(out_->offsets.back());
-  out_->dtype = plan_.options.result_dtype;
-  if (output_type_ == ElemType::kF32) {
-    ResizeOutput(&out_->keys, total * key_dim_);
-    ResizeOutput(&out_->values, total * value_dim_);
-    out_->half_keys.clear();
-    out_->half_values.clear();
-  } else {
-    ResizeOutput(&out_->half_keys, total * key_dim_);
-    ResizeOutput(&out_->half_values, total * value_dim_);
-    out_->keys.clear();
-    out_->values.clear();
-  }
-  ResizeOutput(&out_->counts, total);
-  if (with_assignment_) {
-    ResizeOutput(&out_->assignment, static_cast<size_t>(layer_.num_heads) * layer_.num_tokens);
-  } else {
-    out_->assignment.clear();
-  }
-}
-
 void LayerJob::RunChunks(bool match, bool merge, bool fused) {
   const bool check = check_chunks_;  // the first pass checks each chunk's input rows
   check_chunks_ = false;
@@ -460,46 +399,6 @@ bool LayerJob::ChunkFinite(const Head& head, int32_t chunk, bool with_values) co
          (!with_values || kernels_.rows_finite(&values, first, length, value_dim_));
 }
 
-// Steps 3-4 for one chunk; with `fused`, every edge is kept (step 6 keeps all candidates).
-// The memory of one chunk's key rows (and value rows) where each is one contiguous block.
-PrefetchRanges LayerJob::ChunkRanges(const Head& head, int32_t chunk, bool with_values) const {
-  PrefetchRanges ranges{{nullptr, nullptr}, {0, 0}};
-  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
-  const int32_t length = ChunkLength(head, chunk);
-  const int64_t element_bytes = head.owned ? int64_t{sizeof(double)} : input_element_bytes_;
-  const RowBlock keys = Keys(head), values = Values(head);
-  if (keys.stride == key_dim_) {
-    ranges.data[0] = static_cast<const char*>(keys.data) + first * key_dim_ * element_bytes;
-    ranges.bytes[0] = int64_t{length} * key_dim_ * element_bytes;
-  }
-  if (with_values && values.stride == value_dim_) {
-    ranges.data[1] = static_cast<const char*>(values.data) + first * value_dim_ * element_bytes;
-    ranges.bytes[1] = int64_t{length} * value_dim_ * element_bytes;
-  }
-  return ranges;
-}
-
-void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchRanges& next,
-                          ChunkScratch& scratch) {
-  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
-  const int32_t length = ChunkLength(head, chunk);
-  Edge* edges = head.edges.data() + static_cast<size_t>(chunk) * slots_;
-  std::fill(edges, edges + slots_, Edge{});
-  if (length < 2) {  // a lone source has no destination
-    edges[0].source = static_cast<int32_t>(first);
-    return;
-  }
-  const int32_t sources = (length + 1) / 2;
-  Grow(&scratch.matches, static_cast<size_t>(sources));
-  scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_, scratch.matches.data(),
-                        &next);
-  ResolveChunkEdges(scratch.matches.data(), &scratch.matcher, first, floor_, bound_, Scorer(head),
-                    edges);
-  if (fused) {
-    for (int32_t i = 0; i < sources; ++i) edges[i].kept = edges[i].candidate;
-  }
-}
-
 // Step 6 for every merging head.
 void LayerJob::SelectEdges() {
   ParallelOverHeads(
@@ -512,24 +411,6 @@ void LayerJob::Finalize() {
   for (Head& head : heads_) head.merges = 0;
   AllocateOutput();
   ParallelOverHeads([](const Head&) { return true; }, [&](Head& head) { FinalizeHead(head); });
-}
-
-void LayerJob::FinalizeHead(Head& head) {
-  const int64_t first = out_->offsets[head.index];
-  if (!head.written) {
-    WriteOutputRows(Keys(head), Values(head), 0, head.length, first);
-    for (int64_t row = 0; row < head.length; ++row) {
-      out_->counts[first + row] = static_cast<uint32_t>(head.counts[row]);
-    }
-  }
-  if (!with_assignment_) return;
-  int32_t* assignment =
-      out_->assignment.data() + static_cast<size_t>(head.index) * layer_.num_tokens;
-  if (head.owner.empty()) {
-    std::iota(assignment, assignment + layer_.num_tokens, 0);
-  } else {
-    std::copy(head.owner.begin(), head.owner.end(), assignment);
-  }
 }
 
 }  // namespace centroidkv::cpu

@@ -7,7 +7,12 @@
 // pass writes the result rows into the CompressResult, in float32 or rounded once to the
 // options' result_dtype (fp16 / bf16): each chunk's float32 rows are staged in cache, then
 // rounded and streamed to the result a few rows at a time (non-temporal stores: no read of
-// the result memory; BlockWriter).
+// the result memory; BlockWriter, block_writer.h).
+//
+// Its rooms: layer_job.cc, pass control (the pass loop, floors, merge counts, stop reasons,
+// where each pass writes, the chunk tasks); layer_job_chunks.cc, one chunk's matching and
+// merging and a head's end of pass; layer_job_output.cc, the result arrays and the rows
+// streamed into them.
 //
 // Thread-compatible: one LayerJob per call; its tasks share the per-thread ChunkScratch pool.
 #pragma once
@@ -22,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "centroidkv/kernels/engine.h"
+#include "kernels/cpu/block_writer.h"
 #include "kernels/cpu/edge_decisions.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/soft_match.h"
@@ -29,46 +35,11 @@
 
 namespace centroidkv::cpu {
 
-// Writes rows, one after another, to one contiguous block of the CompressResult's rows
-// (float32, or fp16 / bf16: each float rounded once) through a small staging buffer of
-// floats that stays in L1: every 64-byte line of the block that is complete goes out at once
-// with a non-temporal store (KernelTable::stream_floats / stream_halves), so the stores
-// drain to memory while the next rows are computed, and no read-for-ownership of the result
-// lines. The first and last partial lines of the block (which it may share with a
-// block another thread writes) get plain stores. The caller fences (sfence) before the block
-// is read. On the way it notes whether every float written is finite.
-class BlockWriter {
- public:
-  // `buffer`: 64-byte aligned, Capacity(dim) floats. `out`: elements of `type` (kF32, kF16
-  // or kBF16).
-  static int64_t Capacity(int32_t dim);
-  void Start(const KernelTable& kernels, float* buffer, int32_t dim, ElemType type, void* out);
-  // Where to put the next row (dim floats): valid until the next call.
-  float* Next() {
-    if (staged_ + dim_ > capacity_) Flush(/*final=*/false);
-    float* row = stage_ + staged_;
-    staged_ += dim_;
-    return row;
-  }
-  // Writes out every staged row.
-  void Finish() { Flush(/*final=*/true); }
-  // Whether every float written since Start is finite (no Inf or NaN).
-  bool finite() const { return finite_; }
-
- private:
-  void Flush(bool final);
-
-  const KernelTable* kernels_ = nullptr;
-  float* buffer_ = nullptr;
-  int64_t capacity_ = 0;  // floats from stage_ (stage_ - buffer_ < 32)
-  int32_t dim_ = 0;
-  ElemType type_ = ElemType::kF32;
-  int64_t element_bytes_ = 4;  // of `type_`
-  char* out_ = nullptr;        // where stage_[0] goes
-  float* stage_ = nullptr;
-  int64_t staged_ = 0;
-  bool finite_ = true;
-};
+// Grows a scratch buffer to at least `size` elements (never shrinks it).
+template <typename T>
+void GrowScratch(std::vector<T>* buffer, size_t size) {
+  if (buffer->size() < size) buffer->resize(size);
+}
 
 // Buffers of one worker thread, grown on demand and reused across chunks and jobs. A chunk
 // task runs to completion without waiting on other tasks, so no two tasks share them.

@@ -1,13 +1,12 @@
-// LayerJob, second half: SPEC.md section 2 step 7 (merging a chunk's kept edges and
-// writing its surviving rows where the pass puts them) and the end of a pass for a head.
+// LayerJob, one chunk at a time and one head after its chunks: SPEC.md section 2 steps 3-4
+// (matching a chunk's sources to its destinations) and step 7 (merging a chunk's kept edges
+// and writing its surviving rows where the pass puts them: the result, a fresh float64
+// state, or in place), then the end of a pass for a head (protected rows, the in-place
+// shift, the new lengths, counts and assignment map). Which chunks run, and when, is
+// layer_job.cc's; the result rows go out through layer_job_output.cc.
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <numeric>
-
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
 
 #include "kernels/cpu/layer_job.h"
 
@@ -34,84 +33,46 @@ RowBlock From(const RowBlock& rows, int64_t first) {
   return shifted;
 }
 
-template <typename T>
-void Grow(std::vector<T>* buffer, size_t size) {
-  if (buffer->size() < size) buffer->resize(size);
-}
-
-constexpr int64_t kLineFloats = 64 / sizeof(float);
-// Elements of the narrowest result type (fp16 / bf16) in a 64-byte line.
-constexpr int64_t kLineHalves = 64 / sizeof(uint16_t);
-// How much a BlockWriter stages before it writes out its complete lines: a few rows, well
-// inside L1 with everything else a merge reads.
-constexpr int64_t kStageFloats = 1024;
-
-// The first 64-byte boundary at or after p.
-float* AlignToLine(float* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  return p + ((64 - (address & 63)) & 63) / sizeof(float);
-}
-
-// Orders the non-temporal stores of KernelTable::stream_floats before every later store
-// (the end of the task, after which other threads read the rows). sfence is baseline x86-64.
-void FenceStreamedStores() {
-#if defined(__SSE__)
-  _mm_sfence();
-#else
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-#endif
-}
-
-// Elements of `element_bytes` from the 64-byte line boundary at or before p to p (p is
-// aligned to its elements).
-int64_t LineOffset(const void* p, int64_t element_bytes) {
-  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) & 63) / element_bytes;
-}
-
-int64_t ElemBytesOf(ElemType type) { return type == ElemType::kF32 ? 4 : 2; }
-
 }  // namespace
 
-// Room for two lines of the narrowest type (32 elements), rounded up to whole lines of
-// halves, so that buffers placed one after another stay aligned.
-int64_t BlockWriter::Capacity(int32_t dim) {
-  const int64_t floats = std::max<int64_t>(kStageFloats, dim) + 2 * kLineHalves;
-  return (floats + kLineHalves - 1) / kLineHalves * kLineHalves;
-}
-
-// The staged rows sit at out's offset (in elements) within a line, so each whole line of the
-// block is one or two whole, aligned lines of the buffer.
-void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, ElemType type,
-                        void* out) {
-  kernels_ = &kernels;
-  buffer_ = buffer;
-  dim_ = dim;
-  type_ = type;
-  element_bytes_ = ElemBytesOf(type);
-  out_ = static_cast<char*>(out);
-  stage_ = buffer + LineOffset(out, element_bytes_);
-  capacity_ = Capacity(dim) - (stage_ - buffer);
-  staged_ = 0;
-  finite_ = true;
-}
-
-// Writes out the staged floats up to the last line boundary of the block (all of them when
-// `final`) and moves the rest, less than a line, to the front of the buffer. Not final, it
-// runs only when a row does not fit, so more than a line is staged (Capacity).
-void BlockWriter::Flush(bool final) {
-  int64_t count = staged_;
-  if (!final) count -= LineOffset(out_ + staged_ * element_bytes_, element_bytes_);
-  if (type_ == ElemType::kF32) {
-    finite_ &= kernels_->stream_floats(stage_, count, reinterpret_cast<float*>(out_));
-  } else {
-    finite_ &= kernels_->stream_halves(stage_, count, type_, reinterpret_cast<uint16_t*>(out_));
+// The memory of one chunk's key rows (and value rows) where each is one contiguous block.
+PrefetchRanges LayerJob::ChunkRanges(const Head& head, int32_t chunk, bool with_values) const {
+  PrefetchRanges ranges{{nullptr, nullptr}, {0, 0}};
+  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
+  const int32_t length = ChunkLength(head, chunk);
+  const int64_t element_bytes = head.owned ? int64_t{sizeof(double)} : input_element_bytes_;
+  const RowBlock keys = Keys(head), values = Values(head);
+  if (keys.stride == key_dim_) {
+    ranges.data[0] = static_cast<const char*>(keys.data) + first * key_dim_ * element_bytes;
+    ranges.bytes[0] = int64_t{length} * key_dim_ * element_bytes;
   }
-  const int64_t rest = staged_ - count;
-  std::memmove(buffer_, stage_ + count, sizeof(float) * rest);
-  out_ += count * element_bytes_;
-  stage_ = buffer_;
-  capacity_ = Capacity(dim_);
-  staged_ = rest;
+  if (with_values && values.stride == value_dim_) {
+    ranges.data[1] = static_cast<const char*>(values.data) + first * value_dim_ * element_bytes;
+    ranges.bytes[1] = int64_t{length} * value_dim_ * element_bytes;
+  }
+  return ranges;
+}
+
+// Steps 3-4 for one chunk; with `fused`, every edge is kept (step 6 keeps all candidates).
+void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchRanges& next,
+                          ChunkScratch& scratch) {
+  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
+  const int32_t length = ChunkLength(head, chunk);
+  Edge* edges = head.edges.data() + static_cast<size_t>(chunk) * slots_;
+  std::fill(edges, edges + slots_, Edge{});
+  if (length < 2) {  // a lone source has no destination
+    edges[0].source = static_cast<int32_t>(first);
+    return;
+  }
+  const int32_t sources = (length + 1) / 2;
+  GrowScratch(&scratch.matches, static_cast<size_t>(sources));
+  scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_, scratch.matches.data(),
+                        &next);
+  ResolveChunkEdges(scratch.matches.data(), &scratch.matcher, first, floor_, bound_, Scorer(head),
+                    edges);
+  if (fused) {
+    for (int32_t i = 0; i < sources; ++i) edges[i].kept = edges[i].candidate;
+  }
 }
 
 // The kept sources of each destination of the chunk, in the order they are summed.
@@ -127,7 +88,7 @@ void LayerJob::BucketSources(const Head& head, int32_t chunk, ChunkScratch& scra
   std::partial_sum(scratch.bucket_offsets.begin(), scratch.bucket_offsets.end(),
                    scratch.bucket_offsets.begin());
   scratch.bucket_cursor.assign(scratch.bucket_offsets.begin(), scratch.bucket_offsets.end() - 1);
-  Grow(&scratch.bucket_slots, static_cast<size_t>(scratch.bucket_offsets.back()));
+  GrowScratch(&scratch.bucket_slots, static_cast<size_t>(scratch.bucket_offsets.back()));
   for (int32_t i = 0; i < sources; ++i) {
     if (edges[i].kept) {
       scratch.bucket_slots[scratch.bucket_cursor[(edges[i].destination - first) / 2]++] = i;
@@ -161,12 +122,12 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
   // scattered row order of the merges below; unless the rows are one contiguous block, which
   // the matching of the chunk before has prefetched into L2 (LayerJob::ChunkRanges).
   if (tile != nullptr && rows.values.stride != value_dim_) {
-    Grow(&scratch.value_tile, static_cast<size_t>(length) * value_dim_);
+    GrowScratch(&scratch.value_tile, static_cast<size_t>(length) * value_dim_);
     kernels_.convert_rows_f32(&rows.values, 0, length, value_dim_, scratch.value_tile.data());
     rows.values = RowBlock{scratch.value_tile.data(), ElemType::kF32, value_dim_};
   }
   if (head.sink == Sink::kInPlace) {
-    Grow(&scratch.staged, static_cast<size_t>(length) * (key_dim_ + value_dim_));
+    GrowScratch(&scratch.staged, static_cast<size_t>(length) * (key_dim_ + value_dim_));
     rows.staged_keys = scratch.staged.data();
     rows.staged_values = scratch.staged.data() + static_cast<size_t>(length) * key_dim_;
   }
@@ -213,38 +174,6 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
     std::memcpy(head.values.data() + first * value_dim_, rows.staged_values,
                 sizeof(double) * survivors * value_dim_);
   }
-}
-
-void LayerJob::StartOutput(int64_t out_row, ChunkScratch& scratch) const {
-  const int64_t key_capacity = BlockWriter::Capacity(key_dim_);
-  Grow(&scratch.output_stage,
-       static_cast<size_t>(key_capacity + BlockWriter::Capacity(value_dim_) + kLineFloats));
-  float* buffer = AlignToLine(scratch.output_stage.data());
-  void* keys = nullptr;
-  void* values = nullptr;
-  if (output_type_ == ElemType::kF32) {
-    keys = out_->keys.data() + out_row * key_dim_;
-    values = out_->values.data() + out_row * value_dim_;
-  } else {
-    keys = out_->half_keys.data() + out_row * key_dim_;
-    values = out_->half_values.data() + out_row * value_dim_;
-  }
-  scratch.key_writer.Start(kernels_, buffer, key_dim_, output_type_, keys);
-  scratch.value_writer.Start(kernels_, buffer + key_capacity, value_dim_, output_type_, values);
-}
-
-void LayerJob::WriteOutputRows(const RowBlock& keys, const RowBlock& values, int64_t first,
-                               int64_t count, int64_t out_row) const {
-  if (count <= 0) return;
-  ChunkScratch& scratch = scratch_->local();
-  StartOutput(out_row, scratch);
-  for (int64_t row = first; row < first + count; ++row) {
-    kernels_.convert_row_f32(&keys, row, key_dim_, scratch.key_writer.Next());
-    kernels_.convert_row_f32(&values, row, value_dim_, scratch.value_writer.Next());
-  }
-  scratch.key_writer.Finish();
-  scratch.value_writer.Finish();
-  FenceStreamedStores();
 }
 
 // Writes chunk row `offset` (merged with `terms` when there are any) as new row `new_row` of

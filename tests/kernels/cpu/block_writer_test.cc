@@ -1,10 +1,10 @@
-// Tests of the BlockWriter of kernels/cpu/layer_job.h (the engine's path from merged rows to
+// Tests of the BlockWriter of kernels/cpu/block_writer.h (the engine's path from merged rows to
 // the CompressResult), at every SIMD level this CPU supports: rows of many lengths written to
 // float32, fp16 and bf16 blocks at every element offset within a 64-byte line arrive exactly
 // (halves rounded once, as common/dtype.h rounds them), and nothing outside the block is
 // touched (a neighbouring block may belong to another thread). The engine itself,
-// layer_job.cc included, is tested against the reference in cpu_engine_test.cc.
-#include "kernels/cpu/layer_job.h"
+// layer_job*.cc included, is tested against the reference in cpu_engine_test.cc.
+#include "kernels/cpu/block_writer.h"
 
 #include <cstdint>
 #include <cstring>

@@ -1,0 +1,227 @@
+// centroidkv-bench's flags (bench/service/load.h): the model presets, every flag on the
+// CLI11 app, and the config they resolve to, with each bad value named by its flag.
+#include <cmath>
+#include <optional>
+#include <span>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "bench/service/load.h"
+#include "centroidkv/common/dtype.h"
+#include "centroidkv/common/status_macros.h"
+#include "centroidkv/types/kinds.h"
+
+namespace centroidkv::bench {
+namespace {
+
+// The kind `name` spells in `table` (types/kinds.h), or an error naming the flag.
+template <typename Kind>
+absl::StatusOr<Kind> ParseFlag(std::span<const KindName<Kind>> table, const std::string& name,
+                               const char* flag) {
+  std::optional<Kind> kind = ParseKind<Kind>(table, name);
+  if (!kind.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", name, "' is not one of ", KindNameList(table)));
+  }
+  return *kind;
+}
+
+}  // namespace
+
+const std::vector<ModelPreset>& ModelPresets() {
+  static const std::vector<ModelPreset> presets = {
+      {"llama3-8b", 32, 8, 128},
+      {"qwen2.5-7b", 28, 4, 128},
+      {"llama3-70b", 80, 8, 128},
+  };
+  return presets;
+}
+
+absl::StatusOr<ModelPreset> FindPreset(const std::string& name) {
+  std::vector<std::string> names;
+  for (const ModelPreset& preset : ModelPresets()) {
+    if (preset.name == name) return preset;
+    names.push_back(preset.name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--preset: unknown preset '", name,
+                                                 "'; known: ", absl::StrJoin(names, ", ")));
+}
+
+int64_t LoadConfig::BytesPerJob() const {
+  return 2 * TokensPerJob() * preset.head_dim * static_cast<int64_t>(DTypeSize(dtype));
+}
+
+void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
+  LoadConfig& c = flags->config;
+  app->add_option("--server", c.server,
+                  "Server address (HOST:PORT or unix:///path), or replicas to balance over: "
+                  "HOST:PORT,HOST:PORT,... or dns:///NAME:PORT")
+      ->capture_default_str();
+  app->add_option("--concurrency,-c", c.concurrency, "Streams (threads in-process)")
+      ->capture_default_str();
+  app->add_option("--pipeline", c.pipeline, "Jobs in flight per stream")->capture_default_str();
+  auto* jobs = app->add_option("--jobs,-n", c.jobs, "Total layer jobs (default: one sequence, "
+                                                    "i.e. the preset's layer count)");
+  app->add_option("--duration", c.duration_s, "Run for this many seconds instead of --jobs")
+      ->excludes(jobs);
+  app->add_option("--rate", c.rate, "Jobs per second over all streams; 0 = as fast as possible")
+      ->capture_default_str();
+  app->add_option("--preset", flags->preset, "llama3-8b | qwen2.5-7b | llama3-70b")
+      ->capture_default_str();
+  app->add_option("--context", c.context, "Tokens per head (context length)")
+      ->capture_default_str();
+  app->add_option("--dtype", flags->dtype, "float16 | float32 | bfloat16")->capture_default_str();
+  app->add_option("--seed", c.seed, "Seed of the synthetic clustered KV")->capture_default_str();
+  app->add_option("--distinct-layers", c.distinct_layers,
+                  "Distinct layers of data generated (reused round-robin)")
+      ->capture_default_str();
+  // SPEC parameters, named as in `centroidkv compress`.
+  flags->target_ratio_flag =
+      app->add_option("--target-ratio", flags->target_ratio, "rho in (0, 1]: keep ceil(rho * n)")
+          ->capture_default_str();
+  flags->target_tokens_flag =
+      app->add_option("--target-tokens", flags->target_tokens, "Absolute target length t");
+  app->add_option("--chunk-size", c.options.chunk_size, "Chunk size C >= 2")
+      ->capture_default_str();
+  app->add_option("--sink-tokens", c.options.sink_tokens, "Leading entries never merged")
+      ->capture_default_str();
+  app->add_option("--recent-tokens", c.options.recent_tokens, "Trailing entries never merged")
+      ->capture_default_str();
+  flags->min_similarity_flag = app->add_option(
+      "--min-similarity", flags->min_similarity, "Similarity floor tau in [-1, 1] (default off)");
+  app->add_option("--tighten-per-pass", c.options.tighten_per_pass, "Floor increase per pass")
+      ->capture_default_str();
+  app->add_option("--max-passes", c.options.max_passes, "Passes P >= 1")->capture_default_str();
+  app->add_option("--uniform-heads", flags->uniform_heads,
+                  "true: every compressed head ends with the same length")
+      ->capture_default_str();
+  app->add_option("--passthrough-heads", flags->passthrough_heads,
+                  "Heads returned unchanged, e.g. 1,3")
+      ->delimiter(',');
+  app->add_option("--output-dtype", flags->output_dtype, "input (default), or a dtype: float32, float16, bfloat16 (fp32, fp16, bf16)")
+      ->capture_default_str();
+  app->add_option("--assignment", flags->assignment,
+                  "Ask for the assignment (true/false; off by default here)")
+      ->capture_default_str();
+  app->add_option("--backend", flags->backend, "auto | cpu | cuda (gpu) | reference | identity")
+      ->capture_default_str();
+  client::AddSecurityFlags(app, &c.security);
+  app->add_option("--slab-kib", c.slab_kib, "Slab size sent to the server, KiB")
+      ->capture_default_str();
+  app->add_option("--threads", c.threads,
+                  "Clustering threads of the in-process engine (--compare); 0 = the server's")
+      ->capture_default_str();
+  app->add_option("--connect-timeout", c.connect_timeout_s,
+                  "Seconds to wait for the server to become ready")
+      ->capture_default_str();
+  app->add_flag("--compare", c.compare,
+                "Run service (cpu), transport floor (identity: a real job's bytes, no "
+                "clustering) and in-process cpu side by side");
+  app->add_option("--rounds", c.rounds,
+                  "--compare: rounds of the three runs in turn; medians are reported")
+      ->capture_default_str();
+  app->add_option("--format", c.format, "text | json | csv")->capture_default_str();
+  app->add_flag("--progress", c.progress, "Show the progress bar even when stderr is no tty");
+  app->add_flag("--quiet,-q", c.quiet, "No progress bar");
+}
+
+// "--flag: 5000 is not in [1, 1024]", with an optional note after the range.
+absl::Status CheckRange(const char* flag, int64_t value, int64_t lo, int64_t hi,
+                        const char* note = "") {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": ", value, " is not in [", lo, ", ",
+                                                 hi, "]", *note != '\0' ? " " : "", note));
+}
+
+absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
+  LoadConfig config = flags.config;
+  absl::StatusOr<ModelPreset> preset = FindPreset(flags.preset);
+  if (!preset.ok()) return preset.status();
+  config.preset = *preset;
+  CKV_ASSIGN_OR_RETURN(config.dtype, ParseFlag<DType>(kDTypeNames, flags.dtype, "--dtype"));
+  if (flags.output_dtype == "input") {
+    config.output_dtype.reset();
+  } else {
+    CKV_ASSIGN_OR_RETURN(config.output_dtype,
+                         ParseFlag<DType>(kDTypeNames, flags.output_dtype, "--output-dtype"));
+  }
+  CKV_ASSIGN_OR_RETURN(config.backend,
+                       ParseFlag<BackendKind>(kBackendKindNames, flags.backend, "--backend"));
+  if (config.format != "text" && config.format != "json" && config.format != "csv") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format: '", config.format, "' is not text, json or csv"));
+  }
+  CKV_RETURN_IF_ERROR(CheckRange("--concurrency", config.concurrency, 1, 1024));
+  CKV_RETURN_IF_ERROR(CheckRange("--pipeline", config.pipeline, 1, 64));
+  if (config.jobs < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--jobs: ", config.jobs, " is negative"));
+  }
+  if (!(config.duration_s >= 0) || !std::isfinite(config.duration_s)) {
+    return absl::InvalidArgumentError("--duration: must be a finite number of seconds >= 0");
+  }
+  if (config.jobs > 0 && config.duration_s > 0) {
+    return absl::InvalidArgumentError("--jobs and --duration exclude each other");
+  }
+  if (config.jobs == 0 && config.duration_s == 0) config.jobs = config.preset.layers;
+  if (!(config.rate >= 0) || !std::isfinite(config.rate)) {
+    return absl::InvalidArgumentError("--rate: must be >= 0 jobs per second (0: unlimited)");
+  }
+  if (config.context < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--context: ", config.context, " tokens; needs at least 1"));
+  }
+  if (!(config.connect_timeout_s > 0) || !std::isfinite(config.connect_timeout_s)) {
+    return absl::InvalidArgumentError("--connect-timeout: must be > 0 seconds");
+  }
+  if (config.distinct_layers < 1) {
+    return absl::InvalidArgumentError("--distinct-layers: needs at least 1");
+  }
+  CKV_RETURN_IF_ERROR(CheckRange("--rounds", config.rounds, 1, 100));
+  CKV_RETURN_IF_ERROR(CheckRange("--threads", config.threads, 0, 1024, "(0: the server's)"));
+  CKV_RETURN_IF_ERROR(CheckRange("--slab-kib", config.slab_kib, 4, 4096));
+  auto* target_tokens_flag = static_cast<CLI::Option*>(flags.target_tokens_flag);
+  auto* target_ratio_flag = static_cast<CLI::Option*>(flags.target_ratio_flag);
+  auto* min_similarity_flag = static_cast<CLI::Option*>(flags.min_similarity_flag);
+  if (target_tokens_flag != nullptr && target_tokens_flag->count() > 0) {
+    if (target_ratio_flag != nullptr && target_ratio_flag->count() > 0) {
+      return absl::InvalidArgumentError("--target-ratio and --target-tokens exclude each other");
+    }
+    config.options.target_tokens = flags.target_tokens;
+  } else {
+    config.options.target_ratio = flags.target_ratio;
+  }
+  if (min_similarity_flag != nullptr && min_similarity_flag->count() > 0) {
+    config.options.min_similarity = flags.min_similarity;
+  }
+  config.options.uniform_heads = flags.uniform_heads;
+  config.options.passthrough_heads = flags.passthrough_heads;
+  config.options.compute_assignment = flags.assignment;
+  if (config.compare) config.backend = BackendKind::kCpu;
+  // The engine's own checks, on the shape alone: the same messages the server would send.
+  LayerView shape;
+  shape.dtype = config.dtype;
+  shape.num_heads = config.preset.kv_heads;
+  shape.num_tokens = config.context;
+  shape.key_dim = config.preset.head_dim;
+  shape.value_dim = config.preset.head_dim;
+  absl::Status valid = ValidateJobShape(shape, config.options, EngineLimits{});
+  if (!valid.ok()) return valid;
+  return config;
+}
+
+absl::StatusOr<LoadConfig> ParseLoadArgs(const std::vector<std::string>& args) {
+  CLI::App app("centroidkv-bench");
+  LoadFlags flags;
+  AddLoadFlags(&app, &flags);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 wants them reversed
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  return FinishConfig(flags);
+}
+
+}  // namespace centroidkv::bench

@@ -1,0 +1,133 @@
+// LayerJob, the result: the CompressResult's arrays sized for the final lengths, and the
+// rows written into them through the thread's BlockWriters (block_writer.h): a chunk's
+// survivors (MergeChunk starts the writers), the protected rows, and every head no last pass
+// wrote (Finalize), with the counts and the assignment.
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "kernels/cpu/layer_job.h"
+
+namespace centroidkv::cpu {
+namespace {
+
+// Sizes an output vector, which is empty (Compress) or holds an earlier result
+// (CompressInto): its elements are all overwritten, so a reused vector at least as long is
+// only shrunk, and only growth is zero-filled. Writing fresh memory first touches every page
+// of it, and a page fault per 4 KiB page costs more than computing the rows (several times
+// over in a VM), so new memory is marked for transparent huge pages first (a hint; Linux).
+template <typename T>
+void ResizeOutput(std::vector<T>* vector, size_t size) {
+  if (vector->capacity() < size) {
+    vector->clear();
+    vector->shrink_to_fit();
+    vector->reserve(size);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    constexpr uintptr_t kPage = 4096;
+    const auto begin = (reinterpret_cast<uintptr_t>(vector->data()) + kPage - 1) & ~(kPage - 1);
+    const auto end = reinterpret_cast<uintptr_t>(vector->data() + size) & ~(kPage - 1);
+    if (size * sizeof(T) >= (size_t{4} << 20) && end > begin) {
+      madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+    }
+#endif
+  }
+  vector->resize(size);
+}
+
+constexpr int64_t kLineFloats = 64 / sizeof(float);
+
+// The first 64-byte boundary at or after p.
+float* AlignToLine(float* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  return p + ((64 - (address & 63)) & 63) / sizeof(float);
+}
+
+}  // namespace
+
+// The CompressResult's arrays for the final lengths (the lengths after this pass's merges).
+void LayerJob::AllocateOutput() {
+  if (output_allocated_) return;
+  output_allocated_ = true;
+  out_->num_heads = layer_.num_heads;
+  out_->num_tokens = layer_.num_tokens;
+  out_->key_dim = key_dim_;
+  out_->value_dim = value_dim_;
+  out_->offsets.assign(1, 0);
+  for (const Head& head : heads_)
+    out_->offsets.push_back(out_->offsets.back() + head.length - head.merges);
+  const auto total = static_cast<size_t>(out_->offsets.back());
+  out_->dtype = plan_.options.result_dtype;
+  if (output_type_ == ElemType::kF32) {
+    ResizeOutput(&out_->keys, total * key_dim_);
+    ResizeOutput(&out_->values, total * value_dim_);
+    out_->half_keys.clear();
+    out_->half_values.clear();
+  } else {
+    ResizeOutput(&out_->half_keys, total * key_dim_);
+    ResizeOutput(&out_->half_values, total * value_dim_);
+    out_->keys.clear();
+    out_->values.clear();
+  }
+  ResizeOutput(&out_->counts, total);
+  if (with_assignment_) {
+    ResizeOutput(&out_->assignment, static_cast<size_t>(layer_.num_heads) * layer_.num_tokens);
+  } else {
+    out_->assignment.clear();
+  }
+}
+
+void LayerJob::StartOutput(int64_t out_row, ChunkScratch& scratch) const {
+  const int64_t key_capacity = BlockWriter::Capacity(key_dim_);
+  GrowScratch(&scratch.output_stage,
+       static_cast<size_t>(key_capacity + BlockWriter::Capacity(value_dim_) + kLineFloats));
+  float* buffer = AlignToLine(scratch.output_stage.data());
+  void* keys = nullptr;
+  void* values = nullptr;
+  if (output_type_ == ElemType::kF32) {
+    keys = out_->keys.data() + out_row * key_dim_;
+    values = out_->values.data() + out_row * value_dim_;
+  } else {
+    keys = out_->half_keys.data() + out_row * key_dim_;
+    values = out_->half_values.data() + out_row * value_dim_;
+  }
+  scratch.key_writer.Start(kernels_, buffer, key_dim_, output_type_, keys);
+  scratch.value_writer.Start(kernels_, buffer + key_capacity, value_dim_, output_type_, values);
+}
+
+void LayerJob::WriteOutputRows(const RowBlock& keys, const RowBlock& values, int64_t first,
+                               int64_t count, int64_t out_row) const {
+  if (count <= 0) return;
+  ChunkScratch& scratch = scratch_->local();
+  StartOutput(out_row, scratch);
+  for (int64_t row = first; row < first + count; ++row) {
+    kernels_.convert_row_f32(&keys, row, key_dim_, scratch.key_writer.Next());
+    kernels_.convert_row_f32(&values, row, value_dim_, scratch.value_writer.Next());
+  }
+  scratch.key_writer.Finish();
+  scratch.value_writer.Finish();
+  FenceStreamedStores();
+}
+
+void LayerJob::FinalizeHead(Head& head) {
+  const int64_t first = out_->offsets[head.index];
+  if (!head.written) {
+    WriteOutputRows(Keys(head), Values(head), 0, head.length, first);
+    for (int64_t row = 0; row < head.length; ++row) {
+      out_->counts[first + row] = static_cast<uint32_t>(head.counts[row]);
+    }
+  }
+  if (!with_assignment_) return;
+  int32_t* assignment =
+      out_->assignment.data() + static_cast<size_t>(head.index) * layer_.num_tokens;
+  if (head.owner.empty()) {
+    std::iota(assignment, assignment + layer_.num_tokens, 0);
+  } else {
+    std::copy(head.owner.begin(), head.owner.end(), assignment);
+  }
+}
+
+}  // namespace centroidkv::cpu

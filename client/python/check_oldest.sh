@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Verifies the centroidkv package's oldest supported dependency versions (pyproject.toml's
+# lower bounds): a throwaway virtual environment under /tmp with exactly those versions from
+# PyPI, the package built there with stubs from the matching grpcio-tools, and the pytest
+# suite's tests that need no torch against a real centroidkv-server. Not part of the suite
+# (it downloads from PyPI); run it when a lower bound changes.
+#
+# Usage: client/python/check_oldest.sh [BIN_DIR [SHARED_DIR]]
+#   BIN_DIR    holds centroidkv-server (default: build/bin of this checkout)
+#   SHARED_DIR the shared folder with golden/ (default: ../shared next to the checkout)
+# Versions (defaults: the lower bounds of pyproject.toml; override to bisect):
+#   CKV_GRPCIO, CKV_PROTOBUF, CKV_NUMPY, CKV_GRPCIO_TOOLS (default: CKV_GRPCIO)
+#   CKV_PYTHON (default /usr/bin/python3), CKV_KEEP_VENV=1 keeps the environment.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+bin_dir=$(cd "${1:-$repo/build/bin}" && pwd)
+shared_dir=$(cd "${2:-$repo/../shared}" && pwd)
+grpcio=${CKV_GRPCIO:-1.62.0}
+protobuf=${CKV_PROTOBUF:-4.25.0}
+numpy=${CKV_NUMPY:-1.24.0}
+grpcio_tools=${CKV_GRPCIO_TOOLS:-$grpcio}
+python=${CKV_PYTHON:-/usr/bin/python3}
+
+if [ ! -x "$bin_dir/centroidkv-server" ]; then
+  echo "check_oldest: $bin_dir/centroidkv-server is missing; build it first" >&2
+  exit 1
+fi
+work=$(mktemp -d /tmp/ckv-oldest.XXXXXX)
+if [ "${CKV_KEEP_VENV:-0}" != 1 ]; then trap 'rm -rf "$work"' EXIT; fi
+echo "check_oldest: grpcio $grpcio, grpcio-tools $grpcio_tools, protobuf $protobuf," \
+  "numpy $numpy in $work/venv ($("$python" --version))"
+"$python" -m venv "$work/venv"
+pip=("$work/venv/bin/python" -m pip --disable-pip-version-check -q)
+"${pip[@]}" install --only-binary=:all: "grpcio==$grpcio" "grpcio-tools==$grpcio_tools" \
+  "protobuf==$protobuf" "numpy==$numpy" "setuptools>=68" wheel "pytest>=7"
+# Built from a copy: setup.py writes the stubs next to its sources, and the checkout's own
+# (editable) stubs come from the newer grpcio-tools of scripts/setup_python.sh.
+cp -r "$repo/client/python" "$work/package"
+rm -rf "$work/package/centroidkv/v1" "$work/package/build" "$work/package"/*.egg-info
+CKV_PROTO_ROOT="$repo/proto" "${pip[@]}" install --no-build-isolation --no-deps "$work/package"
+# pip must not have moved a pin while installing the package.
+"$work/venv/bin/python" - "$grpcio" "$protobuf" "$numpy" <<'EOF'
+import sys
+import google.protobuf, grpc, numpy
+import centroidkv
+have = (grpc.__version__, google.protobuf.__version__, numpy.__version__)
+if have != tuple(sys.argv[1:]):
+    sys.exit(f"check_oldest: installed {have}, asked for {tuple(sys.argv[1:])}")
+print(f"check_oldest: centroidkv {centroidkv.__version__} imports with grpcio {have[0]}, "
+      f"protobuf {have[1]}, numpy {have[2]}")
+EOF
+# torch is not installed: its tests skip (conftest.requires_torch) and the torch and
+# transformers modules are left out. -rs lists every skip.
+cd "$repo"
+CKV_BIN_DIR="$bin_dir" CKV_SHARED_DIR="$shared_dir" nice -n 5 "$work/venv/bin/python" -m pytest \
+  -q -rs -p no:cacheprovider tests/python \
+  --ignore=tests/python/test_torch.py --ignore=tests/python/test_transformers.py

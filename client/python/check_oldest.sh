@@ -37,8 +37,9 @@ pip=("$work/venv/bin/python" -m pip --disable-pip-version-check -q)
 # (editable) stubs come from the newer grpcio-tools of scripts/setup_python.sh.
 cp -r "$repo/client/python" "$work/package"
 rm -rf "$work/package/centroidkv/v1" "$work/package/build" "$work/package"/*.egg-info
-CKV_PROTO_ROOT="$repo/proto" "${pip[@]}" install --no-build-isolation --no-deps "$work/package"
-# pip must not have moved a pin while installing the package.
+# Without build isolation the stubs come from the pinned grpcio-tools; the package's
+# requirements (setup.py) are checked against the pins, and pip must not have moved one.
+CKV_PROTO_ROOT="$repo/proto" "${pip[@]}" install --no-build-isolation "$work/package"
 "$work/venv/bin/python" - "$grpcio" "$protobuf" "$numpy" <<'EOF'
 import sys
 import google.protobuf, grpc, numpy
@@ -46,8 +47,9 @@ import centroidkv
 have = (grpc.__version__, google.protobuf.__version__, numpy.__version__)
 if have != tuple(sys.argv[1:]):
     sys.exit(f"check_oldest: installed {have}, asked for {tuple(sys.argv[1:])}")
-print(f"check_oldest: centroidkv {centroidkv.__version__} imports with grpcio {have[0]}, "
-      f"protobuf {have[1]}, numpy {have[2]}")
+from importlib.metadata import requires
+print(f"check_oldest: {centroidkv.__file__} imports with grpcio {have[0]}, protobuf {have[1]}, "
+      f"numpy {have[2]}; it requires {', '.join(r for r in requires('centroidkv') if 'extra' not in r)}")
 EOF
 # torch is not installed: its tests skip (conftest.requires_torch) and the torch and
 # transformers modules are left out. -rs lists every skip.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Verifies the centroidkv package's oldest supported dependency versions (pyproject.toml's
-# lower bounds): a throwaway virtual environment under /tmp with exactly those versions from
+# Verifies the centroidkv package's oldest supported dependency versions (the lower bounds,
+# OLDEST in setup.py): a throwaway virtual environment under /tmp with exactly those versions from
 # PyPI, the package built there with stubs from the matching grpcio-tools, and the pytest
 # suite's tests that need no torch against a real centroidkv-server. Not part of the suite
 # (it downloads from PyPI); run it when a lower bound changes.
@@ -8,17 +8,19 @@
 # Usage: client/python/check_oldest.sh [BIN_DIR [SHARED_DIR]]
 #   BIN_DIR    holds centroidkv-server (default: build/bin of this checkout)
 #   SHARED_DIR the shared folder with golden/ (default: ../shared next to the checkout)
-# Versions (defaults: the lower bounds of pyproject.toml; override to bisect):
-#   CKV_GRPCIO, CKV_PROTOBUF, CKV_NUMPY, CKV_GRPCIO_TOOLS (default: CKV_GRPCIO)
+# Versions (defaults: the lower bounds, setup.py's OLDEST; override to bisect):
+#   CKV_GRPCIO, CKV_PROTOBUF, CKV_NUMPY, CKV_GRPCIO_TOOLS (default: CKV_GRPCIO),
+#   CKV_SETUPTOOLS (default ">=68,<82": grpcio-tools before 1.62 import pkg_resources)
 #   CKV_PYTHON (default /usr/bin/python3), CKV_KEEP_VENV=1 keeps the environment.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin_dir=$(cd "${1:-$repo/build/bin}" && pwd)
 shared_dir=$(cd "${2:-$repo/../shared}" && pwd)
-grpcio=${CKV_GRPCIO:-1.62.0}
-protobuf=${CKV_PROTOBUF:-4.25.0}
-numpy=${CKV_NUMPY:-1.24.0}
+grpcio=${CKV_GRPCIO:-1.49.1}
+protobuf=${CKV_PROTOBUF:-4.21.3}
+numpy=${CKV_NUMPY:-1.23.2}
 grpcio_tools=${CKV_GRPCIO_TOOLS:-$grpcio}
+setuptools=${CKV_SETUPTOOLS:->=68,<82}
 python=${CKV_PYTHON:-/usr/bin/python3}
 
 if [ ! -x "$bin_dir/centroidkv-server" ]; then
@@ -32,7 +34,7 @@ echo "check_oldest: grpcio $grpcio, grpcio-tools $grpcio_tools, protobuf $protob
 "$python" -m venv "$work/venv"
 pip=("$work/venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --only-binary=:all: "grpcio==$grpcio" "grpcio-tools==$grpcio_tools" \
-  "protobuf==$protobuf" "numpy==$numpy" "setuptools>=68" wheel "pytest>=7"
+  "protobuf==$protobuf" "numpy==$numpy" "setuptools$setuptools" wheel "pytest>=7"
 # Built from a copy: setup.py writes the stubs next to its sources, and the checkout's own
 # (editable) stubs come from the newer grpcio-tools of scripts/setup_python.sh.
 cp -r "$repo/client/python" "$work/package"
@@ -48,8 +50,9 @@ have = (grpc.__version__, google.protobuf.__version__, numpy.__version__)
 if have != tuple(sys.argv[1:]):
     sys.exit(f"check_oldest: installed {have}, asked for {tuple(sys.argv[1:])}")
 from importlib.metadata import requires
+needs = ", ".join(r for r in requires("centroidkv") if "extra" not in r)
 print(f"check_oldest: {centroidkv.__file__} imports with grpcio {have[0]}, protobuf {have[1]}, "
-      f"numpy {have[2]}; it requires {', '.join(r for r in requires('centroidkv') if 'extra' not in r)}")
+      f"numpy {have[2]}; it requires {needs}")
 EOF
 # torch is not installed: its tests skip (conftest.requires_torch) and the torch and
 # transformers modules are left out. -rs lists every skip.

@@ -18,8 +18,10 @@ from setuptools.command.build_py import build_py
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROTO_FILE = "centroidkv/v1/centroidkv.proto"
-# The oldest versions verified to work: client/python/check_oldest.sh, docs/python-client.md.
-OLDEST = {"grpcio": "1.62.0", "protobuf": "4.25.0", "numpy": "1.24.0"}
+# The oldest versions verified to work (client/python/check_oldest.sh; docs/python-client.md):
+# the oldest grpcio and numpy with Python 3.11 wheels, and the oldest protobuf that installs
+# with grpcio-tools 1.49.1 (the stubs' generator in such an environment).
+OLDEST = {"grpcio": "1.49.1", "protobuf": "4.21.3", "numpy": "1.23.2"}
 
 
 def generate_stubs():

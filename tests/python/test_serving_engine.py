@@ -12,9 +12,9 @@ import time
 import grpc
 import numpy as np
 import pytest
-import torch
 
 import centroidkv
+from conftest import requires_torch, torch
 from server_process import ServerProcess, metric_value
 from test_client import random_layer
 
@@ -110,6 +110,7 @@ def test_bad_ragged_input_names_the_argument(client):
     assert caught.value.argument == "keys"
 
 
+@requires_torch
 def test_a_torch_result_goes_back_as_it_is(client):
     keys, values = random_layer(heads=3, tokens=128, seed=52)
     tk, tv = torch.from_numpy(keys).half(), torch.from_numpy(values).half()

@@ -315,12 +315,21 @@ absl::Status WriteOutputs(const std::string& dir, const client::LayerResult& res
   fs::create_directories(dir, error);
   if (error) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", error.message()));
   const int64_t total = result.total_entries();
-  const NpyType float_type = result.dtype == DType::kFloat16 ? NpyType::kFloat16 : NpyType::kFloat32;
   auto path = [&dir](const char* name) { return (fs::path(dir) / name).string(); };
-  CKV_RETURN_IF_ERROR(
-      WriteNpy(path("out_keys.npy"), float_type, {total, result.key_dim}, result.keys.data()));
-  CKV_RETURN_IF_ERROR(WriteNpy(path("out_values.npy"), float_type, {total, result.value_dim},
-                               result.values.data()));
+  if (result.dtype == DType::kBFloat16) {
+    // .npy has no bfloat16: the rows go out widened to float32, which holds them exactly.
+    const std::vector<float> keys = result.KeysAsFloat(), values = result.ValuesAsFloat();
+    CKV_RETURN_IF_ERROR(
+        WriteNpy(path("out_keys.npy"), NpyType::kFloat32, {total, result.key_dim}, keys.data()));
+    CKV_RETURN_IF_ERROR(WriteNpy(path("out_values.npy"), NpyType::kFloat32,
+                                 {total, result.value_dim}, values.data()));
+  } else {
+    const NpyType rows = result.dtype == DType::kFloat16 ? NpyType::kFloat16 : NpyType::kFloat32;
+    CKV_RETURN_IF_ERROR(
+        WriteNpy(path("out_keys.npy"), rows, {total, result.key_dim}, result.keys.data()));
+    CKV_RETURN_IF_ERROR(WriteNpy(path("out_values.npy"), rows, {total, result.value_dim},
+                                 result.values.data()));
+  }
   CKV_RETURN_IF_ERROR(
       WriteNpy(path("out_counts.npy"), NpyType::kUInt32, {total}, result.counts.data()));
   CKV_RETURN_IF_ERROR(WriteNpy(path("out_offsets.npy"), NpyType::kInt64,

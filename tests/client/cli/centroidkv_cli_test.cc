@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "centroidkv/common/dtype.h"
 #include "centroidkv/common/npy.h"
 #include "centroidkv/kernels/engine_factory.h"
 #include "gtest/gtest.h"
@@ -179,6 +180,40 @@ INSTANTIATE_TEST_SUITE_P(
       return client::testutil::CamelCase(std::get<0>(info.param)) +
              (std::get<1>(info.param) ? "Local" : "Server");
     });
+
+// --output-dtype bf16: .npy has no bfloat16, so the rows are written as float32 holding
+// exactly the bf16 rounding of the float32 result (the same run with float32 output),
+// through a server and in-process.
+TEST_F(CliTest, BFloat16OutputIsTheFloatResultRoundedOnce) {
+  absl::StatusOr<test::GoldenCase> golden = test::LoadGoldenCase(test::ListGoldenCases().front());
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  auto compress = [&](const std::string& where, const std::string& dtype, CompressResult* out) {
+    const fs::path dir = dir_ / (dtype + where.substr(3, 5));
+    const std::string command = Binary() + " compress --in " + Quoted(golden->dir) + " --out " +
+                                Quoted(dir.string()) + where + " --output-dtype " + dtype +
+                                ParameterFlags(golden->options) + " 2>&1";
+    const CommandResult run = RunCommand(command);
+    ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
+    ASSERT_NO_FATAL_FAILURE(ReadResult(dir, *golden, out));
+  };
+  CompressResult exact;
+  ASSERT_NO_FATAL_FAILURE(compress(Where(false), "float32", &exact));
+  for (const bool local : {false, true}) {
+    SCOPED_TRACE(local ? "local" : "server");
+    CompressResult rounded;
+    ASSERT_NO_FATAL_FAILURE(compress(Where(local), "bf16", &rounded));
+    ASSERT_EQ(rounded.keys.size(), exact.keys.size());
+    ASSERT_EQ(rounded.values.size(), exact.values.size());
+    for (size_t i = 0; i < exact.keys.size(); ++i) {
+      ASSERT_EQ(rounded.keys[i], BFloat16ToFloat(FloatToBFloat16(exact.keys[i]))) << i;
+    }
+    for (size_t i = 0; i < exact.values.size(); ++i) {
+      ASSERT_EQ(rounded.values[i], BFloat16ToFloat(FloatToBFloat16(exact.values[i]))) << i;
+    }
+    EXPECT_EQ(rounded.counts, exact.counts);
+    EXPECT_EQ(rounded.assignment, exact.assignment);
+  }
+}
 
 // --keys/--values/--counts instead of --in.
 TEST_F(CliTest, ExplicitInputPathsWork) {

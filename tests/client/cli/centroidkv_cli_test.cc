@@ -187,21 +187,21 @@ INSTANTIATE_TEST_SUITE_P(
 TEST_F(CliTest, BFloat16OutputIsTheFloatResultRoundedOnce) {
   absl::StatusOr<test::GoldenCase> golden = test::LoadGoldenCase(test::ListGoldenCases().front());
   ASSERT_TRUE(golden.ok()) << golden.status();
-  auto compress = [&](const std::string& where, const std::string& dtype, CompressResult* out) {
-    const fs::path dir = dir_ / (dtype + where.substr(3, 5));
+  auto compress = [&](bool local, const std::string& dtype, CompressResult* out) {
+    const fs::path dir = dir_ / (dtype + (local ? "-local" : "-server"));
     const std::string command = Binary() + " compress --in " + Quoted(golden->dir) + " --out " +
-                                Quoted(dir.string()) + where + " --output-dtype " + dtype +
+                                Quoted(dir.string()) + Where(local) + " --output-dtype " + dtype +
                                 ParameterFlags(golden->options) + " 2>&1";
     const CommandResult run = RunCommand(command);
     ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
     ASSERT_NO_FATAL_FAILURE(ReadResult(dir, *golden, out));
   };
   CompressResult exact;
-  ASSERT_NO_FATAL_FAILURE(compress(Where(false), "float32", &exact));
+  ASSERT_NO_FATAL_FAILURE(compress(false, "float32", &exact));
   for (const bool local : {false, true}) {
     SCOPED_TRACE(local ? "local" : "server");
     CompressResult rounded;
-    ASSERT_NO_FATAL_FAILURE(compress(Where(local), "bf16", &rounded));
+    ASSERT_NO_FATAL_FAILURE(compress(local, "bf16", &rounded));
     ASSERT_EQ(rounded.keys.size(), exact.keys.size());
     ASSERT_EQ(rounded.values.size(), exact.values.size());
     for (size_t i = 0; i < exact.keys.size(); ++i) {

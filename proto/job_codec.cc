@@ -27,10 +27,15 @@ absl::StatusOr<int32_t> Dim(uint32_t value, const char* field, bool zero_allowed
   return static_cast<int32_t>(value);
 }
 
-// `status` located at `field` unless it already names one.
-absl::Status Located(const absl::Status& status, const std::string& field) {
-  if (status.ok() || GetFieldLocation(status).has_value()) return status;
-  return FieldError(status.code(), {field}, status.message());
+// A decoded StartJob enum into `*out`, or its error located at `field`.
+template <typename Kind>
+absl::Status ReadKind(absl::StatusOr<Kind> decoded, const char* field, Kind* out) {
+  if (!decoded.ok()) {
+    if (GetFieldLocation(decoded.status()).has_value()) return decoded.status();
+    return FieldError(decoded.status().code(), {field}, decoded.status().message());
+  }
+  *out = *decoded;
+  return absl::OkStatus();
 }
 
 // head_tokens: one positive count per head; num_tokens 0 or the longest.
@@ -140,16 +145,9 @@ absl::StatusOr<JobAnnouncement> StartJobFromProto(const v1::StartJob& start) {
   job.has_counts = start.has_counts();
   job.priority = start.priority();
   job.timeout = std::chrono::milliseconds(start.timeout_ms());
-  {
-    absl::StatusOr<DType> dtype = DTypeFromProto(start.dtype(), "start_job.dtype");
-    if (!dtype.ok()) return Located(dtype.status(), "start_job.dtype");
-    job.dtype = *dtype;
-  }
-  {
-    absl::StatusOr<TensorLayout> layout = LayoutFromProto(start.layout());
-    if (!layout.ok()) return Located(layout.status(), "start_job.layout");
-    job.layout = *layout;
-  }
+  CKV_RETURN_IF_ERROR(
+      ReadKind(DTypeFromProto(start.dtype(), "start_job.dtype"), "start_job.dtype", &job.dtype));
+  CKV_RETURN_IF_ERROR(ReadKind(LayoutFromProto(start.layout()), "start_job.layout", &job.layout));
   const bool ragged = start.head_tokens_size() > 0;
   CKV_ASSIGN_OR_RETURN(job.num_heads, Dim(start.num_heads(), "num_heads"));
   CKV_ASSIGN_OR_RETURN(job.num_tokens, Dim(start.num_tokens(), "num_tokens", ragged));
@@ -158,15 +156,11 @@ absl::StatusOr<JobAnnouncement> StartJobFromProto(const v1::StartJob& start) {
   if (ragged) CKV_RETURN_IF_ERROR(ReadHeadTokens(start, &job));
   job.output_dtype = job.dtype;
   if (start.output_dtype() != v1::DTYPE_UNSPECIFIED) {
-    absl::StatusOr<DType> output = DTypeFromProto(start.output_dtype(), "start_job.output_dtype");
-    if (!output.ok()) return Located(output.status(), "start_job.output_dtype");
-    job.output_dtype = *output;
+    CKV_RETURN_IF_ERROR(ReadKind(DTypeFromProto(start.output_dtype(), "start_job.output_dtype"),
+                                 "start_job.output_dtype", &job.output_dtype));
   }
-  {
-    absl::StatusOr<BackendKind> backend = BackendFromProto(start.backend());
-    if (!backend.ok()) return Located(backend.status(), "start_job.backend");
-    job.backend = *backend;
-  }
+  CKV_RETURN_IF_ERROR(
+      ReadKind(BackendFromProto(start.backend()), "start_job.backend", &job.backend));
   {
     absl::StatusOr<CompressOptions> parsed = OptionsFromProto(start.params());
     if (!parsed.ok()) {

@@ -1,11 +1,13 @@
 // ServiceMetrics: the metric families of the server and their hooks.
 #include "service/service_metrics.h"
 
+#include <functional>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
 #include "service/executor.h"
-#include "service/memory_budget.h"
 #include "service/input_pool.h"
+#include "service/memory_budget.h"
 #include "service/result_pool.h"
 #include "service/service_context.h"
 
@@ -78,26 +80,33 @@ ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor
       .AddGauge("centroidkv_buffered_bytes",
                 "Bytes reserved by jobs in flight (inputs and results) in the memory budget")
       ->Add({}, [&budget] { return static_cast<double>(budget.used()); });
-  registry_
-      .AddGauge("centroidkv_result_pool_idle_bytes",
-                "Bytes of finished results kept idle for reuse (outside centroidkv_buffered_bytes)")
-      ->Add({}, [&results] { return static_cast<double>(results.stats().idle_bytes); });
-  registry_.AddGauge("centroidkv_result_pool_idle_results", "Results kept idle for reuse")
-      ->Add({}, [&results] { return static_cast<double>(results.stats().idle_results); });
-  registry_
-      .AddGauge("centroidkv_result_pool_leased_results",
-                "Result buffers held by jobs now (computing, or being sent)")
-      ->Add({}, [&results] { return static_cast<double>(results.stats().leased); });
-  registry_
-      .AddGauge("centroidkv_input_pool_idle_bytes",
-                "Bytes of freed job inputs kept idle for reuse (outside centroidkv_buffered_bytes)")
-      ->Add({}, [&inputs] { return static_cast<double>(inputs.stats().idle_bytes); });
-  registry_.AddGauge("centroidkv_input_pool_idle_buffers", "Input buffers kept idle for reuse")
-      ->Add({}, [&inputs] { return static_cast<double>(inputs.stats().idle_buffers); });
-  registry_
-      .AddGauge("centroidkv_input_pool_leased_bytes",
-                "Bytes of input buffers held by jobs now (receiving, queued or computing)")
-      ->Add({}, [&inputs] { return static_cast<double>(inputs.stats().leased_bytes); });
+  // The idle-buffer pools, outside centroidkv_buffered_bytes (read at each scrape).
+  struct PoolGauge {
+    const char* name;
+    const char* help;
+    std::function<double()> read;
+  };
+  const PoolGauge pool_gauges[] = {
+      {"centroidkv_result_pool_idle_bytes",
+       "Bytes of finished results kept idle for reuse (outside centroidkv_buffered_bytes)",
+       [&results] { return double(results.stats().idle_bytes); }},
+      {"centroidkv_result_pool_idle_results", "Results kept idle for reuse",
+       [&results] { return double(results.stats().idle_results); }},
+      {"centroidkv_result_pool_leased_results",
+       "Result buffers held by jobs now (computing, or being sent)",
+       [&results] { return double(results.stats().leased); }},
+      {"centroidkv_input_pool_idle_bytes",
+       "Bytes of freed job inputs kept idle for reuse (outside centroidkv_buffered_bytes)",
+       [&inputs] { return double(inputs.stats().idle_bytes); }},
+      {"centroidkv_input_pool_idle_buffers", "Input buffers kept idle for reuse",
+       [&inputs] { return double(inputs.stats().idle_buffers); }},
+      {"centroidkv_input_pool_leased_bytes",
+       "Bytes of input buffers held by jobs now (receiving, queued or computing)",
+       [&inputs] { return double(inputs.stats().leased_bytes); }},
+  };
+  for (const PoolGauge& gauge : pool_gauges) {
+    registry_.AddGauge(gauge.name, gauge.help)->Add({}, gauge.read);
+  }
   errors_ = registry_.AddCounter(
       "centroidkv_errors_total",
       "Errors by gRPC status code; scope=stream: a stream ended with it, scope=job: one job failed",

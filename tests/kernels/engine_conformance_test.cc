@@ -237,40 +237,44 @@ TEST_P(EngineConformanceTest, HalfResultRowsAreTheFloatRowsRoundedOnce) {
 
 // The suite's only instantiations (they cover the TEST_Ps of every file of the suite).
 
+// The test name of a backend: Reference, Cpu, Cuda (the CUDA device; skipped with "no CUDA
+// device: ..." where there is none) or CudaStagesOnHost (the CUDA backend's stages run on
+// the host: the GPU algorithm, checked on every machine).
+std::string BackendTestName(const ::testing::TestParamInfo<Backend>& info) {
+  if (info.param.cuda_stages_on_host) return "CudaStagesOnHost";
+  switch (info.param.kind) {
+    case BackendKind::kReference:
+      return "Reference";
+    case BackendKind::kCpu:
+      return "Cpu";
+    case BackendKind::kCuda:
+      return "Cuda";
+    default:
+      return std::string(BackendKindName(info.param.kind));
+  }
+}
+
+constexpr Backend kReferenceBackend{BackendKind::kReference};
+constexpr Backend kCpuBackend{BackendKind::kCpu};
+constexpr Backend kCudaBackend{BackendKind::kCuda};
+constexpr Backend kCudaStagesOnHost{BackendKind::kCuda, true};
+
 INSTANTIATE_TEST_SUITE_P(Reference, EngineConformanceTest,
-                         ::testing::Values(Backend{BackendKind::kReference}),
-                         [](const ::testing::TestParamInfo<Backend>&) {
-                           return std::string("Reference");
-                         });
-INSTANTIATE_TEST_SUITE_P(Cpu, EngineConformanceTest, ::testing::Values(Backend{BackendKind::kCpu}),
-                         [](const ::testing::TestParamInfo<Backend>&) {
-                           return std::string("Cpu");
-                         });
-// The CUDA device (skipped with "no CUDA device: ..." where there is none).
-INSTANTIATE_TEST_SUITE_P(Cuda, EngineConformanceTest, ::testing::Values(Backend{BackendKind::kCuda}),
-                         [](const ::testing::TestParamInfo<Backend>&) {
-                           return std::string("Cuda");
-                         });
-// The CUDA backend's stages, run on the host: the GPU algorithm, checked on every machine.
+                         ::testing::Values(kReferenceBackend), BackendTestName);
+INSTANTIATE_TEST_SUITE_P(Cpu, EngineConformanceTest, ::testing::Values(kCpuBackend),
+                         BackendTestName);
+INSTANTIATE_TEST_SUITE_P(Cuda, EngineConformanceTest, ::testing::Values(kCudaBackend),
+                         BackendTestName);
 INSTANTIATE_TEST_SUITE_P(CudaStagesOnHost, EngineConformanceTest,
-                         ::testing::Values(Backend{BackendKind::kCuda, true}),
-                         [](const ::testing::TestParamInfo<Backend>&) {
-                           return std::string("CudaStagesOnHost");
-                         });
+                         ::testing::Values(kCudaStagesOnHost), BackendTestName);
+
 // The agreement suite: every backend but the reference.
-INSTANTIATE_TEST_SUITE_P(Cpu, EngineAgreementTest, ::testing::Values(Backend{BackendKind::kCpu}),
-                         [](const ::testing::TestParamInfo<Backend>&) {
-                           return std::string("Cpu");
-                         });
-INSTANTIATE_TEST_SUITE_P(Cuda, EngineAgreementTest, ::testing::Values(Backend{BackendKind::kCuda}),
-                         [](const ::testing::TestParamInfo<Backend>&) {
-                           return std::string("Cuda");
-                         });
+INSTANTIATE_TEST_SUITE_P(Cpu, EngineAgreementTest, ::testing::Values(kCpuBackend),
+                         BackendTestName);
+INSTANTIATE_TEST_SUITE_P(Cuda, EngineAgreementTest, ::testing::Values(kCudaBackend),
+                         BackendTestName);
 INSTANTIATE_TEST_SUITE_P(CudaStagesOnHost, EngineAgreementTest,
-                         ::testing::Values(Backend{BackendKind::kCuda, true}),
-                         [](const ::testing::TestParamInfo<Backend>&) {
-                           return std::string("CudaStagesOnHost");
-                         });
+                         ::testing::Values(kCudaStagesOnHost), BackendTestName);
 
 }  // namespace
 }  // namespace centroidkv::conformance

@@ -10,6 +10,7 @@
 
 #include "centroidkv/common/field_status.h"
 #include "gtest/gtest.h"
+#include "tests/testing/result_checks.h"
 
 namespace centroidkv {
 namespace {
@@ -33,34 +34,12 @@ CompressOptions EveryOption() {
   return options;
 }
 
-void ExpectSameOptions(const CompressOptions& a, const CompressOptions& b) {
-  EXPECT_EQ(a.target_ratio, b.target_ratio);
-  EXPECT_EQ(a.target_tokens, b.target_tokens);
-  EXPECT_EQ(a.chunk_size, b.chunk_size);
-  EXPECT_EQ(a.sink_tokens, b.sink_tokens);
-  EXPECT_EQ(a.recent_tokens, b.recent_tokens);
-  EXPECT_EQ(a.min_similarity, b.min_similarity);
-  EXPECT_EQ(a.tighten_per_pass, b.tighten_per_pass);
-  EXPECT_EQ(a.max_passes, b.max_passes);
-  EXPECT_EQ(a.uniform_heads, b.uniform_heads);
-  EXPECT_EQ(a.passthrough_heads, b.passthrough_heads);
-  EXPECT_EQ(a.compute_assignment, b.compute_assignment);
-  EXPECT_EQ(a.exact_target, b.exact_target);
-  EXPECT_EQ(a.pad_heads, b.pad_heads);
-  EXPECT_EQ(a.pad_to, b.pad_to);
-  EXPECT_EQ(a.output_layout, b.output_layout);
-}
-
 TEST(JobCodecTest, AStartJobReadsBackAsTheJobTheClientWrote) {
   static const uint32_t kCounts[1] = {1};
-  LayerView layer;
-  layer.dtype = DType::kBFloat16;
-  layer.layout = TensorLayout::kTokenMajor;
-  layer.num_heads = 4;
-  layer.num_tokens = 300;
-  layer.key_dim = 64;
-  layer.value_dim = 32;
-  layer.counts = kCounts;  // only whether counts go along matters to the header
+  // Only whether counts go along matters to the header.
+  const LayerView layer{.dtype = DType::kBFloat16, .layout = TensorLayout::kTokenMajor,
+                        .num_heads = 4, .num_tokens = 300, .key_dim = 64, .value_dim = 32,
+                        .counts = kCounts};
   const CompressOptions options = EveryOption();
   const v1::StartJob start =
       StartJobToProto(9, 17, layer, options, DType::kFloat16, BackendKind::kReference,
@@ -81,7 +60,7 @@ TEST(JobCodecTest, AStartJobReadsBackAsTheJobTheClientWrote) {
   EXPECT_EQ(job->backend, BackendKind::kReference);
   EXPECT_EQ(job->timeout, std::chrono::milliseconds(1500));
   EXPECT_EQ(job->priority, -3);
-  ExpectSameOptions(job->options, options);
+  test::ExpectOptionsEqual(options, job->options);
 
   // The view the server assembles into has the client's shape and byte sizes.
   const LayerView view = job->View(nullptr, nullptr, kCounts);
@@ -94,11 +73,8 @@ TEST(JobCodecTest, AStartJobReadsBackAsTheJobTheClientWrote) {
 
 TEST(JobCodecTest, ARaggedJobKeepsEveryHeadsLength) {
   const int64_t offsets[] = {0, 5, 5 + 9, 5 + 9 + 1};
-  LayerView layer;
-  layer.num_heads = 3;
-  layer.num_tokens = 9;
-  layer.key_dim = layer.value_dim = 8;
-  layer.head_offsets = offsets;
+  const LayerView layer{.num_heads = 3, .num_tokens = 9, .key_dim = 8, .value_dim = 8,
+                        .head_offsets = offsets};
   const v1::StartJob start = StartJobToProto(1, 0, layer, {}, std::nullopt, BackendKind::kAuto,
                                              std::chrono::milliseconds(0), 0);
   ASSERT_EQ(start.head_tokens_size(), 3);
@@ -114,10 +90,7 @@ TEST(JobCodecTest, ARaggedJobKeepsEveryHeadsLength) {
 }
 
 TEST(JobCodecTest, MalformedStartJobsNameTheirField) {
-  LayerView layer;
-  layer.num_heads = 2;
-  layer.num_tokens = 8;
-  layer.key_dim = layer.value_dim = 4;
+  const LayerView layer{.num_heads = 2, .num_tokens = 8, .key_dim = 4, .value_dim = 4};
   const v1::StartJob good = StartJobToProto(1, 0, layer, {}, std::nullopt, BackendKind::kAuto,
                                             std::chrono::milliseconds(0), 0);
   struct Case {
@@ -224,11 +197,7 @@ TEST(JobCodecTest, AResultHeaderReadsBackWithTheWholeAccount) {
 }
 
 TEST(JobCodecTest, MaxResultBytesBoundsEveryResultOfTheShape) {
-  LayerView shape;
-  shape.num_heads = 2;
-  shape.num_tokens = 6;
-  shape.key_dim = 3;
-  shape.value_dim = 2;
+  const LayerView shape{.num_heads = 2, .num_tokens = 6, .key_dim = 3, .value_dim = 2};
   CompressOptions options;
   options.compute_assignment = true;
   const CompressResult result = SomeResult();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/result_checks.h"
 
 namespace centroidkv {
 namespace {
@@ -147,20 +148,6 @@ TEST(BackendFromProtoTest, RejectsUnknownValueNamingTheField) {
 // ---------------------------------------------------------------------------------------
 // CompressionParams.
 
-// Field-by-field equality with readable failures.
-void ExpectOptionsEqual(const CompressOptions& expected, const CompressOptions& actual) {
-  EXPECT_EQ(actual.target_ratio, expected.target_ratio);
-  EXPECT_EQ(actual.target_tokens, expected.target_tokens);
-  EXPECT_EQ(actual.chunk_size, expected.chunk_size);
-  EXPECT_EQ(actual.sink_tokens, expected.sink_tokens);
-  EXPECT_EQ(actual.recent_tokens, expected.recent_tokens);
-  EXPECT_EQ(actual.min_similarity, expected.min_similarity);
-  EXPECT_EQ(actual.tighten_per_pass, expected.tighten_per_pass);
-  EXPECT_EQ(actual.max_passes, expected.max_passes);
-  EXPECT_EQ(actual.uniform_heads, expected.uniform_heads);
-  EXPECT_EQ(actual.passthrough_heads, expected.passthrough_heads);
-}
-
 TEST(OptionsFromProtoTest, AbsentFieldsTakeTheSpecDefaults) {
   absl::StatusOr<CompressOptions> options = OptionsFromProto(v1::CompressionParams());
   ASSERT_TRUE(options.ok()) << options.status();
@@ -202,7 +189,7 @@ TEST(OptionsFromProtoTest, ReadsEveryField) {
   expected.max_passes = 2;
   expected.uniform_heads = false;
   expected.passthrough_heads = {4, 1};
-  ExpectOptionsEqual(expected, *options);
+  test::ExpectOptionsEqual(expected, *options);
 }
 
 // Zero is a value, not "absent": explicitly set zeros must not fall back to the defaults.
@@ -390,7 +377,7 @@ TEST_P(OptionsRoundTripTest, EveryFieldSurvives) {
   ASSERT_TRUE(parsed.ParseFromString(bytes));
   absl::StatusOr<CompressOptions> back = OptionsFromProto(parsed);
   ASSERT_TRUE(back.ok()) << back.status();
-  ExpectOptionsEqual(original, *back);
+  test::ExpectOptionsEqual(original, *back);
 }
 
 TEST_P(OptionsRoundTripTest, DefaultsSurvive) {
@@ -400,7 +387,7 @@ TEST_P(OptionsRoundTripTest, DefaultsSurvive) {
   ASSERT_TRUE(back.ok()) << back.status();
   // The default target comes back explicit; everything else unchanged.
   if (!GetParam()) original.target_ratio = CompressOptions::kDefaultTargetRatio;
-  ExpectOptionsEqual(original, *back);
+  test::ExpectOptionsEqual(original, *back);
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, OptionsRoundTripTest, ::testing::Bool(),

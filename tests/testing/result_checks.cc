@@ -7,6 +7,25 @@
 
 namespace centroidkv::test {
 
+void ExpectOptionsEqual(const CompressOptions& expected, const CompressOptions& actual) {
+  EXPECT_EQ(actual.target_ratio, expected.target_ratio);
+  EXPECT_EQ(actual.target_tokens, expected.target_tokens);
+  EXPECT_EQ(actual.chunk_size, expected.chunk_size);
+  EXPECT_EQ(actual.sink_tokens, expected.sink_tokens);
+  EXPECT_EQ(actual.recent_tokens, expected.recent_tokens);
+  EXPECT_EQ(actual.min_similarity, expected.min_similarity);
+  EXPECT_EQ(actual.tighten_per_pass, expected.tighten_per_pass);
+  EXPECT_EQ(actual.max_passes, expected.max_passes);
+  EXPECT_EQ(actual.uniform_heads, expected.uniform_heads);
+  EXPECT_EQ(actual.passthrough_heads, expected.passthrough_heads);
+  EXPECT_EQ(actual.compute_assignment, expected.compute_assignment);
+  EXPECT_EQ(actual.result_dtype, expected.result_dtype);
+  EXPECT_EQ(actual.exact_target, expected.exact_target);
+  EXPECT_EQ(actual.pad_heads, expected.pad_heads);
+  EXPECT_EQ(actual.pad_to, expected.pad_to);
+  EXPECT_EQ(actual.output_layout, expected.output_layout);
+}
+
 void ExpectBitIdentical(const CompressResult& expected, const CompressResult& actual) {
   EXPECT_EQ(actual.offsets, expected.offsets);
   EXPECT_EQ(actual.counts, expected.counts);

@@ -2,7 +2,8 @@
 # A/B of two builds of the service, alternated in one run: for each round, each build's
 # centroidkv-server is started on loopback and that build's `centroidkv-bench --compare`
 # (service over slabs, transport floor, in-process engine) runs against it; the medians of
-# tokens/s per build and leg, and the ratio of B to A, come last as one JSON line.
+# tokens/s per build and leg (and of --compare's ratio to the serial bound), and the ratio of
+# B to A, come last as one JSON line.
 # Used to show that a refactor costs no throughput (issue 13).
 #
 # Usage: bench/compare-builds.sh BIN_DIR_A BIN_DIR_B [--rounds N] [--context N] [--jobs N]
@@ -44,22 +45,23 @@ done
 /usr/bin/python3 - "$out/rows.jsonl" "$rounds" "$context" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-def leg(run):
-    return run.split(":")[0] if ":" in run else run
 medians = {}
-for build in ("A", "B"):
-    for row in rows:
-        if row["build"] != build:
-            continue
-        medians.setdefault(build, {}).setdefault(row["run"], []).append(row["tokens_per_s"])
+for row in rows:
+    if "run" in row:  # one leg: service:cpu, service:identity (the floor), in-process:cpu
+        medians.setdefault(row["build"], {}).setdefault(row["run"], []).append(row["tokens_per_s"])
+    else:  # the --compare summary of the round
+        medians.setdefault(row["build"], {}).setdefault("ratio_to_serial_bound", []).append(
+            row["ratio_to_serial_bound"])
 summary = {"rounds": int(sys.argv[2]), "context": int(sys.argv[3]), "tokens_per_s": {}, "b_over_a": {}}
 for build, runs in medians.items():
-    summary["tokens_per_s"][build] = {run: round(statistics.median(v), 1) for run, v in runs.items()}
+    summary["tokens_per_s"][build] = {run: round(statistics.median(v), 4) for run, v in runs.items()}
 for run, value in summary["tokens_per_s"].get("A", {}).items():
     b = summary["tokens_per_s"].get("B", {}).get(run)
     if b:
         summary["b_over_a"][run] = round(b / value, 3)
 for run in sorted(summary["b_over_a"]):
-    print(f"  {run:28s} A {summary['tokens_per_s']['A'][run]:>12.1f}  B {summary['tokens_per_s']['B'][run]:>12.1f}  B/A {summary['b_over_a'][run]:.3f}", file=sys.stderr)
+    a, b = summary["tokens_per_s"]["A"][run], summary["tokens_per_s"]["B"][run]
+    print(f"  {run:24s} A {a:>12.4g}  B {b:>12.4g}  B/A {summary['b_over_a'][run]:.3f}",
+          file=sys.stderr)
 print(json.dumps(summary))
 PY

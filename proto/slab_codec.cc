@@ -59,13 +59,14 @@ SlabAssembler::SlabAssembler(uint64_t job_id, std::vector<Tensor> tensors, const
 }
 
 absl::Status SlabAssembler::Add(const v1::TensorSlab& slab) {
-  const std::string name = v1::Tensor_Name(slab.tensor());
+  // The tensor's name only on the error paths: Add runs once per slab on both ends.
+  auto name = [&slab] { return v1::Tensor_Name(slab.tensor()); };
   auto it = std::find_if(tensors_.begin(), tensors_.end(), [&slab](const Progress& p) {
     return p.tensor.tensor == slab.tensor();
   });
   if (it == tensors_.end()) {
     return InvalidFieldError({"slab.tensor"},
-                             absl::StrCat(side_, ".tensor ", name, " is not a tensor of job ",
+                             absl::StrCat(side_, ".tensor ", name(), " is not a tensor of job ",
                                           job_id_, slab.tensor() == v1::TENSOR_COUNTS
                                                        ? " (its start_job did not set has_counts)"
                                                        : ""));
@@ -73,19 +74,19 @@ absl::Status SlabAssembler::Add(const v1::TensorSlab& slab) {
   Progress& progress = *it;
   if (slab.byte_offset() < progress.received) {
     return absl::FailedPreconditionError(absl::StrCat(
-        side_, ".byte_offset ", slab.byte_offset(), " of ", name, " for job ", job_id_,
+        side_, ".byte_offset ", slab.byte_offset(), " of ", name(), " for job ", job_id_,
         " overlaps bytes already received (next expected offset ", progress.received, ")"));
   }
   if (slab.byte_offset() > progress.received) {
     return absl::FailedPreconditionError(
-        absl::StrCat(side_, ".byte_offset ", slab.byte_offset(), " of ", name, " for job ",
+        absl::StrCat(side_, ".byte_offset ", slab.byte_offset(), " of ", name(), " for job ",
                      job_id_, " leaves a gap (next expected offset ", progress.received, ")"));
   }
   const uint64_t size = progress.tensor.bytes;
   if (slab.data().size() > size - progress.received) {
     return InvalidFieldError(
         {"slab.data"},
-        absl::StrCat(side_, ".data of ", name, " for job ", job_id_, " runs to byte ",
+        absl::StrCat(side_, ".data of ", name(), " for job ", job_id_, " runs to byte ",
                      progress.received + slab.data().size(), ", past the tensor's ", size,
                      " bytes (byte-length mismatch with the shape announced)"));
   }

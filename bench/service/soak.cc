@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -28,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "bench/workload.h"
 #include "centroidkv/client/client.h"
+#include "centroidkv/common/process_memory.h"
 #include "centroidkv/kernels/engine_factory.h"
 #include "centroidkv/v1/centroidkv.pb.h"
 
@@ -57,20 +57,6 @@ struct Config {
   int32_t connections = 8;
   uint64_t seed = 1;
 };
-
-uint64_t RssBytes(int32_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      uint64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 16, '\n');
-  }
-  return 0;
-}
 
 // Statuses by behaviour and code, and whether each was expected.
 class Tally {
@@ -368,7 +354,7 @@ int SoakMain(int argc, char** argv) {
   int samples = 0;
   while (Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    const uint64_t rss = RssBytes(config.server_pid);
+    const uint64_t rss = ResidentBytes(config.server_pid);
     if (rss == 0) {
       std::cerr << "soak: the server process " << config.server_pid << " is gone\n";
       break;

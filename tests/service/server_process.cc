@@ -13,6 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include "centroidkv/common/process_memory.h"
+
 namespace centroidkv::service::testing {
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -100,18 +102,6 @@ double ServerProcess::CpuSeconds() const {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-uint64_t ServerProcess::RssBytes() const {
-  std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      uint64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 16, '\n');
-  }
-  return 0;
-}
+uint64_t ServerProcess::RssBytes() const { return ResidentBytes(pid_); }
 
 }  // namespace centroidkv::service::testing

@@ -82,10 +82,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // (No GRPC_ARG_MAX_CONCURRENT_STREAMS: with gRPC 1.51's builder it made every message
   // over the stream limit's value in bytes fail as "larger than max"; max_streams bounds
   // the streams instead.)
-  // BDP probing stays on: with it off (fixed windows) the transport floor of
-  // `centroidkv-bench --compare` fell from ~2.4M to ~1.9M tokens/s at 4k (session 6, A/B in one
-  // run), while the quota above still bounds transport memory: ServerMemoryTest's attacks
-  // peak at 141 / 176 MiB with it on, within the 228 MiB bound.
+  // BDP probing off: windows stay at stream_window_bytes. With it on, windows grew under
+  // load until the transport quota refused healthy streams (RST_STREAM ENHANCE_YOUR_CALM:
+  // 74 RESOURCE_EXHAUSTED in a 15 s bench/soak.sh, session 6); off costs little throughput
+  // against more than it gains (docs/service-bench.md, session 6: the old main without these
+  // bounds moved ~15% more through a single client's streams).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.stream_window_bytes);
   // No SO_REUSEPORT (gRPC's default on Linux): a second server on a bound port must fail
   // to start instead of sharing the port and splitting the connections between the two.

@@ -68,9 +68,8 @@ struct ServerOptions {
   // Transport (gRPC) memory, outside the byte budgets above: a grpc::ResourceQuota of
   // max_transport_bytes over all connections (gRPC shrinks windows and refuses allocations
   // under it), at most max_streams streams in all (more end at once with
-  // RESOURCE_EXHAUSTED), and each stream's receive window starting at stream_window_bytes
-  // (BDP probing grows it only for streams that are read, under the quota: an unread stream
-  // buffers at most that much). Together: RSS <= idle process
+  // RESOURCE_EXHAUSTED), and each stream's receive window fixed at stream_window_bytes (no
+  // BDP growth: an unread stream buffers at most that much). Together: RSS <= idle process
   // + max_total_bytes + min(max_pooled_input_bytes, max_total_bytes) +
   // max_pooled_result_bytes + max_transport_bytes + a fixed overhead (64 MiB,
   // tests/service/server_memory_test.cc) + the cpu engine's reusable scratch for the

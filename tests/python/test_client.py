@@ -29,6 +29,7 @@ def test_info_reports_backends_limits_and_defaults(client):
     assert info.defaults["chunk_size"] == 256 and info.defaults["target_ratio"] == 0.25
     assert info.worker_threads >= 1
     assert client.slab_bytes <= info.limits.max_slab_bytes
+    assert info.limits.max_chunk_size == 4096  # the server's default --max-chunk-size
 
 
 @pytest.mark.parametrize("backend", ["auto", "reference"])

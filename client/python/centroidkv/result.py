@@ -87,6 +87,7 @@ class Limits:
     max_message_bytes: int
     result_slab_bytes: int
     max_slab_bytes: int = 0  # largest slab payload taken (0 from servers before issue 14)
+    max_chunk_size: int = 0  # largest chunk_size a job may ask for (0 from servers before it)
 
 
 @dataclass
@@ -113,7 +114,8 @@ def server_info_from_proto(reply) -> ServerInfo:
 
     l = reply.limits
     limits = Limits(l.max_heads, l.max_tokens, l.max_dim, l.max_job_bytes, l.max_stream_bytes,
-                    l.max_total_bytes, l.max_message_bytes, l.result_slab_bytes, l.max_slab_bytes)
+                    l.max_total_bytes, l.max_message_bytes, l.result_slab_bytes, l.max_slab_bytes,
+                    l.max_chunk_size)
     defaults = MessageToDict(reply.defaults, preserving_proto_field_name=True)
     devices = [Device(d.backend, d.name, d.memory_bytes, (d.compute_major, d.compute_minor))
                for d in reply.device_info]

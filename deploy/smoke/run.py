@@ -290,7 +290,9 @@ def smoke_pool(run, options):
     bench = subprocess.Popen(
         [os.path.join(options.bin_dir, "centroidkv-bench"), "--server", ",".join(replicas),
          "--jobs", str(jobs), "--rate", str(options.pool_rate), "--concurrency", "3",
-         "--context", "1024", "--preset", "llama3-8b", "--format", "json", "--quiet"],
+         # 4k context: a job holds its replica long enough (tens of ms) for the 0.1 s
+         # /metrics polls below to catch one in flight; at 1k, jobs of ~6 ms were missed.
+         "--context", "4096", "--preset", "llama3-8b", "--format", "json", "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = info["metrics_port"]
     killed_jobs = 0.0  # jobs the killed replica had received: its /metrics is gone

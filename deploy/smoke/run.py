@@ -304,12 +304,16 @@ def smoke_pool(run, options):
                 total += scrape(ip, metrics, "centroidkv_jobs_total")
         return total
 
-    def wait_for(what, condition, seconds=90):
+    def wait_for(what, condition, seconds=90, poll=0.1):
         deadline = time.time() + seconds
         while not condition():
-            if bench.poll() is not None or time.time() > deadline:
-                raise SmokeFailure(f"pool: the client ended or stalled before {what}")
-            time.sleep(0.1)
+            if bench.poll() is not None:
+                out, err = bench.communicate()
+                raise SmokeFailure(f"pool: the client ended (exit {bench.returncode}) before "
+                                   f"{what}: {out.strip()} {err.strip()}")
+            if time.time() > deadline:
+                raise SmokeFailure(f"pool: the client stalled {seconds} s before {what}")
+            time.sleep(poll)
 
     def in_flight(i):
         return scrape(ips[i], metrics, "centroidkv_jobs_in_flight") > 0
@@ -318,12 +322,14 @@ def smoke_pool(run, options):
         # Each replica is hit while it holds jobs, so that they must be resent (kill) or
         # finished or handed back (drain), with the client still sending.
         wait_for(f"{jobs // 5} jobs", lambda: done_jobs() >= jobs // 5)
-        wait_for("a job in flight on replica 0", lambda: in_flight(0))
+        # A job is in a replica's pool for tens of ms of every 200 (rate 10 over two or
+        # three replicas): poll one gauge every 10 ms so the window is not missed.
+        wait_for("a job in flight on replica 0", lambda: in_flight(0), poll=0.01)
         killed_jobs = scrape(ips[0], metrics, "centroidkv_jobs_total")
         podman("kill", servers[0])
         log(f"pool: killed {servers[0]} with jobs in flight, after {killed_jobs:g} jobs")
         wait_for(f"{jobs // 2} jobs", lambda: done_jobs() >= jobs // 2)
-        wait_for("a job in flight on replica 1", lambda: in_flight(1))
+        wait_for("a job in flight on replica 1", lambda: in_flight(1), poll=0.01)
         stopper = threading.Thread(target=lambda: podman("stop", "--time", "30", servers[1],
                                                          timeout=60))
         stopper.start()

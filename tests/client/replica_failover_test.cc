@@ -3,17 +3,12 @@
 // killed with SIGKILL and another sent SIGTERM mid-run, each while it has jobs in flight.
 // Every job's result must arrive exactly once and equal, bit for bit (counts, assignment,
 // keys, values), what the engine gives in-process, i.e. what a run without failures gives.
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <regex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,91 +18,21 @@
 #include "gtest/gtest.h"
 #include "tests/client/client_testing.h"
 #include "tests/testing/random_layer.h"
+#include "tests/testing/server_process.h"
 
 namespace centroidkv::client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One centroidkv-server child process on 127.0.0.1:0, its log in a file.
-class ServerProcess {
- public:
-  ~ServerProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    unlink(log_path_.c_str());
-  }
+using centroidkv::testing::ServerProcess;
 
-  // Starts the server and waits (up to 20 s) for the log line that names its port.
-  bool Start(int index) {
-    log_path_ = "/tmp/ckv-failover-" + std::to_string(getpid()) + "-" + std::to_string(index) +
-                ".log";
-    const std::string binary = std::string(CKV_BIN_DIR) + "/centroidkv-server";
-    std::vector<std::string> args = {binary,     "--listen",       "127.0.0.1:0", "--threads",
-                                     "1",        "--grace-period", "10"};
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (log < 0) return false;
-    pid_ = fork();
-    if (pid_ == 0) {  // only async-signal-safe calls until exec
-      dup2(log, STDOUT_FILENO);
-      dup2(log, STDERR_FILENO);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(log);
-    if (pid_ < 0) return false;
-    const std::regex dials(R"(dials 127\.0\.0\.1:(\d+))");
-    const auto give_up = Clock::now() + std::chrono::seconds(20);
-    while (Clock::now() < give_up) {
-      std::smatch match;
-      const std::string text = Log();
-      if (std::regex_search(text, match, dials)) {
-        port_ = std::stoi(match[1]);
-        return true;
-      }
-      if (waitpid(pid_, &status_, WNOHANG) == pid_) {
-        exited_ = true;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
-  }
+// Each replica: one oneTBB thread, a grace period long enough to drain what it holds.
+bool StartReplica(ServerProcess& server) {
+  return server.Start({"--listen", "127.0.0.1:0", "--threads", "1", "--grace-period", "10"});
+}
 
-  std::string Log() const {
-    std::ifstream in(log_path_);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-  int port() const { return port_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  std::string peer() const { return "ipv4:" + address(); }
-  void Signal(int signal_number) const { kill(pid_, signal_number); }
-
-  // Waits up to `timeout` for the process to exit; true with its wait status in *status.
-  bool WaitExit(std::chrono::seconds timeout, int* status) {
-    const auto give_up = Clock::now() + timeout;
-    while (!exited_ && Clock::now() < give_up) {
-      if (waitpid(pid_, &status_, WNOHANG) == pid_) exited_ = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    *status = status_;
-    return exited_;
-  }
-
- private:
-  std::string log_path_;
-  pid_t pid_ = -1;
-  int port_ = 0;
-  int status_ = 0;
-  bool exited_ = false;
-};
+std::string PeerOf(const ServerProcess& server) { return "ipv4:" + server.target(); }
 
 // Jobs of modest size (a few ms each on the cpu backend), all different: kLayers random
 // layers, each compressed with count / kLayers different parameter sets.
@@ -171,9 +96,9 @@ TEST(ReplicaFailoverTest, KilledAndDrainedReplicasLoseNoJobAndDuplicateNone) {
   std::string target;
   for (int i = 0; i < 3; ++i) {
     servers.push_back(std::make_unique<ServerProcess>());
-    ASSERT_TRUE(servers.back()->Start(i)) << "server " << i << " did not start:\n"
+    ASSERT_TRUE(StartReplica(*servers.back())) << "server " << i << " did not start:\n"
                                           << servers.back()->Log();
-    target += (target.empty() ? "" : ",") + servers.back()->address();
+    target += (target.empty() ? "" : ",") + servers.back()->target();
   }
   const Workload workload = MakeWorkload(kJobs);
 
@@ -207,7 +132,7 @@ TEST(ReplicaFailoverTest, KilledAndDrainedReplicasLoseNoJobAndDuplicateNone) {
         [&] {
           const PoolStats stats = p.stats();
           for (const auto& server : servers) {
-            if (Get(stats, server->peer(), &ReplicaStats::results) < 2) return false;
+            if (Get(stats, PeerOf(*server), &ReplicaStats::results) < 2) return false;
           }
           return true;
         },
@@ -217,7 +142,7 @@ TEST(ReplicaFailoverTest, KilledAndDrainedReplicasLoseNoJobAndDuplicateNone) {
       ServerProcess* chosen = nullptr;
       const PoolStats stats = p.stats();
       for (const auto& server : servers) {
-        const int64_t n = Get(stats, server->peer(), &ReplicaStats::in_flight);
+        const int64_t n = Get(stats, PeerOf(*server), &ReplicaStats::in_flight);
         if (server.get() != other && (chosen == nullptr || n > *in_flight)) {
           chosen = server.get();
           *in_flight = n;
@@ -275,14 +200,14 @@ TEST(ReplicaFailoverTest, KilledAndDrainedReplicasLoseNoJobAndDuplicateNone) {
   EXPECT_EQ(stats.returned_ok, kJobs);
   EXPECT_EQ(stats.returned_error, 0);
   EXPECT_GT(stats.retries, 0);
-  EXPECT_GT(Get(stats, killed->peer(), &ReplicaStats::resent), 0)
+  EXPECT_GT(Get(stats, PeerOf(*killed), &ReplicaStats::resent), 0)
       << "no job was taken back from the killed replica";
-  EXPECT_GT(Get(stats, drained->peer(), &ReplicaStats::results), 0);
+  EXPECT_GT(Get(stats, PeerOf(*drained), &ReplicaStats::results), 0);
   EXPECT_EQ(stats.gave_up, 0);
 
   // The drained replica finished its jobs and exited cleanly within its grace period.
-  int status = 0;
-  ASSERT_TRUE(drained->WaitExit(std::chrono::seconds(15), &status)) << drained->Log();
+  ASSERT_TRUE(drained->WaitExit(std::chrono::seconds(15))) << drained->Log();
+  const int status = drained->exit_status();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << drained->Log();
   std::cerr << "failover: " << stats.retries << " resends (" << stats.job_unavailable
             << " per-job UNAVAILABLE, " << stats.streams_broken << " broken streams), "

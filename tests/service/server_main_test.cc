@@ -16,12 +16,14 @@
 #include <thread>
 
 #include "centroidkv/client/client.h"
-#include "tests/service/server_process.h"
+#include "tests/testing/server_process.h"
 #include "tests/service/service_test_util.h"
 #include "tests/testing/random_layer.h"
 
 namespace centroidkv::service::testing {
 namespace {
+
+using centroidkv::testing::ServerProcess;
 
 using Clock = std::chrono::steady_clock;
 

@@ -15,12 +15,14 @@
 #include <thread>
 #include <vector>
 
-#include "tests/service/server_process.h"
+#include "tests/testing/server_process.h"
 #include "tests/service/service_test_util.h"
 #include "tests/testing/random_layer.h"
 
 namespace centroidkv::service::testing {
 namespace {
+
+using centroidkv::testing::ServerProcess;
 
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kMiB = 1 << 20;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace centroidkv::service::testing {
+namespace centroidkv::testing {
 
 class ServerProcess {
  public:
@@ -44,4 +44,4 @@ class ServerProcess {
   bool exited_ = false;
 };
 
-}  // namespace centroidkv::service::testing
+}  // namespace centroidkv::testing

@@ -1,5 +1,5 @@
 // ServerProcess: fork + execv of centroidkv-server, its log polled for the listening line.
-#include "tests/service/server_process.h"
+#include "tests/testing/server_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 
 #include "centroidkv/common/process_memory.h"
 
-namespace centroidkv::service::testing {
+namespace centroidkv::testing {
 namespace {
 using Clock = std::chrono::steady_clock;
 std::atomic<int> next_log{0};
@@ -104,4 +104,4 @@ double ServerProcess::CpuSeconds() const {
 
 uint64_t ServerProcess::RssBytes() const { return ResidentBytes(pid_); }
 
-}  // namespace centroidkv::service::testing
+}  // namespace centroidkv::testing

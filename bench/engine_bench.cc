@@ -185,15 +185,9 @@ Flags ParseFlags(int argc, char** argv) {
 
 CompressOptions OptionsFor(const Flags& flags, int32_t chunk,
                            DType result_dtype = DType::kFloat32) {
-  CompressOptions options;
-  options.result_dtype = result_dtype;
-  options.target_ratio = flags.ratio;
-  options.chunk_size = chunk;
-  options.sink_tokens = flags.sink;
-  options.recent_tokens = flags.recent;
-  options.max_passes = 1;
-  options.uniform_heads = true;
-  options.compute_assignment = true;
+  CompressOptions options{.target_ratio = flags.ratio, .chunk_size = chunk,
+      .sink_tokens = flags.sink, .recent_tokens = flags.recent, .max_passes = 1,
+      .uniform_heads = true, .compute_assignment = true, .result_dtype = result_dtype};
   return options;
 }
 

@@ -27,15 +27,9 @@ void FillHead(const WorkloadSpec& spec, uint64_t stream, uint16_t* out) {
 }  // namespace
 
 LayerView Workload::View() const {
-  LayerView view;
-  view.dtype = DType::kFloat16;
-  view.layout = TensorLayout::kHeadMajor;
-  view.num_heads = spec.heads;
-  view.num_tokens = spec.tokens;
-  view.key_dim = spec.dim;
-  view.value_dim = spec.dim;
-  view.keys = keys.data();
-  view.values = values.data();
+  LayerView view{.dtype = DType::kFloat16, .layout = TensorLayout::kHeadMajor,
+      .num_heads = spec.heads, .num_tokens = spec.tokens, .key_dim = spec.dim,
+      .value_dim = spec.dim, .keys = keys.data(), .values = values.data()};
   view.counts = nullptr;  // fresh tokens: every count is 1
   return view;
 }

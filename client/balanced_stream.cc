@@ -84,13 +84,10 @@ absl::StatusOr<uint64_t> BalancedStream::Submit(const LayerJob& job) {
 
 absl::Status BalancedStream::Cancel(uint64_t job_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = completed_.begin(); it != completed_.end(); ++it) {
-    if (it->job_id == job_id) {
-      completed_.erase(it);
-      --outstanding_;
-      changed_.notify_all();
-      return absl::OkStatus();
-    }
+  if (DropCompleted(completed_, job_id)) {
+    --outstanding_;
+    changed_.notify_all();
+    return absl::OkStatus();
   }
   if (jobs_.count(job_id) > 0) {
     DropLocked(job_id);

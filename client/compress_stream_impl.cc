@@ -70,13 +70,10 @@ absl::Status GrpcCompressStream::Cancel(uint64_t job_id) {
           absl::StrCat("job ", job_id, " was not submitted on this stream"));
     }
     // Finished but not yet returned by Next(): drop it here; the server is done with it.
-    for (auto it = completed_.begin(); it != completed_.end(); ++it) {
-      if (it->job_id == job_id) {
-        completed_.erase(it);
-        --outstanding_;
-        changed_.notify_all();
-        return absl::OkStatus();
-      }
+    if (DropCompleted(completed_, job_id)) {
+      --outstanding_;
+      changed_.notify_all();
+      return absl::OkStatus();
     }
     // Already returned by Next() (or cancelled before): nothing left to drop.
     if (layer_of_.erase(job_id) == 0) return absl::OkStatus();

@@ -21,6 +21,12 @@
 
 namespace centroidkv::client {
 
+// Drops job `job_id`'s result from a stream's finished-but-not-yet-returned queue; true if
+// it was there (Cancel of a job that has finished).
+inline bool DropCompleted(std::deque<LayerResult>& completed, uint64_t job_id) {
+  return std::erase_if(completed, [&](const LayerResult& r) { return r.job_id == job_id; }) > 0;
+}
+
 class GrpcCompressStream final
     : public CompressStream,
       public grpc::ClientBidiReactor<v1::CompressRequest, v1::CompressResponse> {

@@ -352,17 +352,7 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
 absl::Status ClusterEngine::CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
                                                 const CompressControl& control,
                                                 CompressResult* out) const {
-  out->num_heads = out->num_tokens = out->key_dim = out->value_dim = 0;
-  out->dtype = DType::kFloat32;
-  out->offsets.clear();
-  out->keys.clear();
-  out->values.clear();
-  out->half_keys.clear();
-  out->half_values.clear();
-  out->counts.clear();
-  out->assignment.clear();
-  out->passes_run = 0;
-  ResetAccount(out);
+  ClearResult(out);
   return CompressImpl(plan, layer, control, out);
 }
 

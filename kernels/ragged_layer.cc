@@ -145,19 +145,12 @@ absl::Status RunRagged(const ClusterEngine& engine, const LayerPlan& plan,
     }
   }
 
+  ClearResult(out);
   out->num_heads = layer.num_heads;
   out->num_tokens = layer.num_tokens;
   out->key_dim = layer.key_dim;
   out->value_dim = layer.value_dim;
-  out->dtype = DType::kFloat32;
   out->offsets.assign(1, 0);
-  out->keys.clear();
-  out->values.clear();
-  out->half_keys.clear();
-  out->half_values.clear();
-  out->counts.clear();
-  out->assignment.clear();
-  ResetAccount(out);
   out->passes_run = passes;
   out->stop_reasons.resize(static_cast<size_t>(layer.num_heads));
   if (plan.options.compute_assignment) {
@@ -195,15 +188,11 @@ absl::Status ReachExactTarget(const ClusterEngine& engine, const LayerPlan& plan
   for (int32_t h = 0; h < out->num_heads; ++h) {
     const int64_t entries = out->offsets[h + 1] - out->offsets[h];
     if (plan.passthrough[h] || entries <= t) continue;
-    LayerView head;
-    head.dtype = DType::kFloat32;
-    head.num_heads = 1;
-    head.num_tokens = static_cast<int32_t>(entries);
-    head.key_dim = out->key_dim;
-    head.value_dim = out->value_dim;
-    head.keys = out->keys.data() + out->offsets[h] * out->key_dim;
-    head.values = out->values.data() + out->offsets[h] * out->value_dim;
-    head.counts = out->counts.data() + out->offsets[h];
+    LayerView head{.dtype = DType::kFloat32, .num_heads = 1,
+        .num_tokens = static_cast<int32_t>(entries), .key_dim = out->key_dim,
+        .value_dim = out->value_dim, .keys = out->keys.data() + out->offsets[h] * out->key_dim,
+        .values = out->values.data() + out->offsets[h] * out->value_dim,
+        .counts = out->counts.data() + out->offsets[h]};
     CKV_RETURN_IF_ERROR(engine.CompressInto(head, options, &stage[h], control));
     replaced[h] = true;
     extra_passes = std::max(extra_passes, stage[h].passes_run);

@@ -28,7 +28,17 @@ void PlaceRows(const std::vector<int64_t>& offsets, int64_t dim, int64_t length,
 
 }  // namespace
 
-void ResetAccount(CompressResult* result) {
+void ClearResult(CompressResult* result) {
+  result->num_heads = result->num_tokens = result->key_dim = result->value_dim = 0;
+  result->dtype = DType::kFloat32;
+  result->offsets.clear();
+  result->keys.clear();
+  result->values.clear();
+  result->half_keys.clear();
+  result->half_values.clear();
+  result->counts.clear();
+  result->assignment.clear();
+  result->passes_run = 0;
   result->layout = TensorLayout::kHeadMajor;
   result->padded_length = 0;
   result->target_length = 0;

@@ -10,8 +10,9 @@
 
 namespace centroidkv {
 
-// Empties the account fields of a result that is about to be overwritten.
-void ResetAccount(CompressResult* result);
+// Empties a result that is about to be overwritten (shape, rows, counts, assignment,
+// passes and account), keeping its vectors' capacity for reuse.
+void ClearResult(CompressResult* result);
 
 // Why heads [first_head, first_head + count) of `result` stopped, from their entries and
 // the passes their job ran (result->stop_reasons is sized to the result's heads).

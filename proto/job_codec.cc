@@ -89,17 +89,10 @@ void AccountFromProto(const v1::JobResult& header, CompressResult* result) {
 
 LayerView JobAnnouncement::View(const void* keys, const void* values,
                                 const uint32_t* counts) const {
-  LayerView view;
-  view.dtype = dtype;
-  view.layout = layout;
-  view.num_heads = num_heads;
-  view.num_tokens = num_tokens;
-  view.key_dim = key_dim;
-  view.value_dim = value_dim;
-  view.keys = keys;
-  view.values = values;
-  view.counts = has_counts ? counts : nullptr;
-  view.head_offsets = head_offsets.empty() ? nullptr : head_offsets.data();
+  LayerView view{.dtype = dtype, .layout = layout, .num_heads = num_heads, .num_tokens = num_tokens,
+      .key_dim = key_dim, .value_dim = value_dim, .keys = keys, .values = values,
+      .counts = has_counts ? counts : nullptr,
+      .head_offsets = head_offsets.empty() ? nullptr : head_offsets.data()};
   return view;
 }
 

@@ -11,17 +11,11 @@ namespace centroidkv::worker {
 namespace {
 
 LayerView ViewOf(const LayerTensors& tensors) {
-  LayerView view;
-  view.dtype = DType::kFloat32;
-  view.layout = TensorLayout::kHeadMajor;
-  view.num_heads = tensors.num_heads;
-  view.num_tokens = tensors.num_tokens;
-  view.key_dim = tensors.head_size;
-  view.value_dim = tensors.head_size;
-  view.keys = tensors.keys.data();
-  view.values = tensors.values.data();
-  view.counts = tensors.counts.data();
-  view.head_offsets = tensors.head_offsets.empty() ? nullptr : tensors.head_offsets.data();
+  LayerView view{.dtype = DType::kFloat32, .layout = TensorLayout::kHeadMajor,
+      .num_heads = tensors.num_heads, .num_tokens = tensors.num_tokens,
+      .key_dim = tensors.head_size, .value_dim = tensors.head_size, .keys = tensors.keys.data(),
+      .values = tensors.values.data(), .counts = tensors.counts.data(),
+      .head_offsets = tensors.head_offsets.empty() ? nullptr : tensors.head_offsets.data()};
   return view;
 }
 

@@ -199,12 +199,8 @@ std::string RowJson(const std::string& card, const Row& row) {
 }
 
 CompressOptions SpecOptions(int32_t chunk, DType result_dtype = DType::kFloat32) {
-  CompressOptions options;
-  options.result_dtype = result_dtype;
-  options.target_ratio = 0.5;
-  options.max_passes = 1;
-  options.chunk_size = chunk;
-  options.compute_assignment = true;
+  CompressOptions options{.target_ratio = 0.5, .chunk_size = chunk, .max_passes = 1,
+      .compute_assignment = true, .result_dtype = result_dtype};
   return options;
 }
 

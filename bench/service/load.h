@@ -81,15 +81,6 @@ struct LoadFlags {
   std::string dtype = "float16";
   std::string output_dtype = "input";
   std::string backend = "auto";
-  double target_ratio = CompressOptions::kDefaultTargetRatio;
-  int64_t target_tokens = 0;
-  double min_similarity = 0.0;
-  bool assignment = false;
-  bool uniform_heads = true;
-  std::vector<int32_t> passthrough_heads;
-  void* target_tokens_flag = nullptr;   // CLI::Option*
-  void* min_similarity_flag = nullptr;  // CLI::Option*
-  void* target_ratio_flag = nullptr;    // CLI::Option*
 };
 void AddLoadFlags(CLI::App* app, LoadFlags* flags);
 // Resolves names and checks combinations; errors say which flag is wrong and why.

@@ -12,6 +12,7 @@
 #include "centroidkv/common/dtype.h"
 #include "centroidkv/common/status_macros.h"
 #include "centroidkv/types/kinds.h"
+#include "client/cli/compress_option_flags.h"
 
 namespace centroidkv::bench {
 namespace {
@@ -77,33 +78,10 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
   app->add_option("--distinct-layers", c.distinct_layers,
                   "Distinct layers of data generated (reused round-robin)")
       ->capture_default_str();
-  // SPEC parameters, named as in `centroidkv compress`.
-  flags->target_ratio_flag =
-      app->add_option("--target-ratio", flags->target_ratio, "rho in (0, 1]: keep ceil(rho * n)")
-          ->capture_default_str();
-  flags->target_tokens_flag =
-      app->add_option("--target-tokens", flags->target_tokens, "Absolute target length t");
-  app->add_option("--chunk-size", c.options.chunk_size, "Chunk size C >= 2")
-      ->capture_default_str();
-  app->add_option("--sink-tokens", c.options.sink_tokens, "Leading entries never merged")
-      ->capture_default_str();
-  app->add_option("--recent-tokens", c.options.recent_tokens, "Trailing entries never merged")
-      ->capture_default_str();
-  flags->min_similarity_flag = app->add_option(
-      "--min-similarity", flags->min_similarity, "Similarity floor tau in [-1, 1] (default off)");
-  app->add_option("--tighten-per-pass", c.options.tighten_per_pass, "Floor increase per pass")
-      ->capture_default_str();
-  app->add_option("--max-passes", c.options.max_passes, "Passes P >= 1")->capture_default_str();
-  app->add_option("--uniform-heads", flags->uniform_heads,
-                  "true: every compressed head ends with the same length")
-      ->capture_default_str();
-  app->add_option("--passthrough-heads", flags->passthrough_heads,
-                  "Heads returned unchanged, e.g. 1,3")
-      ->delimiter(',');
+  // SPEC parameters, the flags of `centroidkv compress`; the assignment is off by default here.
+  c.options.compute_assignment = false;
+  cli::AddCompressOptionFlags(app, &c.options, {.output_layout = false});
   app->add_option("--output-dtype", flags->output_dtype, "input (default), or a dtype: float32, float16, bfloat16 (fp32, fp16, bf16)")
-      ->capture_default_str();
-  app->add_option("--assignment", flags->assignment,
-                  "Ask for the assignment (true/false; off by default here)")
       ->capture_default_str();
   app->add_option("--backend", flags->backend, "auto | cpu | cuda (gpu) | reference | identity")
       ->capture_default_str();
@@ -181,31 +159,11 @@ absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
   CKV_RETURN_IF_ERROR(CheckRange("--rounds", config.rounds, 1, 100));
   CKV_RETURN_IF_ERROR(CheckRange("--threads", config.threads, 0, 1024, "(0: the server's)"));
   CKV_RETURN_IF_ERROR(CheckRange("--slab-kib", config.slab_kib, 4, 4096));
-  auto* target_tokens_flag = static_cast<CLI::Option*>(flags.target_tokens_flag);
-  auto* target_ratio_flag = static_cast<CLI::Option*>(flags.target_ratio_flag);
-  auto* min_similarity_flag = static_cast<CLI::Option*>(flags.min_similarity_flag);
-  if (target_tokens_flag != nullptr && target_tokens_flag->count() > 0) {
-    if (target_ratio_flag != nullptr && target_ratio_flag->count() > 0) {
-      return absl::InvalidArgumentError("--target-ratio and --target-tokens exclude each other");
-    }
-    config.options.target_tokens = flags.target_tokens;
-  } else {
-    config.options.target_ratio = flags.target_ratio;
-  }
-  if (min_similarity_flag != nullptr && min_similarity_flag->count() > 0) {
-    config.options.min_similarity = flags.min_similarity;
-  }
-  config.options.uniform_heads = flags.uniform_heads;
-  config.options.passthrough_heads = flags.passthrough_heads;
-  config.options.compute_assignment = flags.assignment;
   if (config.compare) config.backend = BackendKind::kCpu;
   // The engine's own checks, on the shape alone: the same messages the server would send.
-  LayerView shape;
-  shape.dtype = config.dtype;
-  shape.num_heads = config.preset.kv_heads;
-  shape.num_tokens = config.context;
-  shape.key_dim = config.preset.head_dim;
-  shape.value_dim = config.preset.head_dim;
+  LayerView shape{.dtype = config.dtype, .num_heads = config.preset.kv_heads,
+      .num_tokens = config.context, .key_dim = config.preset.head_dim,
+      .value_dim = config.preset.head_dim};
   absl::Status valid = ValidateJobShape(shape, config.options, EngineLimits{});
   if (!valid.ok()) return valid;
   return config;

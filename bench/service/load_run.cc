@@ -65,6 +65,14 @@ class Tickets {
       return ticket;
     }
   }
+  // Take() for a loop that keeps jobs in flight: the next ticket, or nullopt when none is
+  // due yet (it may wait only when `in_flight` is 0) or none is left (then *more = false).
+  std::optional<int64_t> TakeFor(size_t in_flight, bool* more) {
+    const int64_t ticket = Take(/*may_wait=*/in_flight == 0);
+    if (ticket == kOver) *more = false;
+    if (ticket < 0) return std::nullopt;
+    return ticket;
+  }
   int64_t total() const { return config_.jobs > 0 ? config_.jobs : -1; }
 
  private:
@@ -108,15 +116,10 @@ class ProgressTicker {
 }  // namespace
 
 LayerView Dataset::View(const LoadConfig& config, size_t layer) const {
-  LayerView view;
-  view.dtype = config.dtype;
-  view.layout = TensorLayout::kHeadMajor;
-  view.num_heads = config.preset.kv_heads;
-  view.num_tokens = config.context;
-  view.key_dim = config.preset.head_dim;
-  view.value_dim = config.preset.head_dim;
-  view.keys = keys[layer % keys.size()].data();
-  view.values = values[layer % values.size()].data();
+  LayerView view{.dtype = config.dtype, .layout = TensorLayout::kHeadMajor,
+      .num_heads = config.preset.kv_heads, .num_tokens = config.context,
+      .key_dim = config.preset.head_dim, .value_dim = config.preset.head_dim,
+      .keys = keys[layer % keys.size()].data(), .values = values[layer % values.size()].data()};
   return view;
 }
 
@@ -218,12 +221,9 @@ RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind b
       while (more && static_cast<int32_t>(in_flight.size()) < config.pipeline) {
         // With jobs in flight, do not sleep for the next ticket's turn: their results
         // would wait unread and their latency would include the pacing.
-        const int64_t ticket = tickets.Take(/*may_wait=*/in_flight.empty());
-        if (ticket == Tickets::kNotYet) break;
-        if (ticket < 0) {
-          more = false;
-          break;
-        }
+        const std::optional<int64_t> next = tickets.TakeFor(in_flight.size(), &more);
+        if (!next) break;
+        const int64_t ticket = *next;
         client::LayerJob job;
         job.layer_index = static_cast<uint32_t>(ticket % config.preset.layers);
         job.layer = data.View(config, static_cast<size_t>(ticket));
@@ -296,12 +296,9 @@ RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind
     bool more = true;
     while (true) {
       while (more && static_cast<int32_t>(in_flight.size()) < config.pipeline) {
-        const int64_t ticket = tickets.Take(/*may_wait=*/in_flight.empty());
-        if (ticket == Tickets::kNotYet) break;
-        if (ticket < 0) {
-          more = false;
-          break;
-        }
+        const std::optional<int64_t> next = tickets.TakeFor(in_flight.size(), &more);
+        if (!next) break;
+        const int64_t ticket = *next;
         auto task = std::make_shared<std::promise<JobRecord>>();
         in_flight.push_back(task->get_future());
         const Clock::time_point sent = Clock::now();

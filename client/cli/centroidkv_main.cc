@@ -10,6 +10,12 @@ int main(int argc, char** argv) {
   centroidkv::cli::AddCompressCommand(app, &exit_code);
   centroidkv::cli::AddInfoCommand(app, &exit_code);
   centroidkv::cli::AddGenerateCommand(app, &exit_code);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and exits 0; any usage error (unknown flag, bad value, --target-ratio
+    // with --target-tokens) exits 2, like a bad argument found after parsing.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   return exit_code;
 }

@@ -21,6 +21,7 @@
 #include "centroidkv/common/status_macros.h"
 #include "centroidkv/kernels/engine_factory.h"
 #include "client/cli/commands.h"
+#include "client/cli/compress_option_flags.h"
 #include "client/cli/kind_flags.h"
 #include "client/cli/security_flags.h"
 
@@ -34,32 +35,14 @@ struct CompressFlags {
   std::string out_dir;
   std::string server = "127.0.0.1:50051";
   bool local = false;
-  double target_ratio = CompressOptions::kDefaultTargetRatio;
-  int64_t target_tokens = 0;
-  int32_t chunk_size = CompressOptions::kDefaultChunkSize;
-  int32_t sink_tokens = CompressOptions::kDefaultSinkTokens;
-  int32_t recent_tokens = CompressOptions::kDefaultRecentTokens;
-  double min_similarity = 0.0;
-  double tighten_per_pass = 0.0;
-  int32_t max_passes = CompressOptions::kDefaultMaxPasses;
-  bool uniform_heads = true;
-  std::vector<int32_t> passthrough_heads;
+  CompressOptions options;  // bound by AddCompressOptionFlags
   DType output_dtype = DType::kFloat32;
   BackendKind backend = BackendKind::kAuto;
-  bool assignment = true;
   int32_t slab_kib = 256;
   uint32_t layer_index = 0;
   bool quiet = false;
-  bool pad_heads = false;
-  int32_t pad_to = 0;
-  bool exact_target = false;
-  bool token_major_output = false;
   int64_t timeout_ms = 0;
   int32_t priority = 0;
-
-  CLI::Option* target_ratio_flag = nullptr;
-  CLI::Option* target_tokens_flag = nullptr;
-  CLI::Option* min_similarity_flag = nullptr;
 };
 
 // The input tensors, owned, plus the view the engine and the client borrow.
@@ -252,32 +235,11 @@ absl::StatusOr<std::unique_ptr<LoadedLayer>> LoadLayer(CompressFlags& flags) {
   return layer;
 }
 
-absl::StatusOr<client::LayerJob> MakeJob(const CompressFlags& flags, const LayerView& view) {
+client::LayerJob MakeJob(const CompressFlags& flags, const LayerView& view) {
   client::LayerJob job;
   job.layer_index = flags.layer_index;
   job.layer = view;
-  CompressOptions& options = job.options;
-  if (*flags.target_tokens_flag && *flags.target_ratio_flag) {
-    return absl::InvalidArgumentError("give only one of --target-ratio and --target-tokens");
-  }
-  if (*flags.target_tokens_flag) {
-    options.target_tokens = flags.target_tokens;
-  } else {
-    options.target_ratio = flags.target_ratio;
-  }
-  options.chunk_size = flags.chunk_size;
-  options.sink_tokens = flags.sink_tokens;
-  options.recent_tokens = flags.recent_tokens;
-  if (*flags.min_similarity_flag) options.min_similarity = flags.min_similarity;
-  options.tighten_per_pass = flags.tighten_per_pass;
-  options.max_passes = flags.max_passes;
-  options.uniform_heads = flags.uniform_heads;
-  options.passthrough_heads = flags.passthrough_heads;
-  options.compute_assignment = flags.assignment;
-  options.pad_heads = flags.pad_heads;
-  options.pad_to = flags.pad_to;
-  options.exact_target = flags.exact_target;
-  if (flags.token_major_output) options.output_layout = TensorLayout::kTokenMajor;
+  job.options = flags.options;
   job.timeout = std::chrono::milliseconds(flags.timeout_ms);
   job.priority = flags.priority;
   job.output_dtype = flags.output_dtype;
@@ -387,10 +349,9 @@ void RunCompress(CompressFlags& flags, int* exit_code) {
   };
   auto layer = LoadLayer(flags);
   if (!layer.ok()) return fail(layer.status());
-  auto job = MakeJob(flags, (*layer)->view);
-  if (!job.ok()) return fail(job.status());
+  const client::LayerJob job = MakeJob(flags, (*layer)->view);
   const auto start = std::chrono::steady_clock::now();
-  auto result = flags.local ? RunLocal(*job) : RunRemote(flags, *job);
+  auto result = flags.local ? RunLocal(job) : RunRemote(flags, job);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!result.ok()) return fail(result.status());
@@ -423,48 +384,15 @@ void AddCompressCommand(CLI::App& app, int* exit_code) {
                      ->capture_default_str();
   cmd->add_flag("--local", flags->local, "Compress in this process instead of on a server")
       ->excludes(server);
-  flags->target_ratio_flag =
-      cmd->add_option("--target-ratio", flags->target_ratio, "rho in (0, 1]: keep ceil(rho * n)")
-          ->capture_default_str();
-  flags->target_tokens_flag =
-      cmd->add_option("--target-tokens", flags->target_tokens, "Absolute target length t");
-  cmd->add_option("--chunk-size", flags->chunk_size, "Chunk size C >= 2")->capture_default_str();
-  cmd->add_option("--sink-tokens", flags->sink_tokens, "Leading entries never merged")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--recent-tokens", flags->recent_tokens, "Trailing entries never merged")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  flags->min_similarity_flag = cmd->add_option(
-      "--min-similarity", flags->min_similarity, "Similarity floor tau in [-1, 1] (default off)");
-  cmd->add_option("--tighten-per-pass", flags->tighten_per_pass, "Floor increase per pass")
-      ->capture_default_str();
-  cmd->add_option("--max-passes", flags->max_passes, "Passes P >= 1")->capture_default_str();
-  cmd->add_option("--uniform-heads", flags->uniform_heads,
-                  "true: every compressed head ends with the same length")
-      ->capture_default_str();
-  cmd->add_option("--passthrough-heads", flags->passthrough_heads,
-                  "Heads returned unchanged, e.g. 1,3")
-      ->delimiter(',');
+  AddCompressOptionFlags(cmd, &flags->options);
   AddDTypeOption(cmd, "--output-dtype", &flags->output_dtype,
                  "Element type of the result rows: float32 is exact, the others round once");
   AddBackendOption(cmd, "--backend", &flags->backend,
                    "Engine of the server (or of --local); identity only measures transport");
-  cmd->add_option("--assignment", flags->assignment, "Ask for the assignment (true/false)")
-      ->capture_default_str();
   cmd->add_option("--slab-kib", flags->slab_kib, "Slab size sent to the server, KiB")
       ->capture_default_str()
       ->check(CLI::Range(4, 4096));
   cmd->add_option("--layer", flags->layer_index, "Layer index to tag the job with");
-  cmd->add_flag("--pad-heads", flags->pad_heads,
-                "Pad every head with count-0 rows to the longest head's length");
-  cmd->add_option("--pad-to", flags->pad_to,
-                  "Pad every head to exactly this many rows (fails if a head is longer)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--exact-target", flags->exact_target,
-                "Merge past the floor and max_passes until each compressed head has t rows");
-  cmd->add_flag("--token-major-output", flags->token_major_output,
-                "Rows [L, H, d] (token-major, heads padded to L) instead of heads concatenated");
   cmd->add_option("--timeout-ms", flags->timeout_ms, "The job's deadline on the server (0: none)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--priority", flags->priority, "Higher runs first among queued jobs");

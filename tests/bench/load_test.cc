@@ -67,7 +67,10 @@ TEST(LoadArgsTest, DefaultsAndFlags) {
 
   absl::StatusOr<LoadConfig> plain = ParseLoadArgs({});
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(plain->options.target_ratio, CompressOptions::kDefaultTargetRatio);
+  // Neither target: the engine's default ratio (CompressOptions::kDefaultTargetRatio).
+  EXPECT_FALSE(plain->options.target_ratio.has_value());
+  EXPECT_FALSE(plain->options.target_tokens.has_value());
+  EXPECT_FALSE(plain->options.compute_assignment) << "off by default in the bench";
   EXPECT_FALSE(plain->options.min_similarity.has_value());
   EXPECT_EQ(plain->backend, BackendKind::kAuto);
   EXPECT_EQ(plain->dtype, DType::kFloat16);

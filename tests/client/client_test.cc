@@ -170,14 +170,8 @@ TEST_F(ClientTest, SubmitAndNextFromDifferentThreads) {
 // Output dtype and layout.
 
 TEST_F(ClientTest, HalfOutputDTypesAreTheFloat32ResultRoundedOnce) {
-  RandomLayerSpec spec;
-  spec.num_heads = 3;
-  spec.num_tokens = 200;
-  spec.key_dim = 32;
-  spec.value_dim = 24;
-  spec.with_counts = true;
-  spec.prototypes = 5;
-  spec.seed = 41;
+  RandomLayerSpec spec{.num_heads = 3, .num_tokens = 200, .key_dim = 32, .value_dim = 24,
+      .with_counts = true, .prototypes = 5, .seed = 41};
   SCOPED_TRACE(spec.ToString());
   const RandomLayer layer = RandomLayer::Generate(spec);
   std::vector<LayerJob> jobs(3);
@@ -208,14 +202,8 @@ TEST_F(ClientTest, HalfOutputDTypesAreTheFloat32ResultRoundedOnce) {
 }
 
 TEST_F(ClientTest, TokenMajorGivesTheSameResultAsHeadMajor) {
-  RandomLayerSpec spec;
-  spec.num_heads = 4;
-  spec.num_tokens = 150;
-  spec.key_dim = 16;
-  spec.value_dim = 8;
-  spec.with_counts = true;
-  spec.prototypes = 4;
-  spec.seed = 43;
+  RandomLayerSpec spec{.num_heads = 4, .num_tokens = 150, .key_dim = 16, .value_dim = 8,
+      .with_counts = true, .prototypes = 4, .seed = 43};
   SCOPED_TRACE(spec.ToString());
   const RandomLayer head_major = RandomLayer::Generate(spec);
   const RandomLayer token_major = head_major.WithLayout(TensorLayout::kTokenMajor);

@@ -35,12 +35,8 @@ void ExpectError(const absl::Status& status, absl::StatusCode code, const std::s
 }
 
 RandomLayer SmallLayer(uint64_t seed) {
-  RandomLayerSpec spec;
-  spec.num_heads = 2;
-  spec.num_tokens = 48;
-  spec.key_dim = 8;
-  spec.value_dim = 8;
-  spec.seed = seed;
+  RandomLayerSpec spec{.num_heads = 2, .num_tokens = 48, .key_dim = 8, .value_dim = 8,
+      .seed = seed};
   return RandomLayer::Generate(spec);
 }
 
@@ -59,12 +55,8 @@ LayerJob SmallJob(const RandomLayer& layer, uint32_t layer_index) {
 // A job that keeps the reference engine busy for a while (two passes over one 2048-entry
 // chunk per head: about 10^8 multiply-adds in float64), for deadlines and cancellation.
 RandomLayer HeavyLayer() {
-  RandomLayerSpec spec;
-  spec.num_heads = 2;
-  spec.num_tokens = 2048;
-  spec.key_dim = 64;
-  spec.value_dim = 8;
-  spec.seed = 77;
+  RandomLayerSpec spec{.num_heads = 2, .num_tokens = 2048, .key_dim = 64, .value_dim = 8,
+      .seed = 77};
   return RandomLayer::Generate(spec);
 }
 
@@ -183,12 +175,8 @@ TEST_F(CompressStreamTest, CancelOfAReturnedJobIsHarmless) {
 // its buffers are the caller's again (here overwritten with NaN, which the server would
 // reject), and the server receives only the large job.
 TEST_F(CompressStreamTest, CancelledJobBuffersAreNotReadAfterCancel) {
-  RandomLayerSpec big_spec;
-  big_spec.num_heads = 2;
-  big_spec.num_tokens = 8192;
-  big_spec.key_dim = 64;
-  big_spec.value_dim = 64;
-  big_spec.seed = 13;
+  RandomLayerSpec big_spec{.num_heads = 2, .num_tokens = 8192, .key_dim = 64, .value_dim = 64,
+      .seed = 13};
   const RandomLayer big = RandomLayer::Generate(big_spec);  // 8 MiB: 32 slabs
   RandomLayer small = SmallLayer(14);
   std::unique_ptr<Client> client = Connect();

@@ -144,12 +144,8 @@ int64_t JobsComputing(const service::Server& server) {
 // A job the reference backend needs a while for (hundreds of ms), to have one in flight.
 struct SlowJob {
   RandomLayer layer = RandomLayer::Generate([] {
-    RandomLayerSpec spec;
-    spec.num_heads = 8;
-    spec.num_tokens = 2048;
-    spec.key_dim = 64;
-    spec.value_dim = 64;
-    spec.seed = 77;
+    RandomLayerSpec spec{.num_heads = 8, .num_tokens = 2048, .key_dim = 64, .value_dim = 64,
+        .seed = 77};
     return spec;
   }());
   LayerJob job = [this] {

@@ -39,12 +39,8 @@ void ExpectError(const absl::Status& status, absl::StatusCode code, const std::s
 
 // H=2, n=40, dk=8, dv=12: dk != dv so that the limit errors can tell them apart.
 RandomLayerSpec BaseSpec() {
-  RandomLayerSpec spec;
-  spec.num_heads = 2;
-  spec.num_tokens = 40;
-  spec.key_dim = 8;
-  spec.value_dim = 12;
-  spec.seed = 20240601;
+  RandomLayerSpec spec{.num_heads = 2, .num_tokens = 40, .key_dim = 8, .value_dim = 12,
+      .seed = 20240601};
   return spec;
 }
 
@@ -422,11 +418,7 @@ TEST(CompressControlTest, InvalidJobIsReportedBeforeCancellation) {
 TEST(TensorLayoutTest, NamesAndOffsets) {
   EXPECT_EQ(TensorLayoutName(TensorLayout::kHeadMajor), "head_major");
   EXPECT_EQ(TensorLayoutName(TensorLayout::kTokenMajor), "token_major");
-  LayerView view;
-  view.num_heads = 3;
-  view.num_tokens = 5;
-  view.key_dim = 4;
-  view.value_dim = 2;
+  LayerView view{.num_heads = 3, .num_tokens = 5, .key_dim = 4, .value_dim = 2};
   EXPECT_EQ(view.RowIndex(2, 1), 2 * 5 + 1);
   EXPECT_EQ(view.KeyOffset(2, 1), (2 * 5 + 1) * 4);
   view.layout = TensorLayout::kTokenMajor;

@@ -50,11 +50,8 @@ struct Ragged {
 };
 
 CompressOptions Options() {
-  CompressOptions options;
-  options.target_ratio = 0.4;
-  options.chunk_size = 16;
-  options.sink_tokens = 2;
-  options.recent_tokens = 8;
+  CompressOptions options{.target_ratio = 0.4, .chunk_size = 16, .sink_tokens = 2,
+      .recent_tokens = 8};
   return options;
 }
 
@@ -124,14 +121,8 @@ TEST(RaggedLayerTest, CountZeroPaddingIsIgnoredInBothLayouts) {
       for (int32_t j = 0; j < 8; ++j) values.push_back(padded.Value(3, t, j));
       counts.push_back(padded.Count(3, t));
     }
-    LayerView alone;
-    alone.num_heads = 1;
-    alone.num_tokens = 60;
-    alone.key_dim = 16;
-    alone.value_dim = 8;
-    alone.keys = keys.data();
-    alone.values = values.data();
-    alone.counts = counts.data();
+    LayerView alone{.num_heads = 1, .num_tokens = 60, .key_dim = 16, .value_dim = 8,
+        .keys = keys.data(), .values = values.data(), .counts = counts.data()};
     CompressOptions same = options;
     same.target_ratio.reset();
     same.target_tokens = 48;  // ceil(0.4 * 120), the padded job's t

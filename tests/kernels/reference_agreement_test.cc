@@ -68,23 +68,14 @@ class PerturbedEngine final : public ClusterEngine {
 // Keys that are exact multiples of a few prototypes: cosines of 1 (up to float64 rounding)
 // within a prototype, so argmax and top-r decisions are full of ties.
 RandomLayer TiedLayer() {
-  RandomLayerSpec spec;
-  spec.num_heads = 2;
-  spec.num_tokens = 300;
-  spec.key_dim = 16;
-  spec.value_dim = 4;
-  spec.prototypes = 3;
-  spec.noise = 0.0;
-  spec.seed = 77;
+  RandomLayerSpec spec{.num_heads = 2, .num_tokens = 300, .key_dim = 16, .value_dim = 4,
+      .prototypes = 3, .noise = 0.0, .seed = 77};
   return RandomLayer::Generate(spec);
 }
 
 CompressOptions TiedOptions() {
-  CompressOptions options;
-  options.chunk_size = 16;
-  options.sink_tokens = 2;
-  options.recent_tokens = 4;
-  options.target_ratio = 0.4;
+  CompressOptions options{.target_ratio = 0.4, .chunk_size = 16, .sink_tokens = 2,
+      .recent_tokens = 4};
   return options;
 }
 
@@ -111,12 +102,7 @@ TEST(ReferenceAgreementTest, NearTieDivergenceIsExplainedAndReported) {
 TEST(ReferenceAgreementTest, OtherDivergenceFails) {
   const ReferenceEngine reference;
   const PerturbedEngine wrong(0.05);
-  RandomLayerSpec spec;
-  spec.num_heads = 2;
-  spec.num_tokens = 200;
-  spec.key_dim = 8;
-  spec.value_dim = 4;
-  spec.seed = 78;
+  RandomLayerSpec spec{.num_heads = 2, .num_tokens = 200, .key_dim = 8, .value_dim = 4, .seed = 78};
   const RandomLayer layer = RandomLayer::Generate(spec);
   ::testing::TestPartResultArray failures;
   {

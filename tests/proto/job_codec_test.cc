@@ -16,21 +16,11 @@ namespace centroidkv {
 namespace {
 
 CompressOptions EveryOption() {
-  CompressOptions options;
-  options.target_tokens = 77;
-  options.chunk_size = 128;
-  options.sink_tokens = 4;
-  options.recent_tokens = 32;
-  options.min_similarity = 0.5;
-  options.tighten_per_pass = 0.01;
-  options.max_passes = 3;
-  options.uniform_heads = false;
-  options.passthrough_heads = {1, 3};
-  options.compute_assignment = true;
-  options.exact_target = true;
-  options.pad_heads = true;
-  options.pad_to = 96;
-  options.output_layout = TensorLayout::kTokenMajor;
+  CompressOptions options{.target_tokens = 77, .chunk_size = 128, .sink_tokens = 4,
+      .recent_tokens = 32, .min_similarity = 0.5, .tighten_per_pass = 0.01, .max_passes = 3,
+      .uniform_heads = false, .passthrough_heads = {1, 3}, .compute_assignment = true,
+      .exact_target = true, .pad_heads = true, .pad_to = 96,
+      .output_layout = TensorLayout::kTokenMajor};
   return options;
 }
 

@@ -179,16 +179,9 @@ TEST(OptionsFromProtoTest, ReadsEveryField) {
   params.add_passthrough_heads(1);
   absl::StatusOr<CompressOptions> options = OptionsFromProto(params);
   ASSERT_TRUE(options.ok()) << options.status();
-  CompressOptions expected;
-  expected.target_ratio = 0.4;
-  expected.chunk_size = 7;
-  expected.sink_tokens = 3;
-  expected.recent_tokens = 5;
-  expected.min_similarity = -0.25;
-  expected.tighten_per_pass = 0.125;
-  expected.max_passes = 2;
-  expected.uniform_heads = false;
-  expected.passthrough_heads = {4, 1};
+  CompressOptions expected{.target_ratio = 0.4, .chunk_size = 7, .sink_tokens = 3,
+      .recent_tokens = 5, .min_similarity = -0.25, .tighten_per_pass = 0.125, .max_passes = 2,
+      .uniform_heads = false, .passthrough_heads = {4, 1}};
   test::ExpectOptionsEqual(expected, *options);
 }
 

@@ -23,38 +23,21 @@
 #include "tests/testing/random_layer.h"
 #include "tests/testing/result_checks.h"
 
-namespace centroidkv::service {
+namespace centroidkv::service::testing {
 namespace {
 
-using ::centroidkv::service::testing::DecodeResults;
-using ::centroidkv::service::testing::KeyBytes;
-using ::centroidkv::service::testing::MakeStub;
-using ::centroidkv::service::testing::RawStream;
-using ::centroidkv::service::testing::SlabRequest;
-using ::centroidkv::service::testing::StartJobRequest;
-using ::centroidkv::service::testing::StartLoopbackServer;
-using ::centroidkv::service::testing::ValueBytes;
 using ::centroidkv::test::RandomLayer;
 using ::centroidkv::test::RandomLayerSpec;
 
 RandomLayer SmallLayer(uint64_t seed, bool with_counts = false) {
-  RandomLayerSpec spec;
-  spec.num_heads = 2;
-  spec.num_tokens = 96;
-  spec.key_dim = 16;
-  spec.value_dim = 12;
-  spec.prototypes = 6;
-  spec.with_counts = with_counts;
-  spec.seed = seed;
+  RandomLayerSpec spec{.num_heads = 2, .num_tokens = 96, .key_dim = 16, .value_dim = 12,
+      .with_counts = with_counts, .prototypes = 6, .seed = seed};
   return RandomLayer::Generate(spec);
 }
 
 CompressOptions SmallOptions() {
-  CompressOptions options;
-  options.target_ratio = 0.4;
-  options.chunk_size = 16;
-  options.sink_tokens = 2;
-  options.recent_tokens = 8;
+  CompressOptions options{.target_ratio = 0.4, .chunk_size = 16, .sink_tokens = 2,
+      .recent_tokens = 8};
   return options;
 }
 
@@ -433,12 +416,8 @@ TEST_F(CompressReactorTest, BadStreamDoesNotDisturbAnotherStreamsJob) {
 // A job the reference engine needs tens of seconds for (the slow jobs below ask for the
 // reference backend on purpose, so that they are still running when cancelled).
 RandomLayer SlowLayer() {
-  RandomLayerSpec spec;
-  spec.num_heads = 16;
-  spec.num_tokens = 8192;
-  spec.key_dim = 64;
-  spec.value_dim = 8;
-  spec.seed = 5;
+  RandomLayerSpec spec{.num_heads = 16, .num_tokens = 8192, .key_dim = 64, .value_dim = 8,
+      .seed = 5};
   return RandomLayer::Generate(spec);
 }
 
@@ -661,15 +640,9 @@ struct RaggedInput {
     }
   }
   LayerView view() const {
-    LayerView view;
-    view.num_heads = num_heads;
-    view.num_tokens = num_tokens;
-    view.key_dim = key_dim;
-    view.value_dim = value_dim;
-    view.keys = keys.data();
-    view.values = values.data();
-    view.counts = counts.data();
-    view.head_offsets = offsets.data();
+    LayerView view{.num_heads = num_heads, .num_tokens = num_tokens, .key_dim = key_dim,
+        .value_dim = value_dim, .keys = keys.data(), .values = values.data(),
+        .counts = counts.data(), .head_offsets = offsets.data()};
     return view;
   }
 };
@@ -854,14 +827,9 @@ TEST_F(CompressReactorTest, RaggedResultSentBackRoundTripsLikeTheReferenceByHand
         values.insert(values.end(), round1.values.begin() + b * 8, round1.values.begin() + e * 8);
         counts.insert(counts.end(), round1.counts.begin() + b, round1.counts.begin() + e);
       }
-      LayerView regular;
-      regular.num_heads = static_cast<int32_t>(group.size());
-      regular.num_tokens = length;
-      regular.key_dim = 16;
-      regular.value_dim = 8;
-      regular.keys = keys.data();
-      regular.values = values.data();
-      regular.counts = counts.data();
+      LayerView regular{.num_heads = static_cast<int32_t>(group.size()), .num_tokens = length,
+          .key_dim = 16, .value_dim = 8, .keys = keys.data(), .values = values.data(),
+          .counts = counts.data()};
       CompressOptions by_hand = second;
       by_hand.passthrough_heads.clear();
       auto part = Reference().Compress(regular, by_hand);
@@ -941,14 +909,8 @@ TEST_F(CompressReactorTest, PaddedOutputsHaveEqualLengthsCountZeroRowsAndTheSame
   CompressOptions pad_options = options;
   pad_options.pad_heads = true;
   const CompressResult padded = ThroughServer(stub_.get(), layer.view(), pad_options);
-  LayerView as_regular;
-  as_regular.num_heads = 3;
-  as_regular.num_tokens = 128;
-  as_regular.key_dim = 16;
-  as_regular.value_dim = 8;
-  as_regular.keys = padded.keys.data();
-  as_regular.values = padded.values.data();
-  as_regular.counts = padded.counts.data();
+  LayerView as_regular{.num_heads = 3, .num_tokens = 128, .key_dim = 16, .value_dim = 8,
+      .keys = padded.keys.data(), .values = padded.values.data(), .counts = padded.counts.data()};
   CompressOptions second = SmallOptions();
   second.target_ratio.reset();
   second.target_tokens = 20;
@@ -980,14 +942,9 @@ TEST_F(CompressReactorTest, ExactTargetHitsTOnEveryHeadEvenWithAFloor) {
   spec.noise = 0.3;
   spec.with_counts = true;
   RandomLayer layer = RandomLayer::Generate(spec);
-  CompressOptions options;
-  options.target_tokens = 40;
-  options.chunk_size = 32;
-  options.sink_tokens = 4;
-  options.recent_tokens = 8;
-  options.min_similarity = 0.99;
-  options.passthrough_heads = {3};
-  options.compute_assignment = true;
+  CompressOptions options{.target_tokens = 40, .chunk_size = 32, .sink_tokens = 4,
+      .recent_tokens = 8, .min_similarity = 0.99, .passthrough_heads = {3},
+      .compute_assignment = true};
   const CompressResult floored = ThroughServer(stub_.get(), layer.view(), options);
   EXPECT_FALSE(floored.target_reached);
   EXPECT_EQ(floored.stop_reasons[0], StopReason::kSimilarityFloor);
@@ -1334,4 +1291,4 @@ TEST_F(CompressReactorTest, CancelledBigJobStopsUsingCpuWithinASecond) {
 }
 
 }  // namespace
-}  // namespace centroidkv::service
+}  // namespace centroidkv::service::testing

@@ -8,11 +8,8 @@
 #include "tests/service/service_test_util.h"
 #include "tests/testing/random_layer.h"
 
-namespace centroidkv::service {
+namespace centroidkv::service::testing {
 namespace {
-
-using ::centroidkv::service::testing::SlabRequest;
-using ::centroidkv::service::testing::StartJobRequest;
 
 test::RandomLayer Layer(DType dtype, TensorLayout layout) {
   test::RandomLayerSpec spec;
@@ -134,4 +131,4 @@ TEST(IncomingJobTest, OutputDtypeDefaultsToInputDtype) {
 }
 
 }  // namespace
-}  // namespace centroidkv::service
+}  // namespace centroidkv::service::testing

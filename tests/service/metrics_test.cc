@@ -8,11 +8,8 @@
 
 #include "tests/service/prometheus_text.h"
 
-namespace centroidkv::service {
+namespace centroidkv::service::testing {
 namespace {
-
-using ::centroidkv::service::testing::ParsePrometheusText;
-using ::centroidkv::service::testing::SampleValue;
 
 TEST(MetricsTest, RendersCountersGaugesAndHistogramsInTheExpositionFormat) {
   MetricsRegistry registry;
@@ -100,4 +97,4 @@ TEST(MetricsTest, ParserRejectsMalformedExpositions) {
 }
 
 }  // namespace
-}  // namespace centroidkv::service
+}  // namespace centroidkv::service::testing

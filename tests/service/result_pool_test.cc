@@ -151,13 +151,9 @@ TEST(ResultPoolTest, ResultBytesForIsWhatTheEngineProducesForMergeableData) {
     test::RandomLayerSpec spec = test::Spec(c.heads, c.tokens, c.key_dim, c.value_dim, 7);
     spec.prototypes = 4;  // near-duplicate tokens: every head can merge down to t
     const test::RandomLayer layer = test::RandomLayer::Generate(spec);
-    CompressOptions options;
-    options.target_ratio = c.ratio;
-    options.chunk_size = 16;
-    options.sink_tokens = c.sink;
-    options.recent_tokens = c.recent;
-    options.compute_assignment = c.assignment;
-    options.passthrough_heads = c.passthrough;
+    CompressOptions options{.target_ratio = c.ratio, .chunk_size = 16, .sink_tokens = c.sink,
+        .recent_tokens = c.recent, .passthrough_heads = c.passthrough,
+        .compute_assignment = c.assignment};
     auto result = (*engine)->Compress(layer.view(), options);
     ASSERT_TRUE(result.ok()) << result.status();
     const uint64_t produced = result->offsets.size() * sizeof(int64_t) +

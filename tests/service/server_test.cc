@@ -17,16 +17,8 @@
 #include "tests/service/service_test_util.h"
 #include "tests/testing/random_layer.h"
 
-namespace centroidkv::service {
+namespace centroidkv::service::testing {
 namespace {
-
-using ::centroidkv::service::testing::DecodeResults;
-using ::centroidkv::service::testing::MakeStub;
-using ::centroidkv::service::testing::ParsePrometheusText;
-using ::centroidkv::service::testing::RawStream;
-using ::centroidkv::service::testing::SampleValue;
-using ::centroidkv::service::testing::ScrapeMetrics;
-using ::centroidkv::service::testing::StartLoopbackServer;
 
 // A unary call through the generic stub (no generated code): returns the reply bytes.
 grpc::Status GenericUnary(const std::string& target, const std::string& method,
@@ -430,4 +422,4 @@ TEST(ServerTest, IdleStreamEndsWithUnavailableOnShutdown) {
 }
 
 }  // namespace
-}  // namespace centroidkv::service
+}  // namespace centroidkv::service::testing

@@ -13,18 +13,9 @@
 #include "tests/service/service_test_util.h"
 #include "tests/testing/random_layer.h"
 
-namespace centroidkv::service {
+namespace centroidkv::service::testing {
 namespace {
 
-using ::centroidkv::service::testing::KeyBytes;
-using ::centroidkv::service::testing::MakeStub;
-using ::centroidkv::service::testing::ParsePrometheusText;
-using ::centroidkv::service::testing::PromFamily;
-using ::centroidkv::service::testing::RawStream;
-using ::centroidkv::service::testing::SampleValue;
-using ::centroidkv::service::testing::ScrapeMetrics;
-using ::centroidkv::service::testing::StartLoopbackServer;
-using ::centroidkv::service::testing::ValueBytes;
 using Families = std::map<std::string, PromFamily>;
 
 Families Scrape(const Server& server) {
@@ -252,4 +243,4 @@ TEST(ServiceMetricsTest, BusyMetricsPortFailsStart) {
 }
 
 }  // namespace
-}  // namespace centroidkv::service
+}  // namespace centroidkv::service::testing

@@ -14,16 +14,10 @@
 #include "tests/service/service_test_util.h"
 #include "tests/testing/random_layer.h"
 
-namespace centroidkv::service {
+namespace centroidkv::service::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using ::centroidkv::service::testing::DecodeResults;
-using ::centroidkv::service::testing::MakeStub;
-using ::centroidkv::service::testing::RawStream;
-using ::centroidkv::service::testing::SlabRequest;
-using ::centroidkv::service::testing::StartJobRequest;
-using ::centroidkv::service::testing::StartLoopbackServer;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -137,4 +131,4 @@ TEST(StreamWatchdogTest, TickIsAQuarterOfTheShorterTimeoutWithinBounds) {
 }
 
 }  // namespace
-}  // namespace centroidkv::service
+}  // namespace centroidkv::service::testing

@@ -297,16 +297,10 @@ absl::StatusOr<GoldenCase> LoadGoldenCase(const std::string& name) {
 }
 
 LayerView GoldenLayerView(const GoldenCase& golden) {
-  LayerView layer;
-  layer.dtype = golden.dtype;
-  layer.layout = TensorLayout::kHeadMajor;
-  layer.num_heads = golden.num_heads;
-  layer.num_tokens = golden.num_tokens;
-  layer.key_dim = golden.key_dim;
-  layer.value_dim = golden.value_dim;
-  layer.keys = golden.keys.bytes.data();
-  layer.values = golden.values.bytes.data();
-  layer.counts = golden.counts.As<uint32_t>();
+  LayerView layer{.dtype = golden.dtype, .layout = TensorLayout::kHeadMajor,
+      .num_heads = golden.num_heads, .num_tokens = golden.num_tokens, .key_dim = golden.key_dim,
+      .value_dim = golden.value_dim, .keys = golden.keys.bytes.data(),
+      .values = golden.values.bytes.data(), .counts = golden.counts.As<uint32_t>()};
   return layer;
 }
 

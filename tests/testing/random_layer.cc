@@ -70,14 +70,8 @@ void FillClustered(const RandomLayerSpec& spec, const Sink& sink, std::mt19937_6
 
 RandomLayerSpec Spec(int32_t heads, int32_t tokens, int32_t key_dim, int32_t value_dim,
                      uint64_t seed, DType dtype, TensorLayout layout) {
-  RandomLayerSpec spec;
-  spec.num_heads = heads;
-  spec.num_tokens = tokens;
-  spec.key_dim = key_dim;
-  spec.value_dim = value_dim;
-  spec.seed = seed;
-  spec.dtype = dtype;
-  spec.layout = layout;
+  RandomLayerSpec spec{.num_heads = heads, .num_tokens = tokens, .key_dim = key_dim,
+      .value_dim = value_dim, .dtype = dtype, .layout = layout, .seed = seed};
   return spec;
 }
 
@@ -116,16 +110,10 @@ RandomLayer RandomLayer::Generate(const RandomLayerSpec& spec) {
 }
 
 LayerView RandomLayer::view() const {
-  LayerView view;
-  view.dtype = spec_.dtype;
-  view.layout = spec_.layout;
-  view.num_heads = spec_.num_heads;
-  view.num_tokens = spec_.num_tokens;
-  view.key_dim = spec_.key_dim;
-  view.value_dim = spec_.value_dim;
-  view.keys = keys_.data();
-  view.values = values_.data();
-  view.counts = counts_.empty() ? nullptr : counts_.data();
+  LayerView view{.dtype = spec_.dtype, .layout = spec_.layout, .num_heads = spec_.num_heads,
+      .num_tokens = spec_.num_tokens, .key_dim = spec_.key_dim, .value_dim = spec_.value_dim,
+      .keys = keys_.data(), .values = values_.data(),
+      .counts = counts_.empty() ? nullptr : counts_.data()};
   return view;
 }
 

@@ -29,14 +29,8 @@ std::string SyntheticCheckpoint(const ModelConfig& config, float fill) {
 }
 
 ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.dim = 8;
-  c.hidden_dim = 12;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.vocab_size = 16;
-  c.seq_len = 10;
+  ModelConfig c{.dim = 8, .hidden_dim = 12, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1,
+      .vocab_size = 16, .seq_len = 10};
   return c;
 }
 

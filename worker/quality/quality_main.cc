@@ -19,6 +19,7 @@
 #include "centroidkv/client/client.h"
 #include "centroidkv/client/replica_pool.h"
 #include "centroidkv/common/status_macros.h"
+#include "client/cli/compress_option_flags.h"
 #include "client/cli/kind_flags.h"
 #include "client/cli/security_flags.h"
 #include "worker/model.h"
@@ -45,16 +46,9 @@ struct Flags {
   int32_t continuation = 96;
   std::vector<double> budgets = {0.5, 0.25};
   std::vector<std::string> methods;
-  int32_t chunk_size = 32;  // tuned on calibration texts (docs/quality_tuning.md)
-  int32_t sink_tokens = 4;
-  int32_t recent_tokens = 32;
-  double min_similarity = 0.0;
-  double tighten_per_pass = 0.0;
-  int32_t max_passes = CompressOptions::kDefaultMaxPasses;
-  bool uniform_heads = true;
-  bool exact_target = false;
-  bool pad_heads = false;
-  int32_t pad_to = 0;
+  // C, S and W tuned on calibration texts (docs/quality_tuning.md); S and W are also the
+  // baselines' sinks and recent window.
+  CompressOptions compression{.chunk_size = 32, .sink_tokens = 4, .recent_tokens = 32};
   std::string passthrough_heads;
   bool outliers_share_budget = true;
   int32_t calibration_texts = 16;
@@ -67,7 +61,6 @@ struct Flags {
   std::string report_md = "docs/quality.md";
   std::string report_json = "docs/quality.json";
   bool quiet = false;
-  CLI::Option* min_similarity_flag = nullptr;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -95,28 +88,9 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--methods", f.methods,
                  "methods to run (default: all; centroidkv+outliers needs outlier heads)")
       ->delimiter(',');
-  app.add_option("--chunk-size", f.chunk_size, "SPEC chunk_size C")->capture_default_str();
-  app.add_option("--sink-tokens", f.sink_tokens, "SPEC sink_tokens S (also the baselines')")
-      ->capture_default_str();
-  app.add_option("--recent-tokens", f.recent_tokens, "SPEC recent_tokens W (also the baselines')")
-      ->capture_default_str();
-  f.min_similarity_flag =
-      app.add_option("--min-similarity", f.min_similarity, "SPEC min_similarity tau (off)");
-  app.add_option("--tighten-per-pass", f.tighten_per_pass, "SPEC tighten_per_pass")
-      ->capture_default_str();
-  app.add_option("--max-passes", f.max_passes, "SPEC max_passes")->capture_default_str();
-  app.add_option("--uniform-heads", f.uniform_heads, "SPEC uniform_heads")->capture_default_str();
-  app.add_flag("--exact-target", f.exact_target,
-               "keep merging past the floor and max passes until every compressed head has "
-               "exactly t entries (docs/protocol.md)");
-  app.add_flag("--pad-heads", f.pad_heads,
-               "pad every head of a layer with count-0 rows to the layer's longest head "
-               "(attention masks them)");
-  app.add_option("--pad-to", f.pad_to,
-                 "pad every head of every layer to this many rows (0: off; fails if a head "
-                 "is longer)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  cli::AddCompressOptionFlags(&app, &f.compression,
+                              {.targets = false, .passthrough_heads = false,
+                               .assignment = false, .output_layout = false});
   app.add_option("--passthrough-heads", f.passthrough_heads,
                  "outlier heads per layer, \"LAYER:H,H;LAYER:H\" (or \"H,H\" for every layer)");
   app.add_option("--outliers-share-budget", f.outliers_share_budget,
@@ -170,17 +144,7 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 
 MethodSettings ToMethodSettings(const Flags& f) {
   MethodSettings s;
-  CompressOptions& c = s.centroidkv.compression;
-  c.chunk_size = f.chunk_size;
-  c.sink_tokens = f.sink_tokens;
-  c.recent_tokens = f.recent_tokens;
-  if (*f.min_similarity_flag) c.min_similarity = f.min_similarity;
-  c.tighten_per_pass = f.tighten_per_pass;
-  c.max_passes = f.max_passes;
-  c.uniform_heads = f.uniform_heads;
-  c.exact_target = f.exact_target;
-  c.pad_heads = f.pad_heads;
-  c.pad_to = f.pad_to;
+  s.centroidkv.compression = f.compression;
   s.centroidkv.backend = f.backend;
   s.outliers_share_budget = f.outliers_share_budget;
   s.kmeans_iterations = f.kmeans_iterations;
@@ -196,7 +160,7 @@ int32_t OutlierCount(const Flags& f, const ModelConfig& config, double calibrati
       std::min(calibration_budget, *std::min_element(f.budgets.begin(), f.budgets.end()));
   return std::min(f.outlier_heads,
                   MaxSharedOutlierHeads(config.n_layers, config.n_kv_heads, f.prefill, smallest,
-                                        f.sink_tokens, f.recent_tokens));
+                                        f.compression.sink_tokens, f.compression.recent_tokens));
 }
 
 // Calibrates outlier heads on sampled texts of other seeds; fills the context.

@@ -104,12 +104,7 @@ class AsyncClient(ClientCore):
             if not pending:
                 return
             attempt += 1
-            if retry is None:
-                raise make_error(grpc.StatusCode.INTERNAL,
-                                 f"the stream ended with {len(pending)} jobs unanswered")
-            if attempt >= self.max_attempts:
-                raise retry
-            await asyncio.sleep(self.backoff.delay(attempt - 1))
+            await asyncio.sleep(self._retry_delay(pending, retry, attempt))
 
     async def _stream(self, jobs: dict, slab_bytes: int):
         """One Compress stream carrying `jobs`; yields (job_id, LayerResult | CompressError)

@@ -147,6 +147,16 @@ class ClientCore:
         del pending[job_id]
         return outcome
 
+    def _retry_delay(self, pending: dict, retry: Optional[CompressError], attempt: int) -> float:
+        """After stream number `attempt` ended with `pending` jobs unanswered: the seconds to
+        wait before the next stream, or raises (nothing to retry on, or attempts used up)."""
+        if retry is None:
+            raise make_error(grpc.StatusCode.INTERNAL,
+                             f"the stream ended with {len(pending)} jobs unanswered")
+        if attempt >= self.max_attempts:
+            raise retry
+        return self.backoff.delay(attempt - 1)
+
 
 class Client(ClientCore):
     """A connection to a CentroidKV server or replica set.
@@ -258,12 +268,7 @@ class Client(ClientCore):
             if not pending:
                 return
             attempt += 1
-            if retry is None:
-                raise make_error(grpc.StatusCode.INTERNAL,
-                                 f"the stream ended with {len(pending)} jobs unanswered")
-            if attempt >= self.max_attempts:
-                raise retry
-            time.sleep(self.backoff.delay(attempt - 1))
+            time.sleep(self._retry_delay(pending, retry, attempt))
 
     def _stream(self, jobs: dict, slab_bytes: int) -> Iterator[tuple]:
         """One Compress stream carrying `jobs`; yields (job_id, LayerResult | CompressError)

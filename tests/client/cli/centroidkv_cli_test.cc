@@ -269,15 +269,9 @@ TEST_F(CliTest, RaggedResultGoesBackThroughOffsetsAndPadHeadsPads) {
   auto values = ReadOutput(first, "out_values.npy", NpyType::kFloat32, 2);
   auto counts = ReadOutput(first, "out_counts.npy", NpyType::kUInt32, 1);
   ASSERT_TRUE(keys && values && counts);
-  LayerView view;
-  view.num_heads = golden->num_heads;
-  view.num_tokens = golden->num_tokens;
-  view.key_dim = golden->key_dim;
-  view.value_dim = golden->value_dim;
-  view.keys = keys->As<float>();
-  view.values = values->As<float>();
-  view.counts = counts->As<uint32_t>();
-  view.head_offsets = o;
+  LayerView view{.num_heads = golden->num_heads, .num_tokens = golden->num_tokens,
+      .key_dim = golden->key_dim, .value_dim = golden->value_dim, .keys = keys->As<float>(),
+      .values = values->As<float>(), .counts = counts->As<uint32_t>(), .head_offsets = o};
   auto engines = EngineSet::CreateAvailable();
   again.compute_assignment = true;
   auto expected = (*engines->Select(BackendKind::kReference))->Compress(view, again);
@@ -425,6 +419,15 @@ TEST_P(CliBadInputTest, ZeroCount) {
                        {golden_.num_heads, golden_.num_tokens}, counts.data())
                   .ok());
   ExpectFailure(" --chunk-size 8", {"INVALID_ARGUMENT", "counts"});
+}
+
+// Both targets at once: a usage error from the flag parser, exit 2 as for other bad input.
+TEST_P(CliBadInputTest, BothTargets) {
+  ExpectFailure(" --target-ratio 0.5 --target-tokens 3", {"--target-ratio", "--target-tokens"});
+  const CommandResult run = RunCommand(Binary() + " compress --local --in " +
+                                       Quoted(in_.string()) +
+                                       " --target-ratio 0.5 --target-tokens 3 2>/dev/null");
+  EXPECT_EQ(run.exit_code, 2);
 }
 
 TEST_P(CliBadInputTest, ChunkSizeOne) {

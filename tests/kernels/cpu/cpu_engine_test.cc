@@ -31,12 +31,8 @@ using test::Spec;
 
 CompressOptions Options(int32_t chunk, int32_t sink, int32_t recent, double ratio,
                         int32_t passes = CompressOptions::kDefaultMaxPasses) {
-  CompressOptions options;
-  options.chunk_size = chunk;
-  options.sink_tokens = sink;
-  options.recent_tokens = recent;
-  options.target_ratio = ratio;
-  options.max_passes = passes;
+  CompressOptions options{.target_ratio = ratio, .chunk_size = chunk, .sink_tokens = sink,
+      .recent_tokens = recent, .max_passes = passes};
   return options;
 }
 

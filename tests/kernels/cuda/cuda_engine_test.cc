@@ -41,12 +41,8 @@ TEST(CudaEngineTest, ConcurrentJobsBatchAndMatchTheReferenceExactly) {
   EXPECT_GE((*engine)->device().compute_major, 8);
 
   constexpr int kJobs = 12;
-  CompressOptions compress;
-  compress.chunk_size = 32;
-  compress.sink_tokens = 4;
-  compress.recent_tokens = 8;
-  compress.target_ratio = 0.3;
-  compress.min_similarity = 0.2;
+  CompressOptions compress{.target_ratio = 0.3, .chunk_size = 32, .sink_tokens = 4,
+      .recent_tokens = 8, .min_similarity = 0.2};
   std::vector<test::RandomLayer> layers;
   for (int i = 0; i < kJobs; ++i) {
     test::RandomLayerSpec spec;

@@ -122,12 +122,8 @@ TEST_P(HostPipelineMatchTest, MergeListsSumInTheReferenceOrder) {
       for (int32_t j = 0; j < 2; ++j) layer.SetValue(h, t, j, by_offset[t % 8]);
     }
   }
-  CompressOptions options;
-  options.chunk_size = 8;
-  options.sink_tokens = 0;
-  options.recent_tokens = 0;
-  options.target_ratio = 0.5;
-  options.max_passes = 1;
+  CompressOptions options{.target_ratio = 0.5, .chunk_size = 8, .sink_tokens = 0,
+      .recent_tokens = 0, .max_passes = 1};
   const absl::StatusOr<CompressResult> expected = ReferenceEngine().Compress(layer.view(), options);
   const absl::StatusOr<CompressResult> actual = stages.Compress(layer.view(), options);
   ASSERT_TRUE(expected.ok() && actual.ok());
@@ -180,23 +176,13 @@ TEST(HostPipelineTest, ABatchGivesEachJobItsOwnResult) {
   const ReferenceEngine reference;
   for (const bool floor : {false, true}) {
     SCOPED_TRACE(floor ? "with a floor" : "without a floor");
-    CompressOptions options;
-    options.chunk_size = 16;
-    options.sink_tokens = 2;
-    options.recent_tokens = 5;
-    options.target_ratio = 0.3;
-    options.max_passes = 4;
-    options.passthrough_heads = {1};
+    CompressOptions options{.target_ratio = 0.3, .chunk_size = 16, .sink_tokens = 2,
+        .recent_tokens = 5, .max_passes = 4, .passthrough_heads = {1}};
     if (floor) options.min_similarity = 0.6;
     std::vector<RandomLayer> layers;
     for (uint64_t seed = 1; seed <= 4; ++seed) {
-      RandomLayerSpec spec;
-      spec.num_heads = 3;
-      spec.num_tokens = 150;
-      spec.key_dim = 8;
-      spec.value_dim = 6;
-      spec.dtype = DType::kFloat16;
-      spec.with_counts = seed % 2 == 0;
+      RandomLayerSpec spec{.num_heads = 3, .num_tokens = 150, .key_dim = 8, .value_dim = 6,
+          .dtype = DType::kFloat16, .with_counts = seed % 2 == 0};
       spec.prototypes = static_cast<int32_t>(seed);  // jobs stop after different passes
       spec.noise = 0.2;
       spec.seed = seed;

@@ -20,14 +20,9 @@
 #include "tests/testing/random_layer.h"
 #include "tests/testing/result_checks.h"
 
-namespace centroidkv::service {
+namespace centroidkv::service::testing {
 namespace {
 
-using ::centroidkv::service::testing::DecodeResults;
-using ::centroidkv::service::testing::MakeStub;
-using ::centroidkv::service::testing::RawStream;
-using ::centroidkv::service::testing::StartJobRequest;
-using ::centroidkv::service::testing::StartLoopbackServer;
 using ::centroidkv::test::RandomLayer;
 
 constexpr char kTokenA[] = "tok-a-3f9c1e7d";
@@ -50,11 +45,8 @@ class TokensFile {
 };
 
 CompressOptions SmallOptions() {
-  CompressOptions options;
-  options.target_ratio = 0.5;
-  options.chunk_size = 32;
-  options.sink_tokens = 2;
-  options.recent_tokens = 4;
+  CompressOptions options{.target_ratio = 0.5, .chunk_size = 32, .sink_tokens = 2,
+      .recent_tokens = 4};
   return options;
 }
 
@@ -302,4 +294,4 @@ TEST_F(CallerGateTest, AnotherCallersJobIdReachesNothingOfIt) {
 }
 
 }  // namespace
-}  // namespace centroidkv::service
+}  // namespace centroidkv::service::testing

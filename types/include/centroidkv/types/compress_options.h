@@ -20,16 +20,16 @@ struct CompressOptions {
   static constexpr int32_t kDefaultMaxPasses = 8;
 
   // At most one of the two targets is set; with neither, target_ratio = 0.25.
-  std::optional<double> target_ratio;   // rho in (0, 1]: t = ceil(rho * n)
-  std::optional<int64_t> target_tokens;  // t >= 1 (clamped to n)
+  std::optional<double> target_ratio{};    // rho in (0, 1]: t = ceil(rho * n)
+  std::optional<int64_t> target_tokens{};  // t >= 1 (clamped to n)
   int32_t chunk_size = kDefaultChunkSize;           // C >= 2
   int32_t sink_tokens = kDefaultSinkTokens;         // S >= 0, never merged
   int32_t recent_tokens = kDefaultRecentTokens;     // W >= 0, never merged
-  std::optional<double> min_similarity;             // tau in [-1, 1]; unset = off
+  std::optional<double> min_similarity{};           // tau in [-1, 1]; unset = off
   double tighten_per_pass = 0.0;                    // delta >= 0
   int32_t max_passes = kDefaultMaxPasses;           // P >= 1
   bool uniform_heads = true;
-  std::vector<int32_t> passthrough_heads;           // heads returned unchanged
+  std::vector<int32_t> passthrough_heads{};         // heads returned unchanged
   bool compute_assignment = true;                   // fill CompressResult::assignment
   // The element type of the result's rows: float32, or fp16 / bf16 (each element the
   // float32 result rounded once, to nearest even): half the bytes to write and to send when

@@ -28,6 +28,7 @@ struct PlannedJob {
   int64_t end_position = 0;
   int64_t target = 0;           // rows per head of its result
   std::vector<size_t> inputs;   // indices into the plan's jobs
+  bool raw = false;             // a chunk kept as it is: no job, its rows are its "result"
 };
 
 // A merged region of the plan (oldest first): the result of job `job`.
@@ -105,6 +106,7 @@ struct Sequence::State {
   void StartReadyJobsLocked(int32_t layer);
   absl::Status SubmitLocked(int32_t layer, size_t job_index);
   void BuildChunkInputLocked(int32_t layer, size_t job_index);
+  void KeepRawRegionLocked(int32_t layer, size_t job_index);
   void BuildRemergeInputLocked(int32_t layer, size_t job_index);
   void OnResultLocked(LayerResult result);
   void FailLocked(absl::Status error);
@@ -133,12 +135,11 @@ absl::Status CheckOptions(const SequenceOptions& o) {
   }
   if (o.policy == OnlinePolicy::kFixedBudget) {
     const int64_t middle = o.budget_entries - o.sink_tokens - (o.recent_tokens + o.chunk_tokens - 1);
-    const int64_t chunk_entries = CeilRatio(o.chunk_ratio, o.chunk_tokens);
-    if (middle < 2 * chunk_entries) {
+    if (middle < 2) {
       return bad("budget_entries", o.budget_entries,
-                 absl::StrCat("leaves ", middle, " rows per head for merged regions after sinks, "
-                              "the recent window and a chunk; at least 2 new chunks' entries (",
-                              2 * chunk_entries, ") are needed")
+                 absl::StrCat("leaves ", middle, " rows per head for merged regions after sinks (",
+                              o.sink_tokens, ") and the recent window plus a chunk less one (",
+                              o.recent_tokens + o.chunk_tokens - 1, "); at least 2 are needed")
                      .c_str());
     }
   }
@@ -239,12 +240,17 @@ void Sequence::State::PlanJobsLocked() {
     job.version = plan.size() + 1;
     job.first_position = next_chunk_first;
     job.end_position = next_chunk_first + chunk;
-    job.target = CeilRatio(options.chunk_ratio, chunk);
+    // Under a budget a chunk stays as it is (a raw region: no job) until the budget needs
+    // its room; at a fixed ratio it is merged at once.
+    const bool raw = options.policy == OnlinePolicy::kFixedBudget;
+    job.target = raw ? chunk : CeilRatio(options.chunk_ratio, chunk);
+    job.raw = raw;
     plan.push_back(job);
     regions.push_back({job.first_position, job.end_position, job.target, first_new});
     next_chunk_first += chunk;
     if (options.policy == OnlinePolicy::kFixedBudget) PlanRemergesLocked();
     for (size_t j = first_new; j < plan.size(); ++j) {
+      if (plan[j].raw) continue;
       ++stats.jobs_planned;
       if (!plan[j].inputs.empty()) ++stats.remerges_planned;
     }
@@ -252,8 +258,12 @@ void Sequence::State::PlanJobsLocked() {
       LayerState& l = layers[static_cast<size_t>(layer)];
       l.jobs.resize(plan.size());
       for (size_t j = first_new; j < plan.size(); ++j) {
-        ++stats.jobs_waiting;
         if (plan[j].inputs.empty()) BuildChunkInputLocked(layer, j);
+        if (plan[j].raw) {
+          KeepRawRegionLocked(layer, j);
+        } else {
+          ++stats.jobs_waiting;
+        }
       }
       StartReadyJobsLocked(layer);
     }
@@ -322,6 +332,30 @@ void Sequence::State::BuildChunkInputLocked(int32_t layer, size_t job_index) {
   js.counts.assign(heads * static_cast<size_t>(tokens), 1u);
   js.job.layer.num_tokens = static_cast<int32_t>(tokens);
   js.job.layer.head_offsets = nullptr;
+}
+
+// A raw region's rows (its chunk input, head-major, counts 1) stand as its result.
+void Sequence::State::KeepRawRegionLocked(int32_t layer, size_t job_index) {
+  LayerJobState& js = layers[static_cast<size_t>(layer)].jobs[job_index];
+  const PlannedJob& job = plan[job_index];
+  auto rows = std::make_shared<Splice>();
+  rows->layer = static_cast<uint32_t>(layer);
+  rows->first_position = job.first_position;
+  rows->end_position = job.end_position;
+  rows->version = job.version;
+  rows->dtype = options.dtype;
+  rows->num_heads = options.num_heads;
+  rows->rows_per_head = static_cast<int32_t>(job.end_position - job.first_position);
+  rows->key_dim = options.key_dim;
+  rows->value_dim = options.value_dim;
+  rows->keys = std::move(js.keys);
+  rows->values = std::move(js.values);
+  rows->counts = std::move(js.counts);
+  js.keys = {};
+  js.values = {};
+  js.counts = {};
+  js.result = std::move(rows);
+  js.state = JobState::kDone;
 }
 
 // The inputs' real rows (count > 0), head by head, oldest region first; ragged when the

@@ -22,11 +22,13 @@
 //
 // Policies (sinks and the recent window are never sent):
 //   kFixedRatio   each chunk of chunk_tokens becomes ceil(chunk_ratio * chunk_tokens) entries.
-//   kFixedBudget  the same, then while the merged regions hold more than
-//                 budget - sinks - (recent + chunk - 1) rows per head, the oldest merged
-//                 region is re-merged together with the next one (their entries and counts
-//                 sent back as one job) to the size that fits. Once every splice is applied a
-//                 head holds at most budget_entries rows.
+//   kFixedBudget  a chunk stays as it is while there is room; while the regions between
+//                 the sinks and the newest positions hold more than
+//                 budget - sinks - (recent + chunk - 1) rows per head, the oldest region is
+//                 merged together with the next one (typically: the merged region so far,
+//                 with its counts, and the chunk that just left the recent window; one job)
+//                 to the size that fits. Once every splice is applied a head holds at most
+//                 budget_entries rows.
 // The plan (which positions become how many entries, in which version) depends only on the
 // token count, never on timing, so the cache a worker ends with is deterministic.
 //
@@ -60,7 +62,7 @@ struct SequenceOptions {
   int32_t recent_tokens = 32;     // the newest positions: never sent
   int32_t chunk_tokens = 32;      // positions per new chunk
   OnlinePolicy policy = OnlinePolicy::kFixedBudget;
-  double chunk_ratio = 0.5;       // a new chunk keeps ceil(chunk_ratio * chunk_tokens) entries
+  double chunk_ratio = 0.5;       // kFixedRatio: a chunk keeps ceil(chunk_ratio * chunk_tokens)
   int64_t budget_entries = 0;     // kFixedBudget: rows per head once every splice is applied
   // The engine parameters of every job (chunk_size, min_similarity, max_passes, ...). The
   // sequence sets the target, sinks and recent (0: it sends only what may be merged),
@@ -93,7 +95,7 @@ struct Splice {
 
 struct SequenceStats {
   int64_t position = 0;          // tokens appended (EndToken calls)
-  int64_t jobs_planned = 0;      // per layer: chunks and re-merges
+  int64_t jobs_planned = 0;      // per layer: chunks merged and re-merges
   int64_t remerges_planned = 0;  // per layer
   int64_t jobs_submitted = 0;    // over all layers
   int64_t jobs_in_flight = 0;

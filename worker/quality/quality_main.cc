@@ -394,12 +394,12 @@ absl::Status RunOnlineMode(const Flags& f, const std::string& command, Transform
       "- step latency: forward pass plus the method's own work, medians and p99 over every "
       "generated step of every text; methods alternate within each text, so they share the "
       "machine's load (2 vCPUs shared with other builds: compare ratios, not absolutes)\n\n"
-      "Command (with a server listening, e.g. `build/bin/centroidkv-server --listen "
-      "unix:///tmp/ckv-online.sock`):\n\n```sh\n%s\n```",
+      "Regenerate with `scripts/quality.sh --online --texts %d` (builds, starts a server on a "
+      "unix socket, runs the command below):\n\n```sh\n%s\n```",
       f.online_prompt, length - f.online_prompt, f.model, config.n_layers, config.n_kv_heads,
       config.head_size(), config.seq_len, length, f.texts, f.temperature, f.seed,
       f.seed + f.texts - 1, f.sink_tokens, f.recent_tokens, f.chunk_size, f.chunk_size,
-      f.max_passes, backend, command);
+      f.max_passes, backend, f.texts, command);
   CKV_RETURN_IF_ERROR(WriteFile(f.online_report_md, OnlineMarkdownReport(results, context)));
   const std::string json = OnlineJsonLine(results);
   CKV_RETURN_IF_ERROR(WriteFile(f.online_report_json, json + "\n"));

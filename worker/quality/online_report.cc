@@ -118,6 +118,29 @@ std::string OnlineMarkdownReport(const std::vector<OnlineMethodResult>& results,
                         full ? "-" : absl::StrFormat("%.4f", r.agreement.top1()), 1e6 * mean, 1e6 * p50,
                         1e6 * p99, full_p50 > 0 ? p50 / full_p50 : 0.0));
   }
+  // Which method is closest to the uncompressed run at each budget (computed, not written).
+  absl::StrAppend(&md, "\nLowest mean KL at each budget (the rest in order):\n\n");
+  std::vector<double> budgets;
+  for (const OnlineMethodResult& r : results) {
+    if (r.method != "full" && std::find(budgets.begin(), budgets.end(), r.budget) == budgets.end()) {
+      budgets.push_back(r.budget);
+    }
+  }
+  for (double budget : budgets) {
+    std::vector<const OnlineMethodResult*> at;
+    for (const OnlineMethodResult& r : results) {
+      if (r.method != "full" && r.budget == budget) at.push_back(&r);
+    }
+    std::stable_sort(at.begin(), at.end(), [](const auto* a, const auto* b) {
+      return a->agreement.mean_kl() < b->agreement.mean_kl();
+    });
+    std::string order;
+    for (const OnlineMethodResult* r : at) {
+      absl::StrAppend(&order, order.empty() ? "" : ", ",
+                      absl::StrFormat("%s %.5f", r->method, r->agreement.mean_kl()));
+    }
+    absl::StrAppend(&md, absl::StrFormat("- %.0f%%: %s\n", 100.0 * budget, order));
+  }
   return md;
 }
 

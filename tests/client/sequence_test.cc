@@ -1,6 +1,7 @@
 // Sequence (client/sequence.cc) through real servers on loopback: the splices, applied to a
 // worker's cache with CacheRows, give exactly the cache that the same online policy run
-// synchronously with the in-process reference engine gives (in order, out of order, late);
+// synchronously with the in-process reference engine gives (in order, out of order, late;
+// fp16 splices are the engine's rows rounded once);
 // 32 layers stay at their budget; a replica killed mid-sequence loses nothing; a cancelled
 // sequence leaves no job on the server (its /metrics say so).
 #include "centroidkv/client/sequence.h"
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "centroidkv/client/replica_pool.h"
+#include "centroidkv/common/dtype.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
 #include "tests/client/client_testing.h"
@@ -318,6 +320,68 @@ TEST_F(SequenceTest, FixedRatioSplicesEqualTheEngineOnEachChunk) {
   EXPECT_EQ(stats.planned_rows, cache.rows(0));
   EXPECT_TRUE(cache.state() == SynchronousReference(tokens, 150, o));
   EXPECT_TRUE((*sequence)->Close().ok());
+}
+
+TEST_F(SequenceTest, HalfPrecisionSplicesAreTheEngineResultRoundedOnce) {
+  SequenceOptions o = SmallOptions(OnlinePolicy::kFixedRatio);
+  o.dtype = DType::kFloat16;
+  const int64_t count = 80;  // chunks [4, 20), [20, 36), [36, 52), [52, 68) per layer
+  const Tokens tokens = MakeTokens(count, o.num_layers, o.num_heads, o.key_dim, 16);
+  auto halves = [](const float* row, size_t n) {
+    std::vector<uint16_t> out(n);
+    for (size_t i = 0; i < n; ++i) out[i] = FloatToHalf(row[i]);
+    return out;
+  };
+  const size_t row = static_cast<size_t>(o.num_heads * o.key_dim);
+  auto client = Connect();
+  auto sequence = Sequence::Open(*client, o);
+  ASSERT_TRUE(sequence.ok()) << sequence.status();
+  for (int64_t t = 0; t < count; ++t) {
+    for (int32_t l = 0; l < o.num_layers; ++l) {
+      const std::vector<uint16_t> k = halves(tokens.key(t, l), row);
+      const std::vector<uint16_t> v = halves(tokens.value(t, l), row);
+      ASSERT_TRUE((*sequence)->Append(l, k.data(), v.data()).ok());
+    }
+    ASSERT_TRUE((*sequence)->EndToken().ok());
+  }
+  ASSERT_TRUE((*sequence)->Flush().ok());
+  const std::vector<Splice> splices = (*sequence)->TakeSplices();
+  ASSERT_EQ(splices.size(), 4u * static_cast<size_t>(o.num_layers));
+  for (const Splice& splice : splices) {
+    ASSERT_EQ(splice.dtype, DType::kFloat16);
+    ASSERT_EQ(splice.rows_per_head, 8);
+    // The same chunk, head-major fp16, through the reference engine in-process.
+    const int64_t n = splice.end_position - splice.first_position;
+    std::vector<uint16_t> keys, values;
+    for (int32_t h = 0; h < o.num_heads; ++h) {
+      for (int64_t t = splice.first_position; t < splice.end_position; ++t) {
+        const auto k = halves(tokens.key(t, static_cast<int32_t>(splice.layer)) + h * o.key_dim,
+                              static_cast<size_t>(o.key_dim));
+        const auto v = halves(tokens.value(t, static_cast<int32_t>(splice.layer)) + h * o.key_dim,
+                              static_cast<size_t>(o.key_dim));
+        keys.insert(keys.end(), k.begin(), k.end());
+        values.insert(values.end(), v.begin(), v.end());
+      }
+    }
+    LayerView view;
+    view.dtype = DType::kFloat16;
+    view.num_heads = o.num_heads;
+    view.num_tokens = static_cast<int32_t>(n);
+    view.key_dim = o.key_dim;
+    view.value_dim = o.value_dim;
+    view.keys = keys.data();
+    view.values = values.data();
+    absl::StatusOr<CompressResult> expected =
+        testutil::ReferenceEngine().Compress(view, JobOptions(o, 8));
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    EXPECT_EQ(splice.counts, expected->counts);
+    const std::vector<uint16_t> expected_keys = halves(expected->keys.data(), expected->keys.size());
+    const std::vector<uint16_t> expected_values =
+        halves(expected->values.data(), expected->values.size());
+    ASSERT_EQ(splice.keys.size(), 2 * expected_keys.size());
+    EXPECT_EQ(std::memcmp(splice.keys.data(), expected_keys.data(), splice.keys.size()), 0);
+    EXPECT_EQ(std::memcmp(splice.values.data(), expected_values.data(), splice.values.size()), 0);
+  }
 }
 
 TEST_F(SequenceTest, FixedBudgetSplicesOutOfOrderGiveTheSameCache) {

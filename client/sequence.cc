@@ -4,6 +4,7 @@
 #include "centroidkv/client/sequence.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -526,11 +527,17 @@ void Sequence::State::ReadResults() {
       if (stopping) return;
     }
     absl::StatusOr<LayerResult> result = stream->Next();
+    if (!result.ok() && result.status().code() == absl::StatusCode::kOutOfRange) {
+      // The stream has nothing unanswered although a job is recorded in flight: a result
+      // can only follow a Submit, so wait for it rather than spin.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
     std::lock_guard<std::mutex> lock(mu);
     if (stopping) return;
     if (result.ok()) {
       OnResultLocked(*std::move(result));
-    } else if (result.status().code() != absl::StatusCode::kOutOfRange) {
+    } else {
       // The stream broke (a ReplicaPool resends what it can before saying so): the jobs in
       // flight are lost, the rows they would have replaced stay uncompressed.
       FailLocked(result.status());

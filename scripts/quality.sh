@@ -4,6 +4,8 @@
 # StreamingLLM, H2O-style eviction and k-means), and writes docs/quality.md,
 # docs/quality.json and the plot docs/quality.png (python3-matplotlib, installed if missing).
 # Extra arguments go to centroidkv-quality (e.g. --texts 16 --calibration-texts 8).
+# `scripts/quality.sh --online [ARGS]`: the long-generation report of online compression
+# instead (docs/quality-online.md and docs/quality-online.json; no plot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +25,11 @@ cleanup() {
 trap cleanup EXIT
 for _ in $(seq 1 100); do [ -S "$socket_path" ] && break; sleep 0.1; done
 
+if [ "${1:-}" = "--online" ]; then
+  "$bin/centroidkv-quality" --server "unix://$socket_path" \
+    --model ../shared/models/stories260K.bin --tokenizer ../shared/models/tok512.bin "$@"
+  exit 0
+fi
 "$bin/centroidkv-quality" --server "unix://$socket_path" \
   --model ../shared/models/stories260K.bin --tokenizer ../shared/models/tok512.bin \
   --report-md docs/quality.md --report-json docs/quality.json "$@"

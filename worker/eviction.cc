@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 namespace centroidkv::worker {
@@ -35,51 +36,90 @@ void KeepEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>&
   *head = std::move(kept);
 }
 
-void EvictStreamingLlm(KvCache* cache, double ratio, int32_t sinks) {
+namespace {
+
+// Calls keep_of(head, budget) for every head longer than its budget.
+template <typename KeepOf>
+void EvictEachHead(KvCache* cache, const std::function<int64_t(int64_t)>& budget_of,
+                   KeepOf keep_of) {
   for (int32_t layer = 0; layer < cache->num_layers(); ++layer) {
     for (int32_t h = 0; h < cache->num_kv_heads(); ++h) {
       HeadCache& head = cache->head(layer, h);
-      const int64_t n = head.size();
-      const int64_t budget = BudgetEntries(n, ratio);
-      if (budget >= n) continue;
-      const int64_t kept_sinks = std::min<int64_t>(sinks, budget);
-      std::vector<int64_t> keep(static_cast<size_t>(kept_sinks));
-      std::iota(keep.begin(), keep.end(), 0);
-      for (int64_t i = n - (budget - kept_sinks); i < n; ++i) keep.push_back(i);
-      KeepEntries(&head, cache->head_size(), keep);
+      const int64_t budget = budget_of(head.size());
+      if (budget >= head.size()) continue;
+      KeepEntries(&head, cache->head_size(), keep_of(head, budget));
     }
   }
 }
 
+std::vector<int64_t> StreamingLlmKeep(const HeadCache& head, int64_t budget, int32_t sinks) {
+  const int64_t n = head.size();
+  const int64_t kept_sinks = std::min<int64_t>(sinks, budget);
+  std::vector<int64_t> keep(static_cast<size_t>(kept_sinks));
+  std::iota(keep.begin(), keep.end(), 0);
+  for (int64_t i = n - (budget - kept_sinks); i < n; ++i) keep.push_back(i);
+  return keep;
+}
+
+// Sinks, the recent window and the most attended entries between them (the older entry on
+// ties).
+std::vector<int64_t> HeavyHittersKeep(const HeadCache& head, int64_t budget, int32_t sinks,
+                                      int32_t recent) {
+  const int64_t n = head.size();
+  const BudgetSplit split = SplitBudget(budget, sinks, recent);
+  std::vector<int64_t> middle;
+  for (int64_t i = split.sinks; i < n - split.recent; ++i) middle.push_back(i);
+  std::stable_sort(middle.begin(), middle.end(), [&head](int64_t a, int64_t b) {
+    return head.attention[static_cast<size_t>(a)] > head.attention[static_cast<size_t>(b)];
+  });
+  middle.resize(static_cast<size_t>(split.middle));
+  std::vector<int64_t> keep(static_cast<size_t>(split.sinks));
+  std::iota(keep.begin(), keep.end(), 0);
+  keep.insert(keep.end(), middle.begin(), middle.end());
+  for (int64_t i = n - split.recent; i < n; ++i) keep.push_back(i);
+  std::sort(keep.begin(), keep.end());
+  return keep;
+}
+
+absl::Status CheckTracksAttention(const KvCache& cache) {
+  if (cache.tracks_attention()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "H2O needs the attention accumulated during prefill: call TrackAttention(true) "
+      "before prefilling");
+}
+
+}  // namespace
+
+void EvictStreamingLlm(KvCache* cache, double ratio, int32_t sinks) {
+  EvictEachHead(
+      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); },
+      [sinks](const HeadCache& head, int64_t budget) { return StreamingLlmKeep(head, budget, sinks); });
+}
+
+void EvictStreamingLlmToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks) {
+  EvictEachHead(
+      cache, [budget_entries](int64_t) { return budget_entries; },
+      [sinks](const HeadCache& head, int64_t budget) { return StreamingLlmKeep(head, budget, sinks); });
+}
+
 absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int32_t recent) {
-  if (!cache->tracks_attention()) {
-    return absl::FailedPreconditionError(
-        "H2O needs the attention accumulated during prefill: call TrackAttention(true) "
-        "before prefilling");
-  }
-  for (int32_t layer = 0; layer < cache->num_layers(); ++layer) {
-    for (int32_t h = 0; h < cache->num_kv_heads(); ++h) {
-      HeadCache& head = cache->head(layer, h);
-      const int64_t n = head.size();
-      const int64_t budget = BudgetEntries(n, ratio);
-      if (budget >= n) continue;
-      const BudgetSplit split = SplitBudget(budget, sinks, recent);
-      // Candidates: the entries between the sinks and the recent window, most attended
-      // first (the older entry on ties).
-      std::vector<int64_t> middle;
-      for (int64_t i = split.sinks; i < n - split.recent; ++i) middle.push_back(i);
-      std::stable_sort(middle.begin(), middle.end(), [&head](int64_t a, int64_t b) {
-        return head.attention[static_cast<size_t>(a)] > head.attention[static_cast<size_t>(b)];
+  if (absl::Status s = CheckTracksAttention(*cache); !s.ok()) return s;
+  EvictEachHead(
+      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); },
+      [sinks, recent](const HeadCache& head, int64_t budget) {
+        return HeavyHittersKeep(head, budget, sinks, recent);
       });
-      middle.resize(static_cast<size_t>(split.middle));
-      std::vector<int64_t> keep(static_cast<size_t>(split.sinks));
-      std::iota(keep.begin(), keep.end(), 0);
-      keep.insert(keep.end(), middle.begin(), middle.end());
-      for (int64_t i = n - split.recent; i < n; ++i) keep.push_back(i);
-      std::sort(keep.begin(), keep.end());
-      KeepEntries(&head, cache->head_size(), keep);
-    }
-  }
+  return absl::OkStatus();
+}
+
+absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
+                                       int32_t recent) {
+  if (absl::Status s = CheckTracksAttention(*cache); !s.ok()) return s;
+  EvictEachHead(
+      cache, [budget_entries](int64_t) { return budget_entries; },
+      [sinks, recent](const HeadCache& head, int64_t budget) {
+        return HeavyHittersKeep(head, budget, sinks, recent);
+      });
   return absl::OkStatus();
 }
 

@@ -37,8 +37,16 @@ void KeepEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>&
 // StreamingLLM: sinks plus the most recent entries, `ratio` of each head's entries.
 void EvictStreamingLlm(KvCache* cache, double ratio, int32_t sinks);
 
+// The same, online: every head longer than `budget_entries` keeps sinks plus its newest.
+void EvictStreamingLlmToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks);
+
 // H2O-style heavy hitters: sinks, `recent` newest, and the highest accumulated attention
 // among the others. FailedPrecondition when the cache did not track attention.
 absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int32_t recent);
+
+// The same, online: every head longer than `budget_entries` drops its least attended
+// entries outside the protected windows (attention keeps accumulating while decoding).
+absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
+                                       int32_t recent);
 
 }  // namespace centroidkv::worker

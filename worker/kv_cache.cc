@@ -100,4 +100,33 @@ absl::Status KvCache::ReplaceHead(int32_t layer, int32_t kv_head, std::vector<fl
   return absl::OkStatus();
 }
 
+absl::Status KvCache::SpliceRows(int32_t layer, int32_t kv_head, int64_t row_begin,
+                                 int64_t row_end, std::span<const float> keys,
+                                 std::span<const float> values, std::span<const uint32_t> counts) {
+  HeadCache& entries = head(layer, kv_head);
+  if (row_begin < 0 || row_end < row_begin || row_end > entries.size()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " head ", kv_head, ": rows [",
+                                              row_begin, ", ", row_end, ") of ", entries.size()));
+  }
+  const size_t floats = counts.size() * static_cast<size_t>(head_size_);
+  if (keys.size() != floats || values.size() != floats) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " head ", kv_head, ": ", counts.size(), " rows need ",
+                     floats, " key and value floats, got ", keys.size(), " and ", values.size()));
+  }
+  const auto hs = static_cast<ptrdiff_t>(head_size_);
+  const auto b = static_cast<ptrdiff_t>(row_begin), e = static_cast<ptrdiff_t>(row_end);
+  entries.keys.erase(entries.keys.begin() + b * hs, entries.keys.begin() + e * hs);
+  entries.keys.insert(entries.keys.begin() + b * hs, keys.begin(), keys.end());
+  entries.values.erase(entries.values.begin() + b * hs, entries.values.begin() + e * hs);
+  entries.values.insert(entries.values.begin() + b * hs, values.begin(), values.end());
+  entries.counts.erase(entries.counts.begin() + b, entries.counts.begin() + e);
+  entries.counts.insert(entries.counts.begin() + b, counts.begin(), counts.end());
+  if (track_attention_) {
+    entries.attention.erase(entries.attention.begin() + b, entries.attention.begin() + e);
+    entries.attention.insert(entries.attention.begin() + b, counts.size(), 0.0);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace centroidkv::worker

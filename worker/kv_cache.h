@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -96,6 +97,13 @@ class KvCache {
   // restart at 0.
   absl::Status ReplaceHead(int32_t layer, int32_t kv_head, std::vector<float> keys,
                            std::vector<float> values, std::vector<uint32_t> counts);
+  // Replaces rows [row_begin, row_end) of one head by `counts.size()` rows (keys and values
+  // counts.size() * head_size floats each): a splice of online compression. OutOfRange for
+  // rows outside the head, InvalidArgument on a size mismatch. Attention statistics of the
+  // new rows start at 0.
+  absl::Status SpliceRows(int32_t layer, int32_t kv_head, int64_t row_begin, int64_t row_end,
+                          std::span<const float> keys, std::span<const float> values,
+                          std::span<const uint32_t> counts);
 
  private:
   size_t Index(int32_t layer, int32_t kv_head) const {

@@ -1,5 +1,6 @@
 // Tests of worker/eviction.cc: budgets as the engine computes them, and which
-// entries StreamingLLM and the H2O-style baseline keep.
+// entries StreamingLLM and the H2O-style baseline keep (by ratio, and online to a fixed
+// budget of entries).
 #include "worker/eviction.h"
 
 #include <vector>
@@ -56,6 +57,19 @@ TEST(EvictionTest, HeavyHittersNeedTrackedAttention) {
   KvCache cache = LineCache(std::vector<double>(4, 0.0));
   cache.TrackAttention(false);
   EXPECT_EQ(EvictHeavyHitters(&cache, 0.5, 1, 1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(EvictionTest, OnlineVariantsCutToAFixedBudgetAndLeaveShorterHeads) {
+  KvCache cache = LineCache({9, 0, 5, 0.5, 7, 1, 0, 3, 0, 0});
+  EvictStreamingLlmToBudget(&cache, 12, 2);  // shorter than the budget: untouched
+  EXPECT_EQ(Keys(cache).size(), 10u);
+  ASSERT_TRUE(EvictHeavyHittersToBudget(&cache, 5, 1, 2).ok());
+  EXPECT_EQ(Keys(cache), (std::vector<float>{0, 2, 4, 8, 9}));
+  EvictStreamingLlmToBudget(&cache, 3, 1);
+  EXPECT_EQ(Keys(cache), (std::vector<float>{0, 8, 9}));
+  cache.TrackAttention(false);
+  EXPECT_EQ(EvictHeavyHittersToBudget(&cache, 2, 1, 1).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Tests of worker/kv_cache.cc: appending, the [H, n, d] exchange layout, ragged
-// export, count-0 padding rows, replacing heads, and malformed replacements.
+// export, count-0 padding rows, replacing heads, malformed replacements, and splicing rows
+// (online compression).
 #include "worker/kv_cache.h"
 
 #include <vector>
@@ -95,6 +96,25 @@ TEST(KvCacheTest, TrackAttentionSizesTheStatistic) {
   EXPECT_EQ(cache.head(1, 1).attention.size(), 3u);
   cache.TrackAttention(false);
   EXPECT_TRUE(cache.head(1, 1).attention.empty());
+}
+
+TEST(KvCacheSpliceRowsTest, ReplacesExactlyTheRowsNamed) {
+  KvCache cache(1, 1, 2);
+  for (float x : {1.f, 2.f, 3.f, 4.f}) {
+    const float k[2] = {x, -x};
+    cache.Append(0, k, k);
+  }
+  const std::vector<float> keys = {9, 9}, values = {8, 8};
+  const std::vector<uint32_t> counts = {2};
+  ASSERT_TRUE(cache.SpliceRows(0, 0, 1, 3, keys, values, counts).ok());
+  const HeadCache& head = cache.head(0, 0);
+  EXPECT_EQ(head.keys, (std::vector<float>{1, -1, 9, 9, 4, -4}));
+  EXPECT_EQ(head.values, (std::vector<float>{1, -1, 8, 8, 4, -4}));
+  EXPECT_EQ(head.counts, (std::vector<uint32_t>{1, 2, 1}));
+  EXPECT_EQ(cache.SpliceRows(0, 0, 2, 5, keys, values, counts).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(cache.SpliceRows(0, 0, 0, 1, keys, {}, counts).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
     result = client.compress(keys, values, target_ratio=0.25)   # keys [H, n, dk]
     result.keys, result.values, result.counts, result.offsets   # heads concatenated
 
-centroidkv.torch has the count-aware attention helpers, centroidkv.transformers a cache for
+centroidkv.Sequence compresses a sequence online while it decodes (splices per layer,
+placed with CacheRows). centroidkv.torch has the count-aware attention helpers, centroidkv.transformers a cache for
 Hugging Face transformers' generate(). The wire API is proto/centroidkv/v1/centroidkv.proto.
 """
 from .client import Client
@@ -14,6 +15,7 @@ from .errors import (CancelledError, CompressError, DeadlineExceededError,
                      PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
                      UnavailableError)
 from .result import HeadResult, LayerResult, Limits, ServerInfo
+from .sequence import CacheRows, Sequence, Splice
 
 __version__ = "0.1.0"
 
@@ -21,7 +23,7 @@ __all__ = ["Client", "AsyncClient", "CompressError", "InvalidArgumentError",
            "ResourceExhaustedError", "FailedPreconditionError", "UnavailableError",
            "DeadlineExceededError", "CancelledError", "InternalError", "UnauthenticatedError",
            "PermissionDeniedError", "LayerResult",
-           "HeadResult", "ServerInfo", "Limits"]
+           "HeadResult", "ServerInfo", "Limits", "Sequence", "CacheRows", "Splice"]
 
 
 def __getattr__(name):

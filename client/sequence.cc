@@ -27,9 +27,9 @@ struct PlannedJob {
   uint64_t version = 0;
   int64_t first_position = 0;
   int64_t end_position = 0;
-  int64_t target = 0;           // rows per head of its result
-  std::vector<size_t> inputs;   // indices into the plan's jobs
-  bool raw = false;             // a chunk kept as it is: no job, its rows are its "result"
+  int64_t target = 0;          // rows per head of its result
+  std::vector<size_t> inputs;  // indices into the plan's jobs
+  bool raw = false;            // a chunk kept as it is: no job, its rows are its "result"
 };
 
 // A merged region of the plan (oldest first): the result of job `job`.
@@ -59,7 +59,7 @@ struct LayerState {
   int64_t raw_first = 0;
   std::deque<uint8_t> raw_keys;
   std::deque<uint8_t> raw_values;
-  bool appended = false;  // this token's row is in
+  bool appended = false;            // this token's row is in
   std::vector<LayerJobState> jobs;  // by plan index
 };
 
@@ -74,7 +74,7 @@ struct Sequence::State {
   Client* client = nullptr;
   SequenceOptions options;
   std::unique_ptr<CompressStream> stream;
-  size_t key_row_bytes = 0;    // one token, every head
+  size_t key_row_bytes = 0;  // one token, every head
   size_t value_row_bytes = 0;
 
   mutable std::mutex mu;
@@ -122,7 +122,8 @@ namespace {
 
 absl::Status CheckOptions(const SequenceOptions& o) {
   auto bad = [](const char* field, auto value, const char* why) {
-    return absl::InvalidArgumentError(absl::StrCat("SequenceOptions.", field, " = ", value, ": ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SequenceOptions.", field, " = ", value, ": ", why));
   };
   if (o.num_layers < 1) return bad("num_layers", o.num_layers, "must be at least 1");
   if (o.num_heads < 1) return bad("num_heads", o.num_heads, "must be at least 1");
@@ -135,7 +136,8 @@ absl::Status CheckOptions(const SequenceOptions& o) {
     return bad("chunk_ratio", o.chunk_ratio, "must be in (0, 1]");
   }
   if (o.policy == OnlinePolicy::kFixedBudget) {
-    const int64_t middle = o.budget_entries - o.sink_tokens - (o.recent_tokens + o.chunk_tokens - 1);
+    const int64_t middle =
+        o.budget_entries - o.sink_tokens - (o.recent_tokens + o.chunk_tokens - 1);
     if (middle < 2) {
       return bad("budget_entries", o.budget_entries,
                  absl::StrCat("leaves ", middle, " rows per head for merged regions after sinks (",
@@ -314,9 +316,11 @@ void Sequence::State::BuildChunkInputLocked(int32_t layer, size_t job_index) {
   const size_t skip = static_cast<size_t>(job.first_position - l.raw_first);
   for (size_t t = 0; t < static_cast<size_t>(tokens); ++t) {
     for (size_t h = 0; h < heads; ++h) {
-      auto k = l.raw_keys.begin() + static_cast<ptrdiff_t>((skip + t) * key_row_bytes + h * key_bytes);
+      auto k =
+          l.raw_keys.begin() + static_cast<ptrdiff_t>((skip + t) * key_row_bytes + h * key_bytes);
       std::copy(k, k + static_cast<ptrdiff_t>(key_bytes),
-                js.keys.begin() + static_cast<ptrdiff_t>((h * static_cast<size_t>(tokens) + t) * key_bytes));
+                js.keys.begin() +
+                    static_cast<ptrdiff_t>((h * static_cast<size_t>(tokens) + t) * key_bytes));
       auto v = l.raw_values.begin() +
                static_cast<ptrdiff_t>((skip + t) * value_row_bytes + h * value_bytes);
       std::copy(v, v + static_cast<ptrdiff_t>(value_bytes),
@@ -326,7 +330,8 @@ void Sequence::State::BuildChunkInputLocked(int32_t layer, size_t job_index) {
   }
   // Chunks are planned in position order: drop the rows up to this chunk's end.
   const size_t drop = skip + static_cast<size_t>(tokens);
-  l.raw_keys.erase(l.raw_keys.begin(), l.raw_keys.begin() + static_cast<ptrdiff_t>(drop * key_row_bytes));
+  l.raw_keys.erase(l.raw_keys.begin(),
+                   l.raw_keys.begin() + static_cast<ptrdiff_t>(drop * key_row_bytes));
   l.raw_values.erase(l.raw_values.begin(),
                      l.raw_values.begin() + static_cast<ptrdiff_t>(drop * value_row_bytes));
   l.raw_first = job.end_position;
@@ -475,11 +480,10 @@ void Sequence::State::OnResultLocked(LayerResult result) {
   js.head_offsets = {};
   if (!result.status.ok()) {
     js.state = JobState::kReleased;
-    FailLocked(absl::Status(result.status.code(),
-                            absl::StrCat("layer ", layer, " positions [",
-                                         plan[job_index].first_position, ", ",
-                                         plan[job_index].end_position,
-                                         "): ", result.status.message())));
+    FailLocked(absl::Status(
+        result.status.code(),
+        absl::StrCat("layer ", layer, " positions [", plan[job_index].first_position, ", ",
+                     plan[job_index].end_position, "): ", result.status.message())));
     return;
   }
   const int32_t heads = options.num_heads;
@@ -570,7 +574,8 @@ absl::Status Sequence::Close() {
   absl::Status flushed = Flush();
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (s.stopping) return flushed.ok() ? absl::CancelledError("the sequence was cancelled") : flushed;
+    if (s.stopping)
+      return flushed.ok() ? absl::CancelledError("the sequence was cancelled") : flushed;
     if (!flushed.ok()) {
       // Jobs may still be in flight: cancel them rather than wait.
     } else {
@@ -638,9 +643,9 @@ absl::StatusOr<std::optional<SpliceRows>> CacheRows::Place(const Splice& splice)
   const int64_t first = splice.first_position;
   const int64_t end = splice.end_position;
   if (first < 0 || end <= first || end > position_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("splice positions [", first, ", ", end, ") are not within the ", position_,
-                     " positions appended"));
+    return absl::FailedPreconditionError(absl::StrCat("splice positions [", first, ", ", end,
+                                                      ") are not within the ", position_,
+                                                      " positions appended"));
   }
   std::vector<Run>& runs = layers_[splice.layer];
   // Stale when rows of a newer splice cover any of its positions.
@@ -671,15 +676,16 @@ absl::StatusOr<std::optional<SpliceRows>> CacheRows::Place(const Splice& splice)
   int64_t row_end = row_begin;
   while (stop < runs.size() && runs[stop].first_position < end) {
     if (runs[stop].first_position < first || runs[stop].end_position > end) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "splice version ", splice.version, " for positions [", first, ", ", end,
-          ") cuts through the rows of version ", runs[stop].version, " for [",
-          runs[stop].first_position, ", ", runs[stop].end_position, ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("splice version ", splice.version, " for positions [", first, ", ", end,
+                       ") cuts through the rows of version ", runs[stop].version, " for [",
+                       runs[stop].first_position, ", ", runs[stop].end_position, ")"));
     }
     row_end += runs[stop].rows;
     ++stop;
   }
-  runs.erase(runs.begin() + static_cast<ptrdiff_t>(begin), runs.begin() + static_cast<ptrdiff_t>(stop));
+  runs.erase(runs.begin() + static_cast<ptrdiff_t>(begin),
+             runs.begin() + static_cast<ptrdiff_t>(stop));
   runs.insert(runs.begin() + static_cast<ptrdiff_t>(begin),
               Run{first, end, splice.version, splice.rows_per_head});
   return std::optional<SpliceRows>(SpliceRows{row_begin, row_end});

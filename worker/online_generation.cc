@@ -103,11 +103,11 @@ class OnlineCentroidKv {
       const auto* values = reinterpret_cast<const float*>(splice.values.data());
       for (int32_t h = 0; h < splice.num_heads; ++h) {
         const size_t hh = static_cast<size_t>(h);
-        CKV_RETURN_IF_ERROR(cache->SpliceRows(
-            static_cast<int32_t>(splice.layer), h, place->row_begin, place->row_end,
-            std::span<const float>(keys + hh * floats, floats),
-            std::span<const float>(values + hh * floats, floats),
-            std::span<const uint32_t>(splice.counts.data() + hh * n, n)));
+        CKV_RETURN_IF_ERROR(
+            cache->SpliceRows(static_cast<int32_t>(splice.layer), h, place->row_begin,
+                              place->row_end, std::span<const float>(keys + hh * floats, floats),
+                              std::span<const float>(values + hh * floats, floats),
+                              std::span<const uint32_t>(splice.counts.data() + hh * n, n)));
       }
       ++run->splices_applied;
     }
@@ -123,7 +123,8 @@ class OnlineCentroidKv {
 int64_t MostRows(const KvCache& cache) {
   int64_t most = 0;
   for (int32_t l = 0; l < cache.num_layers(); ++l) {
-    for (int32_t h = 0; h < cache.num_kv_heads(); ++h) most = std::max(most, cache.head(l, h).size());
+    for (int32_t h = 0; h < cache.num_kv_heads(); ++h)
+      most = std::max(most, cache.head(l, h).size());
   }
   return most;
 }
@@ -160,9 +161,8 @@ absl::StatusOr<OnlineRun> RunOnline(Transformer& transformer, std::span<const in
         EvictStreamingLlmToBudget(&cache, settings.budget_entries, settings.sink_tokens);
         break;
       case OnlineMethod::kH2o:
-        CKV_RETURN_IF_ERROR(EvictHeavyHittersToBudget(&cache, settings.budget_entries,
-                                                      settings.sink_tokens,
-                                                      settings.recent_tokens));
+        CKV_RETURN_IF_ERROR(EvictHeavyHittersToBudget(
+            &cache, settings.budget_entries, settings.sink_tokens, settings.recent_tokens));
         break;
     }
     const double seconds =

@@ -34,7 +34,7 @@ struct OnlineSettings {
   int64_t budget_entries = 0;  // rows per head
   int32_t sink_tokens = 4;
   int32_t recent_tokens = 32;
-  int32_t chunk_tokens = 32;   // CentroidKV: positions per chunk
+  int32_t chunk_tokens = 32;    // CentroidKV: positions per chunk
   CompressOptions compression;  // CentroidKV: engine parameters of its jobs
   BackendKind backend = BackendKind::kAuto;
   bool pipelined = true;
@@ -45,9 +45,9 @@ struct OnlineRun {
   // the step's time (forward pass + the method's work), in seconds.
   std::vector<std::vector<float>> logits;
   std::vector<double> step_seconds;
-  double mean_rows = 0.0;      // rows per head attended, mean over those steps and all heads
-  int64_t max_rows = 0;        // the most rows any head held after a step
-  int64_t final_rows = 0;      // the most rows of a head at the end, every splice applied
+  double mean_rows = 0.0;  // rows per head attended, mean over those steps and all heads
+  int64_t max_rows = 0;    // the most rows any head held after a step
+  int64_t final_rows = 0;  // the most rows of a head at the end, every splice applied
   int64_t splices_applied = 0;
   int64_t splices_stale = 0;
 };

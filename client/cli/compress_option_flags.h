@@ -6,17 +6,16 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
-
 #include "centroidkv/types/compress_options.h"
 
 namespace centroidkv::cli {
 
 // Which flags a tool takes beyond the SPEC parameters every tool has.
 struct CompressOptionFlagSet {
-  bool targets = true;           // --target-ratio / --target-tokens (one of them)
-  bool passthrough_heads = true; // --passthrough-heads H,H,...
-  bool assignment = true;        // --assignment true/false
-  bool output_layout = true;     // --token-major-output
+  bool targets = true;            // --target-ratio / --target-tokens (one of them)
+  bool passthrough_heads = true;  // --passthrough-heads H,H,...
+  bool assignment = true;         // --assignment true/false
+  bool output_layout = true;      // --token-major-output
 };
 
 // Adds the flags of `which` to `app`, each writing its field of `*options` (which must
@@ -24,15 +23,14 @@ struct CompressOptionFlagSet {
 inline void AddCompressOptionFlags(CLI::App* app, CompressOptions* options,
                                    CompressOptionFlagSet which = {}) {
   if (which.targets) {
-    CLI::Option* ratio = app->add_option(
-        "--target-ratio", options->target_ratio,
-        absl::StrCat("rho in (0, 1]: keep ceil(rho * n) (with neither target: ",
-                     CompressOptions::kDefaultTargetRatio, ")"));
+    CLI::Option* ratio =
+        app->add_option("--target-ratio", options->target_ratio,
+                        absl::StrCat("rho in (0, 1]: keep ceil(rho * n) (with neither target: ",
+                                     CompressOptions::kDefaultTargetRatio, ")"));
     app->add_option("--target-tokens", options->target_tokens, "Absolute target length t")
         ->excludes(ratio);
   }
-  app->add_option("--chunk-size", options->chunk_size, "Chunk size C >= 2")
-      ->capture_default_str();
+  app->add_option("--chunk-size", options->chunk_size, "Chunk size C >= 2")->capture_default_str();
   app->add_option("--sink-tokens", options->sink_tokens, "Leading entries never merged (S)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

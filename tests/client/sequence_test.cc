@@ -38,14 +38,14 @@ struct HeadRows {
   std::vector<uint32_t> counts;
   bool operator==(const HeadRows&) const = default;
 };
-using LayerRows = std::vector<HeadRows>;   // [H]
+using LayerRows = std::vector<HeadRows>;    // [H]
 using CacheState = std::vector<LayerRows>;  // [L]
 
 // The token stream: keys and values of every (token, layer), [H, d] each, drawn around a
 // few prototypes so that merging finds real neighbours.
 struct Tokens {
   int32_t layers, heads, dim;
-  std::vector<std::vector<float>> keys;    // [token * layers + layer] -> [H * dim]
+  std::vector<std::vector<float>> keys;  // [token * layers + layer] -> [H * dim]
   std::vector<std::vector<float>> values;
   const float* key(int64_t t, int32_t l) const { return keys[t * layers + l].data(); }
   const float* value(int64_t t, int32_t l) const { return values[t * layers + l].data(); }
@@ -63,7 +63,8 @@ Tokens MakeTokens(int64_t count, int32_t layers, int32_t heads, int32_t dim, uin
     for (int32_t h = 0; h < heads; ++h) {
       const int proto = pick(rng);
       for (int32_t j = 0; j < dim; ++j) {
-        k[static_cast<size_t>(h * dim + j)] = prototypes[static_cast<size_t>(proto * dim + j)] + 0.3f * normal(rng);
+        k[static_cast<size_t>(h * dim + j)] =
+            prototypes[static_cast<size_t>(proto * dim + j)] + 0.3f * normal(rng);
         v[static_cast<size_t>(h * dim + j)] = normal(rng);
       }
     }
@@ -77,7 +78,8 @@ Tokens MakeTokens(int64_t count, int32_t layers, int32_t heads, int32_t dim, uin
 class WorkerCache {
  public:
   WorkerCache(int32_t layers, int32_t heads, int32_t dim)
-      : rows_(layers), state_(static_cast<size_t>(layers), LayerRows(static_cast<size_t>(heads))),
+      : rows_(layers),
+        state_(static_cast<size_t>(layers), LayerRows(static_cast<size_t>(heads))),
         dim_(dim) {}
 
   void Append(const Tokens& tokens, int64_t t) {
@@ -110,9 +112,11 @@ class WorkerCache {
       head.keys.erase(head.keys.begin() + b * dim_, head.keys.begin() + e * dim_);
       head.keys.insert(head.keys.begin() + b * dim_, keys + h * n * d, keys + (h + 1) * n * d);
       head.values.erase(head.values.begin() + b * dim_, head.values.begin() + e * dim_);
-      head.values.insert(head.values.begin() + b * dim_, values + h * n * d, values + (h + 1) * n * d);
+      head.values.insert(head.values.begin() + b * dim_, values + h * n * d,
+                         values + (h + 1) * n * d);
       head.counts.erase(head.counts.begin() + b, head.counts.begin() + e);
-      head.counts.insert(head.counts.begin() + b, splice.counts.begin() + static_cast<ptrdiff_t>(h * n),
+      head.counts.insert(head.counts.begin() + b,
+                         splice.counts.begin() + static_cast<ptrdiff_t>(h * n),
                          splice.counts.begin() + static_cast<ptrdiff_t>((h + 1) * n));
     }
     return true;
@@ -211,8 +215,8 @@ LayerRows RawRows(const Tokens& tokens, int32_t layer, int64_t first, int64_t en
 // the worker must end with after `count` tokens once every splice is applied.
 CacheState SynchronousReference(const Tokens& tokens, int64_t count, const SequenceOptions& o) {
   CacheState state;
-  const int64_t chunk_entries =
-      std::clamp<int64_t>(static_cast<int64_t>(std::ceil(o.chunk_ratio * o.chunk_tokens - 1e-9)), 1, o.chunk_tokens);
+  const int64_t chunk_entries = std::clamp<int64_t>(
+      static_cast<int64_t>(std::ceil(o.chunk_ratio * o.chunk_tokens - 1e-9)), 1, o.chunk_tokens);
   const int64_t room = o.budget_entries - o.sink_tokens - (o.recent_tokens + o.chunk_tokens - 1);
   for (int32_t layer = 0; layer < tokens.layers; ++layer) {
     std::vector<LayerRows> regions;
@@ -252,16 +256,15 @@ CacheState SynchronousReference(const Tokens& tokens, int64_t count, const Seque
 }
 
 SequenceOptions SmallOptions(OnlinePolicy policy) {
-  SequenceOptions o;
-  o.num_layers = 3;
-  o.num_heads = 2;
-  o.key_dim = 8;
-  o.value_dim = 8;
-  o.sink_tokens = 4;
-  o.recent_tokens = 8;
-  o.chunk_tokens = 16;
-  o.chunk_ratio = 0.5;
-  o.policy = policy;
+  SequenceOptions o{.num_layers = 3,
+                    .num_heads = 2,
+                    .key_dim = 8,
+                    .value_dim = 8,
+                    .sink_tokens = 4,
+                    .recent_tokens = 8,
+                    .chunk_tokens = 16,
+                    .policy = policy,
+                    .chunk_ratio = 0.5};
   o.budget_entries = 48;  // room for 48 - 4 - 23 = 21 merged rows per head
   o.compression.chunk_size = 8;
   o.backend = BackendKind::kReference;
@@ -271,7 +274,8 @@ SequenceOptions SmallOptions(OnlinePolicy policy) {
 // Appends token t of every layer and ends it.
 absl::Status FeedToken(Sequence& sequence, const Tokens& tokens, int64_t t) {
   for (int32_t l = 0; l < tokens.layers; ++l) {
-    if (absl::Status s = sequence.Append(l, tokens.key(t, l), tokens.value(t, l)); !s.ok()) return s;
+    if (absl::Status s = sequence.Append(l, tokens.key(t, l), tokens.value(t, l)); !s.ok())
+      return s;
   }
   return sequence.EndToken();
 }
@@ -375,7 +379,8 @@ TEST_F(SequenceTest, HalfPrecisionSplicesAreTheEngineResultRoundedOnce) {
         testutil::ReferenceEngine().Compress(view, JobOptions(o, 8));
     ASSERT_TRUE(expected.ok()) << expected.status();
     EXPECT_EQ(splice.counts, expected->counts);
-    const std::vector<uint16_t> expected_keys = halves(expected->keys.data(), expected->keys.size());
+    const std::vector<uint16_t> expected_keys =
+        halves(expected->keys.data(), expected->keys.size());
     const std::vector<uint16_t> expected_values =
         halves(expected->values.data(), expected->values.size());
     ASSERT_EQ(splice.keys.size(), 2 * expected_keys.size());
@@ -420,14 +425,13 @@ TEST_F(SequenceTest, FixedBudgetSplicesOutOfOrderGiveTheSameCache) {
 }
 
 TEST_F(SequenceTest, ThirtyTwoLayersStayAtTheirBudget) {
-  SequenceOptions o;
-  o.num_layers = 32;
-  o.num_heads = 2;
-  o.key_dim = 16;
-  o.value_dim = 16;
-  o.sink_tokens = 4;
-  o.recent_tokens = 16;
-  o.chunk_tokens = 16;
+  SequenceOptions o{.num_layers = 32,
+                    .num_heads = 2,
+                    .key_dim = 16,
+                    .value_dim = 16,
+                    .sink_tokens = 4,
+                    .recent_tokens = 16,
+                    .chunk_tokens = 16};
   o.budget_entries = 80;  // room for 80 - 4 - 31 = 45 merged rows per head
   o.compression.chunk_size = 16;
   o.backend = BackendKind::kCpu;
@@ -482,16 +486,15 @@ TEST(SequenceFailoverTest, AReplicaKilledMidSequenceLosesNothing) {
   pool_options.retry.initial_backoff = std::chrono::milliseconds(10);
   auto pool = ReplicaPool::Connect(pool_options);
   ASSERT_TRUE(pool.ok()) << pool.status();
-  SequenceOptions o;
-  o.num_layers = 8;
-  o.num_heads = 8;
-  o.key_dim = 128;
-  o.value_dim = 128;
-  o.sink_tokens = 4;
-  o.recent_tokens = 32;
-  o.chunk_tokens = 128;
-  o.budget_entries = 400;
-  o.compression.chunk_size = 128;
+  SequenceOptions o{.num_layers = 8,
+                    .num_heads = 8,
+                    .key_dim = 128,
+                    .value_dim = 128,
+                    .sink_tokens = 4,
+                    .recent_tokens = 32,
+                    .chunk_tokens = 128,
+                    .budget_entries = 400,
+                    .compression = {.chunk_size = 128}};
   // The reference engine at head dim 128: tens of ms per job, so the jobs seen in flight are
   // still computing when the SIGKILL lands (an answer already on its way is not resent).
   o.backend = BackendKind::kReference;
@@ -565,13 +568,12 @@ TEST(SequenceCancelTest, ACancelledSequenceLeavesNoJobOnTheServer) {
   client_options.target = (*server)->target();
   auto client = Client::Connect(client_options);
   ASSERT_TRUE(client.ok()) << client.status();
-  SequenceOptions o;
-  o.num_layers = 4;
-  o.num_heads = 8;
-  o.key_dim = 64;
-  o.value_dim = 64;
-  o.sink_tokens = 4;
-  o.recent_tokens = 16;
+  SequenceOptions o{.num_layers = 4,
+                    .num_heads = 8,
+                    .key_dim = 64,
+                    .value_dim = 64,
+                    .sink_tokens = 4,
+                    .recent_tokens = 16};
   o.chunk_tokens = 1024;  // reference jobs of 8 x 1024 rows: seconds each on one thread
   o.policy = OnlinePolicy::kFixedRatio;
   o.compression.chunk_size = 512;

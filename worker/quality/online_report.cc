@@ -86,7 +86,8 @@ absl::StatusOr<std::vector<OnlineMethodResult>> RunOnlineReport(
         OnlineMethodResult& r = results[k++];
         s.budget_entries = r.budget_entries;
         s.pipelined = v.pipelined;
-        CKV_ASSIGN_OR_RETURN(const OnlineRun run, RunOnline(transformer, texts[i], v.method, s, client));
+        CKV_ASSIGN_OR_RETURN(const OnlineRun run,
+                             RunOnline(transformer, texts[i], v.method, s, client));
         AddRun(run, &full.logits, &r, count);
       }
     }
@@ -110,19 +111,20 @@ std::string OnlineMarkdownReport(const std::vector<OnlineMethodResult>& results,
     for (double x : r.step_seconds) mean += x / static_cast<double>(r.step_seconds.size());
     const bool full = r.method == "full";
     absl::StrAppend(
-        &md,
-        absl::StrFormat("| %s | %s | %.1f / %d / %d | %s | %s | %.1f us | %.1f us | %.1f us | %.2f |\n",
-                        full ? "-" : absl::StrFormat("%.0f%% (%d)", 100.0 * r.budget, r.budget_entries),
-                        r.method, r.mean_rows, r.max_rows, r.final_rows,
-                        full ? "-" : absl::StrFormat("%.5f", r.agreement.mean_kl()),
-                        full ? "-" : absl::StrFormat("%.4f", r.agreement.top1()), 1e6 * mean, 1e6 * p50,
-                        1e6 * p99, full_p50 > 0 ? p50 / full_p50 : 0.0));
+        &md, absl::StrFormat(
+                 "| %s | %s | %.1f / %d / %d | %s | %s | %.1f us | %.1f us | %.1f us | %.2f |\n",
+                 full ? "-" : absl::StrFormat("%.0f%% (%d)", 100.0 * r.budget, r.budget_entries),
+                 r.method, r.mean_rows, r.max_rows, r.final_rows,
+                 full ? "-" : absl::StrFormat("%.5f", r.agreement.mean_kl()),
+                 full ? "-" : absl::StrFormat("%.4f", r.agreement.top1()), 1e6 * mean, 1e6 * p50,
+                 1e6 * p99, full_p50 > 0 ? p50 / full_p50 : 0.0));
   }
   // Which method is closest to the uncompressed run at each budget (computed, not written).
   absl::StrAppend(&md, "\nLowest mean KL at each budget (the rest in order):\n\n");
   std::vector<double> budgets;
   for (const OnlineMethodResult& r : results) {
-    if (r.method != "full" && std::find(budgets.begin(), budgets.end(), r.budget) == budgets.end()) {
+    if (r.method != "full" &&
+        std::find(budgets.begin(), budgets.end(), r.budget) == budgets.end()) {
       budgets.push_back(r.budget);
     }
   }

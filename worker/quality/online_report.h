@@ -20,18 +20,18 @@
 namespace centroidkv::worker::quality {
 
 struct OnlineReportSettings {
-  OnlineSettings online;          // budget_entries is set per budget
-  std::vector<double> budgets;    // fractions of the text length
+  OnlineSettings online;        // budget_entries is set per budget
+  std::vector<double> budgets;  // fractions of the text length
 };
 
 struct OnlineMethodResult {
-  std::string method;             // "centroidkv (pipelined)", ...
-  double budget = 0.0;            // fraction of the text length
+  std::string method;   // "centroidkv (pipelined)", ...
+  double budget = 0.0;  // fraction of the text length
   int64_t budget_entries = 0;
   Agreement agreement;
-  double mean_rows = 0.0;         // mean over texts of OnlineRun::mean_rows
-  int64_t max_rows = 0;           // over texts
-  int64_t final_rows = 0;         // over texts
+  double mean_rows = 0.0;  // mean over texts of OnlineRun::mean_rows
+  int64_t max_rows = 0;    // over texts
+  int64_t final_rows = 0;  // over texts
   int64_t splices_stale = 0;
   std::vector<double> step_seconds;  // every generated step of every text
 };

@@ -39,8 +39,8 @@ TEST_F(OnlineReportTest, ReportsEveryMethodAtEveryBudget) {
   }
   const std::string page = OnlineMarkdownReport(*results, "context line");
   const std::string json = OnlineJsonLine(*results);
-  for (const char* method : {"full", "centroidkv (pipelined)", "centroidkv (waits every step)",
-                             "streamingllm", "h2o"}) {
+  for (const char* method :
+       {"full", "centroidkv (pipelined)", "centroidkv (waits every step)", "streamingllm", "h2o"}) {
     EXPECT_NE(page.find(method), std::string::npos) << method;
     EXPECT_NE(json.find(method), std::string::npos) << method;
   }

@@ -62,13 +62,13 @@ struct SequenceOptions {
   int32_t recent_tokens = 32;     // the newest positions: never sent
   int32_t chunk_tokens = 32;      // positions per new chunk
   OnlinePolicy policy = OnlinePolicy::kFixedBudget;
-  double chunk_ratio = 0.5;       // kFixedRatio: a chunk keeps ceil(chunk_ratio * chunk_tokens)
-  int64_t budget_entries = 0;     // kFixedBudget: rows per head once every splice is applied
+  double chunk_ratio = 0.5;    // kFixedRatio: a chunk keeps ceil(chunk_ratio * chunk_tokens)
+  int64_t budget_entries = 0;  // kFixedBudget: rows per head once every splice is applied
   // The engine parameters of every job (chunk_size, min_similarity, max_passes, ...). The
   // sequence sets the target, sinks and recent (0: it sends only what may be merged),
   // exact_target and pad_heads (every head of a splice has the same number of rows),
   // compute_assignment (off) and result_dtype.
-  CompressOptions compression;
+  CompressOptions compression{};
   BackendKind backend = BackendKind::kAuto;
   int32_t priority = 0;
 };
@@ -88,9 +88,9 @@ struct Splice {
   int32_t rows_per_head = 0;
   int32_t key_dim = 0;
   int32_t value_dim = 0;
-  std::vector<uint8_t> keys;      // [H, rows_per_head, key_dim] of dtype
-  std::vector<uint8_t> values;    // [H, rows_per_head, value_dim] of dtype
-  std::vector<uint32_t> counts;   // [H, rows_per_head]; 0 marks a padding row (attention masks it)
+  std::vector<uint8_t> keys;     // [H, rows_per_head, key_dim] of dtype
+  std::vector<uint8_t> values;   // [H, rows_per_head, value_dim] of dtype
+  std::vector<uint32_t> counts;  // [H, rows_per_head]; 0 marks a padding row (attention masks it)
 };
 
 struct SequenceStats {

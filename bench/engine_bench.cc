@@ -27,6 +27,9 @@
 // Own flags (--name=value, after Google Benchmark's --benchmark_* flags):
 //   --tokens --heads --dim --chunks=64,256,1024 --ratio --sink --recent --seed
 //   --engine=cpu|reference --reps --min_time --threads --peak_reps --faiss=0|1 --check=0|1
+//   --level=scalar|avx2|avx512|amx  (the cpu engine's kernels forced to a level this CPU has,
+//                    and the fp32 peak measured with that level's vectors: every level shipped
+//                    can be measured on one machine; default: the level chosen at run time)
 //   --fresh=0|1 (also time each job into a fresh result: Compress instead of CompressInto)
 //   --result_dtype=float32[,float16,bfloat16]  (CompressOptions::result_dtype of the timed
 //                    jobs; several side by side, each with its own memory floor, which then
@@ -66,6 +69,7 @@
 #include "bench/workload.h"
 #include "centroidkv/common/npy.h"
 #include "centroidkv/kernels/engine_factory.h"
+#include "kernels/cpu/cpu_engine.h"
 #include "kernels/cpu/simd_dispatch.h"
 
 #ifdef CKV_HAVE_FAISS
@@ -82,6 +86,7 @@ struct Flags {
   int32_t sink = 0;
   int32_t recent = 0;
   std::string engine = "cpu";
+  std::string level;  // "": the cpu engine's own choice
   int32_t reps = 5;
   double min_time = 0.5;
   int32_t threads = 0;
@@ -141,6 +146,8 @@ Flags ParseFlags(int argc, char** argv) {
       flags.recent = ParseNumber<int32_t>(name, value);
     } else if (name == "engine") {
       flags.engine = value;
+    } else if (name == "level") {
+      flags.level = value;
     } else if (name == "reps") {
       flags.reps = ParseNumber<int32_t>(name, value);
     } else if (name == "min_time") {
@@ -381,6 +388,7 @@ std::string IsaFeatures() {
 // the untimed checks and the registration established.
 struct BenchRun {
   std::unique_ptr<EngineSet> engines;
+  std::unique_ptr<cpu::CpuEngine> forced_level;  // --level: a cpu engine of that level
   const ClusterEngine* engine = nullptr;
   std::string engine_name;
   std::string kernel_level;  // the cpu backend's kernels on this CPU: scalar, avx2, avx512, amx
@@ -419,6 +427,22 @@ void SetUp(const Flags& flags, BenchRun* run) {
   run->engine_name = std::string(run->engine->name());
   // The cpu backend's kernels on this CPU (simd_dispatch.h): scalar, avx2, avx512 or amx.
   run->kernel_level = std::string(cpu::SimdLevelName(cpu::DetectSimdLevel()));
+  if (!flags.level.empty()) {
+    std::optional<cpu::SimdLevel> level;
+    for (cpu::SimdLevel supported : cpu::SupportedSimdLevels()) {
+      if (cpu::SimdLevelName(supported) == flags.level) level = supported;
+    }
+    if (!level.has_value() || flags.engine != "cpu") {
+      Die("--level=" + flags.level + ": needs --engine=cpu and a level this CPU has");
+    }
+    run->forced_level =
+        std::make_unique<cpu::CpuEngine>(EngineLimits{}, cpu::CpuEngineOptions{level});
+    run->engine = run->forced_level.get();
+    run->kernel_level = flags.level;
+    // The peak of the vectors that level's match kernel multiplies with (amx: its fp32
+    // work is AVX-512; its bf16 peak is printed as context).
+    run->peak_options.isa = *level == cpu::SimdLevel::kAmx ? "avx512" : flags.level;
+  }
 
   run->peak_options.threads = flags.threads;
   run->peak_options.repetitions = flags.peak_reps;

@@ -35,7 +35,6 @@ absl::Status DeadlineError(uint64_t job_id) {
 CompressReactor::CompressReactor(ServiceContext* context, std::unique_ptr<CallerStream> caller)
     : context_(context), caller_(std::move(caller)) {
   context_->streams.Add(this);
-  context_->stats.streams_opened.fetch_add(1);
   context_->metrics.StreamOpened();
   Actions actions;
   {
@@ -444,7 +443,7 @@ void CompressReactor::SubmitJob(ReceivingJob job, Actions* actions) {
   if (job.job->deadline().has_value() &&
       std::chrono::steady_clock::now() >= *job.job->deadline()) {
     // Expired while its bytes arrived: dropped without computing.
-    context_->stats.jobs_dropped.fetch_add(1);
+    context_->metrics.JobEnded(JobOutcome::kDropped);
     QueueJobError(job_id, DeadlineError(job_id), job.job->footprint_bytes(), actions);
     return;
   }
@@ -453,7 +452,6 @@ void CompressReactor::SubmitJob(ReceivingJob job, Actions* actions) {
   computing_.emplace(job_id, cancelled);
   computing_footprint_.emplace(job_id, job.job->footprint_bytes());
   Ref();  // held by the task
-  context_->stats.jobs_received.fetch_add(1);
   const LayerView& view = job.job->view();
   context_->metrics.JobReceived(job.engine->name(),
                                 static_cast<int64_t>(view.num_heads) * view.num_tokens);
@@ -511,7 +509,7 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
 
 void CompressReactor::OnJobComputed(uint64_t job_id, const absl::Status& status,
                                     PooledResult result, const ResultMeta& meta) {
-  ServiceStats& stats = context_->stats;
+  ServiceMetrics& metrics = context_->metrics;
   Actions actions;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -522,21 +520,21 @@ void CompressReactor::OnJobComputed(uint64_t job_id, const absl::Status& status,
     computing_footprint_.erase(job_id);
     if (finish_requested_ || (job_cancelled && !meta.deadline_exceeded) ||
         (status.code() == absl::StatusCode::kCancelled && !meta.deadline_exceeded)) {
-      stats.jobs_dropped.fetch_add(1);
+      metrics.JobEnded(JobOutcome::kDropped);
       ReleaseFootprint(footprint, &actions);
     } else if (meta.deadline_exceeded) {
       // Its deadline passed while it waited or computed: the work was dropped.
-      stats.jobs_dropped.fetch_add(1);
+      metrics.JobEnded(JobOutcome::kDropped);
       QueueJobError(job_id, DeadlineError(job_id), footprint, &actions);
     } else if (!status.ok()) {
       // Bad data (NaN, counts, ...) or a failure while computing: that job only, naming the
       // field; the stream goes on.
-      stats.jobs_failed.fetch_add(1);
+      metrics.JobEnded(JobOutcome::kFailed);
       QueueJobError(job_id, WithPrefix(status, absl::StrCat("job ", job_id, ": ")), footprint,
                     &actions);
     } else {
       // The job's input is gone; the result needs at most the reserved footprint.
-      stats.jobs_completed.fetch_add(1);
+      metrics.JobEnded(JobOutcome::kCompleted);
       context_->metrics.EntriesOut(meta.provenance.backend, result->total_entries());
       outgoing_.push_back(Output{});
       outgoing_.back().footprint = footprint;

@@ -111,6 +111,13 @@ Counter* CounterFamily::WithLabels(const LabelValues& label_values) {
   return counter.get();
 }
 
+uint64_t CounterFamily::Total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& [values, counter] : series_) total += counter->value();
+  return total;
+}
+
 void CounterFamily::RenderSeries(std::string* out) const {
   for (const auto& [values, counter] : series_) {
     *out += name_ + LabelText(values) + " " + std::to_string(counter->value()) + "\n";

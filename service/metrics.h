@@ -76,6 +76,8 @@ class CounterFamily final : public MetricFamily {
   using MetricFamily::MetricFamily;
   // The series for `label_values` (one per label name), created at zero on first use.
   Counter* WithLabels(const LabelValues& label_values);
+  // The sum over every series (a family without labels: its one value).
+  uint64_t Total() const;
 
  private:
   const char* type() const override { return "counter"; }

@@ -45,15 +45,6 @@ class StreamRegistry {
   std::set<CompressReactor*> reactors_;
 };
 
-// Counters of the server's life so far (read by tests; /metrics has its own, by label).
-struct ServiceStats {
-  std::atomic<int64_t> streams_opened{0};
-  std::atomic<int64_t> jobs_received{0};   // complete jobs handed to the pool
-  std::atomic<int64_t> jobs_completed{0};  // results queued for writing
-  std::atomic<int64_t> jobs_failed{0};     // engine errors (per job or stream-ending)
-  std::atomic<int64_t> jobs_dropped{0};    // cancelled, or their stream ended first
-};
-
 struct ServiceContext {
   explicit ServiceContext(const ServerOptions& server_options);
   // Cancels and waits for every job still in the pool before any member they use (the
@@ -68,7 +59,6 @@ struct ServiceContext {
   std::shared_ptr<InputPool> inputs;    // likewise
   StreamRegistry streams;
   JobCancellation jobs;  // every job in the pool, for shutdown
-  ServiceStats stats;
   std::atomic<bool> draining{false};
   ServiceMetrics metrics;  // its gauges read the members above
   CallerGate callers;      // identities and per-caller limits; counts into metrics

@@ -28,6 +28,19 @@ const std::vector<double> kClusteringBounds = {0.001, 0.0025, 0.005, 0.01, 0.025
 const std::vector<double> kQueueWaitBounds = {0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                               0.05,   0.1,    0.25,  0.5,    1,     2.5,  10};
 
+
+const char* OutcomeName(JobOutcome outcome) {
+  switch (outcome) {
+    case JobOutcome::kCompleted:
+      return "completed";
+    case JobOutcome::kFailed:
+      return "failed";
+    case JobOutcome::kDropped:
+      return "dropped";
+  }
+  return "unknown";
+}
+
 }  // namespace
 
 ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor& executor,
@@ -50,6 +63,14 @@ ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor
   jobs_ = registry_.AddCounter("centroidkv_jobs_total",
                                "Layer jobs received whole and handed to the clustering pool",
                                {"backend"});
+  job_outcomes_ = registry_.AddCounter(
+      "centroidkv_job_outcomes_total",
+      "Jobs received whole that ended: completed (result sent), failed (a JobError for bad "
+      "data or an engine failure), dropped (cancelled, stream gone or deadline passed)",
+      {"outcome"});
+  for (JobOutcome outcome : {JobOutcome::kCompleted, JobOutcome::kFailed, JobOutcome::kDropped}) {
+    job_outcomes_->WithLabels({OutcomeName(outcome)});  // every outcome exported from 0
+  }
   tokens_ = registry_.AddCounter("centroidkv_tokens_total",
                                  "Input token rows of received jobs (heads x tokens)", {"backend"});
   entries_ = registry_.AddCounter("centroidkv_entries_total",
@@ -135,6 +156,14 @@ void ServiceMetrics::JobReceived(std::string_view backend, int64_t tokens) {
   const std::vector<std::string> labels = {std::string(backend)};
   jobs_->WithLabels(labels)->Increment();
   tokens_->WithLabels(labels)->Increment(static_cast<uint64_t>(tokens));
+}
+
+void ServiceMetrics::JobEnded(JobOutcome outcome) {
+  job_outcomes_->WithLabels({OutcomeName(outcome)})->Increment();
+}
+
+int64_t ServiceMetrics::jobs_ended(JobOutcome outcome) const {
+  return static_cast<int64_t>(job_outcomes_->WithLabels({OutcomeName(outcome)})->value());
 }
 
 void ServiceMetrics::JobComputed(std::string_view backend, double queue_seconds,

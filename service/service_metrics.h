@@ -23,6 +23,11 @@ class WorkExecutor;
 // The name the HorizontalPodAutoscaler of deploy/ scales on (tests check it is exported).
 inline constexpr char kQueueDepthMetric[] = "centroidkv_queue_depth";
 
+// How a job received whole ended: its result sent, a JobError (bad data, an engine
+// failure), or dropped unanswered or with a deadline error (cancelled, its stream gone,
+// its deadline passed).
+enum class JobOutcome { kCompleted, kFailed, kDropped };
+
 class ServiceMetrics {
  public:
   // Reads the live gauges from the arguments, which must outlive this object.
@@ -37,6 +42,7 @@ class ServiceMetrics {
   void JobReceived(std::string_view backend, int64_t tokens);
   // A job the engine ran (whatever its outcome).
   void JobComputed(std::string_view backend, double queue_seconds, double compute_seconds);
+  void JobEnded(JobOutcome outcome);
   // A result queued for sending: `entries` = output rows over all heads.
   void EntriesOut(std::string_view backend, int64_t entries);
   // Serialized sizes of the Compress messages read and written.
@@ -51,10 +57,16 @@ class ServiceMetrics {
 
   std::string Render() const { return registry_.Render(); }
 
+  // Totals over every label, read in process (the tests' view of the counters above).
+  int64_t streams_opened() const { return static_cast<int64_t>(streams_total_->value()); }
+  int64_t jobs_received() const { return static_cast<int64_t>(jobs_->Total()); }
+  int64_t jobs_ended(JobOutcome outcome) const;
+
  private:
   MetricsRegistry registry_;
   Counter* streams_total_;
   CounterFamily* jobs_;
+  CounterFamily* job_outcomes_;
   CounterFamily* tokens_;
   CounterFamily* entries_;
   Counter* bytes_in_;

@@ -181,8 +181,8 @@ TEST_F(CompressStreamTest, CancelledJobBuffersAreNotReadAfterCancel) {
   RandomLayer small = SmallLayer(14);
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
-  const service::ServiceStats& stats = server_->context().stats;
-  const int64_t received_before = stats.jobs_received.load();
+  const service::ServiceMetrics& counters = server_->context().metrics;
+  const int64_t received_before = counters.jobs_received();
   std::unique_ptr<CompressStream> stream = client->OpenStream();
   LayerJob big_job = SmallJob(big, 1);
   big_job.options.chunk_size = 64;
@@ -194,7 +194,7 @@ TEST_F(CompressStreamTest, CancelledJobBuffersAreNotReadAfterCancel) {
   for (int32_t t = 0; t < small.spec().num_tokens; ++t) small.SetKey(0, t, 0, nan);
   ExpectOnlyResult(stream.get(), big_job);
   EXPECT_TRUE(stream->Close().ok());
-  EXPECT_EQ(stats.jobs_received.load() - received_before, 1);
+  EXPECT_EQ(counters.jobs_received() - received_before, 1);
 }
 
 TEST_F(CompressStreamTest, CancelOfAnUnknownJobIsNotFound) {

@@ -135,10 +135,15 @@ std::unique_ptr<ReplicaPool> ConnectPool(const PoolOptions& options) {
   return pool.ok() ? *std::move(pool) : nullptr;
 }
 
+int64_t JobsCompleted(const service::Server& server) {
+  return server.context().metrics.jobs_ended(service::JobOutcome::kCompleted);
+}
+
 int64_t JobsComputing(const service::Server& server) {
-  const service::ServiceStats& stats = server.context().stats;
-  return stats.jobs_received.load() - stats.jobs_completed.load() - stats.jobs_failed.load() -
-         stats.jobs_dropped.load();
+  const service::ServiceMetrics& counters = server.context().metrics;
+  using service::JobOutcome;
+  return counters.jobs_received() - counters.jobs_ended(JobOutcome::kCompleted) -
+         counters.jobs_ended(JobOutcome::kFailed) - counters.jobs_ended(JobOutcome::kDropped);
 }
 
 // A job the reference backend needs a while for (hundreds of ms), to have one in flight.
@@ -176,10 +181,10 @@ TEST(ReplicaPoolTest, CommaListSpreadsJobsOverThreeReplicas) {
   EXPECT_EQ(stats.returned_ok, 60);
   EXPECT_EQ(stats.retries, 0);
   for (const auto& server : servers) {
-    EXPECT_GT(server->context().stats.jobs_completed.load(), 0) << server->target();
+    EXPECT_GT(JobsCompleted(*server), 0) << server->target();
     const auto it = stats.replicas.find("ipv4:" + server->target());
     ASSERT_NE(it, stats.replicas.end()) << server->target();
-    EXPECT_EQ(it->second.results, server->context().stats.jobs_completed.load());
+    EXPECT_EQ(it->second.results, JobsCompleted(*server));
     EXPECT_EQ(it->second.in_flight, 0);
   }
 }
@@ -205,7 +210,7 @@ TEST(ReplicaPoolTest, UnixSocketListSpreadsJobsOverBothServers) {
   std::unique_ptr<CompressStream> stream = pool->OpenStream();
   RunPipelined(stream.get(), set.jobs, set.specs);
   for (const auto& server : servers) {
-    EXPECT_GT(server->context().stats.jobs_completed.load(), 0) << server->target();
+    EXPECT_GT(JobsCompleted(*server), 0) << server->target();
   }
   EXPECT_EQ(pool->stats().returned_ok, 24);
   servers.clear();
@@ -261,7 +266,7 @@ TEST(ReplicaPoolTest, AJobRefusedByADrainingReplicaIsResentToAnother) {
   EXPECT_EQ(stats.replicas["ipv4:" + draining->target()].resent, 1);
   EXPECT_EQ(stats.replicas["ipv4:" + draining->target()].results, 1) << "the slow job";
   for (const auto& server : servers) {
-    EXPECT_EQ(server->context().stats.jobs_completed.load(), 1) << server->target();
+    EXPECT_EQ(JobsCompleted(*server), 1) << server->target();
   }
 }
 
@@ -369,7 +374,7 @@ TEST(ReplicaPoolTest, AnExpiredJobIsCancelledAndReturnedWithoutResending) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   EXPECT_EQ(JobsComputing(*servers[0]), 0);
-  EXPECT_EQ(servers[0]->context().stats.jobs_completed.load(), 0);
+  EXPECT_EQ(JobsCompleted(*servers[0]), 0);
 }
 
 TEST(ReplicaPoolTest, CancelledJobGetsNoResult) {

@@ -84,7 +84,7 @@ class CompressReactorTest : public ::testing::Test {
     EXPECT_EQ(results[7].counts, Expected(layer.view(), SmallOptions()).counts);
   }
 
-  const ServiceStats& stats() const { return server_->context().stats; }
+  const ServiceMetrics& metrics() const { return server_->context().metrics; }
 
   // Every result buffer is back in the pool (or freed), within the pool's bounds.
   void ExpectResultsReturned(const Server& server) {
@@ -432,17 +432,19 @@ TEST_F(CompressReactorTest, CancelledStreamWorkIsDroppedWhileOthersComplete) {
   RandomLayer slow = SlowLayer();
   auto cancelled = std::make_unique<RawStream>(stub_.get());
   ASSERT_TRUE(cancelled->SendJob(1, slow.view(), SlowOptions(), 1 << 20, v1::BACKEND_REFERENCE));
-  ASSERT_TRUE(WaitFor([&] { return stats().jobs_received.load() == 1; },
+  ASSERT_TRUE(WaitFor([&] { return metrics().jobs_received() == 1; },
                       std::chrono::seconds(20)));
   const auto cancel_time = std::chrono::steady_clock::now();
   cancelled->context().TryCancel();
   EXPECT_EQ(cancelled->Finish().error_code(), grpc::StatusCode::CANCELLED);
 
   ExpectServerStillServes();
-  ASSERT_TRUE(WaitFor([&] { return stats().jobs_dropped.load() == 1; }, std::chrono::seconds(20)));
+  ASSERT_TRUE(WaitFor([&] { return metrics().jobs_ended(JobOutcome::kDropped) == 1; },
+                      std::chrono::seconds(20)));
   const double drop_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - cancel_time).count();
-  EXPECT_EQ(stats().jobs_completed.load(), 1) << "only the healthy stream's job completes";
+  EXPECT_EQ(metrics().jobs_ended(JobOutcome::kCompleted), 1)
+      << "only the healthy stream's job completes";
   EXPECT_TRUE(WaitFor([&] { return server_->context().budget.used() == 0; },
                       std::chrono::seconds(5)))
       << "cancelled work still holds " << server_->context().budget.used() << " bytes";
@@ -456,8 +458,9 @@ TEST_F(CompressReactorTest, ExpiredDeadlineDropsWork) {
   RawStream stream(stub_.get(), std::chrono::seconds(2));
   ASSERT_TRUE(stream.SendJob(1, slow.view(), SlowOptions(), 1 << 20, v1::BACKEND_REFERENCE));
   EXPECT_EQ(stream.Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_TRUE(WaitFor([&] { return stats().jobs_dropped.load() == 1; }, std::chrono::seconds(20)));
-  EXPECT_EQ(stats().jobs_completed.load(), 0);
+  EXPECT_TRUE(WaitFor([&] { return metrics().jobs_ended(JobOutcome::kDropped) == 1; },
+                      std::chrono::seconds(20)));
+  EXPECT_EQ(metrics().jobs_ended(JobOutcome::kCompleted), 0);
   ExpectResultsReturned(*server_);
 }
 
@@ -476,7 +479,7 @@ TEST_F(CompressReactorTest, CancelJobDropsThatJobOnly) {
   EXPECT_EQ(results.count(1), 0u);
   ASSERT_EQ(results.count(2), 1u);
   EXPECT_EQ(results[2].counts, Expected(small.view(), SmallOptions()).counts);
-  EXPECT_EQ(stats().jobs_dropped.load(), 1);
+  EXPECT_EQ(metrics().jobs_ended(JobOutcome::kDropped), 1);
   ExpectResultsReturned(*server_);
 }
 
@@ -1037,8 +1040,8 @@ TEST_F(CompressReactorTest, ExpiredJobDeadlineDropsItsWorkWhileOtherJobsComplete
   // The reference needs tens of seconds for the whole job; it stopped at the deadline
   // (the bound leaves room for a busy machine: sending the job alone takes seconds there).
   EXPECT_LT(seconds, 15.0);
-  EXPECT_EQ(stats().jobs_dropped.load(), 1);
-  EXPECT_EQ(stats().jobs_completed.load(), 1);
+  EXPECT_EQ(metrics().jobs_ended(JobOutcome::kDropped), 1);
+  EXPECT_EQ(metrics().jobs_ended(JobOutcome::kCompleted), 1);
   ExpectResultsReturned(*server_);
 }
 
@@ -1052,7 +1055,7 @@ TEST(CompressReactorPriorityTest, HigherPriorityJobsAreTakenFirstFromAQueuedBack
   RandomLayer slow = SlowLayer();
   RawStream stream(stub.get());
   ASSERT_TRUE(stream.SendJob(1, slow.view(), SlowOptions(), 1 << 20, v1::BACKEND_REFERENCE));
-  ASSERT_TRUE(WaitFor([&] { return server->context().stats.jobs_received.load() == 1 &&
+  ASSERT_TRUE(WaitFor([&] { return server->context().metrics.jobs_received() == 1 &&
                                    server->context().executor->queued() == 0; },
                       std::chrono::seconds(20)));
   std::vector<RandomLayer> layers;

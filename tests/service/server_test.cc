@@ -245,7 +245,7 @@ TEST(ServerTest, ManyConcurrentStreamsGetTheirOwnResults) {
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(mismatches.load(), 0);
-  EXPECT_EQ(server->context().stats.jobs_completed.load(), kStreams * kJobsPerStream);
+  EXPECT_EQ(server->context().metrics.jobs_ended(JobOutcome::kCompleted), kStreams * kJobsPerStream);
   EXPECT_EQ(server->context().budget.used(), 0u);
 }
 
@@ -351,7 +351,7 @@ TEST(ServerTest, GracefulShutdownFinishesJobsInFlightAndRefusesNewOnes) {
   slow_options.max_passes = 2;
   RawStream stream(stub.get());
   ASSERT_TRUE(stream.SendJob(1, slow.view(), slow_options, 1 << 20, v1::BACKEND_REFERENCE));
-  while (server->context().stats.jobs_received.load() == 0) {
+  while (server->context().metrics.jobs_received() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   std::thread shutdown([&server] { server->Shutdown(); });

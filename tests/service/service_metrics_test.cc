@@ -175,6 +175,13 @@ TEST(ServiceMetricsTest, CountersMoveWithJobsWhileAndAfterTheyRun) {
   const std::map<std::string, std::string> reference = {{"backend", "reference"}};
   EXPECT_EQ(Value(after, "centroidkv_jobs_total", "centroidkv_jobs_total", reference), kJobs);
   EXPECT_EQ(Value(after, "centroidkv_tokens_total", "centroidkv_tokens_total", reference), tokens);
+  for (const auto& [outcome, count] : std::map<std::string, int>{
+           {"completed", kJobs}, {"failed", 0}, {"dropped", 0}}) {
+    EXPECT_EQ(Value(after, "centroidkv_job_outcomes_total", "centroidkv_job_outcomes_total",
+                    {{"outcome", outcome}}),
+              count)
+        << outcome;
+  }
   EXPECT_EQ(Value(after, "centroidkv_entries_total", "centroidkv_entries_total", reference),
             entries);
   // Wire bytes: the tensors plus message framing (a few bytes per slab and header).
@@ -207,7 +214,7 @@ TEST(ServiceMetricsTest, CountersMoveWithJobsWhileAndAfterTheyRun) {
   EXPECT_EQ(Value(after, "centroidkv_result_pool_idle_bytes", "centroidkv_result_pool_idle_bytes"),
             static_cast<double>(pool.idle_bytes));
   EXPECT_EQ(Value(after, "centroidkv_streams_total", "centroidkv_streams_total"),
-            static_cast<double>(server->context().stats.streams_opened.load()));
+            static_cast<double>(server->context().metrics.streams_opened()));
   EXPECT_EQ(Value(after, "centroidkv_streams_open", "centroidkv_streams_open"), 0);
   EXPECT_TRUE(after.at("centroidkv_errors_total").samples.empty())
       << "no job failed, so no error is counted";

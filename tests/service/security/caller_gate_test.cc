@@ -95,7 +95,7 @@ TEST_F(CallerGateTest, MissingAndWrongTokensAreUnauthenticated) {
     EXPECT_EQ(info.status().code(), absl::StatusCode::kUnauthenticated) << "token " << token;
     EXPECT_EQ(CompressOne(**client, 1).code(), absl::StatusCode::kUnauthenticated);
   }
-  EXPECT_EQ(server_->context().stats.streams_opened.load(), 0) << "a refused stream was served";
+  EXPECT_EQ(server_->context().metrics.streams_opened(), 0) << "a refused stream was served";
   auto good = ConnectAs(*server_, kTokenA);
   ASSERT_TRUE(good.ok());
   EXPECT_TRUE((*good)->GetInfo().ok());
@@ -112,7 +112,7 @@ TEST_F(CallerGateTest, RawStreamWithoutTokenGetsNothingBuffered) {
   grpc::Status status = stream.Finish(&responses);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(responses.empty());
-  EXPECT_EQ(server_->context().stats.jobs_received.load(), 0);
+  EXPECT_EQ(server_->context().metrics.jobs_received(), 0);
   EXPECT_EQ(server_->context().budget.used(), 0u);
 }
 

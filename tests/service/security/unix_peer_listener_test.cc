@@ -54,7 +54,7 @@ TEST(UnixPeerListenerTest, RefusesAUidNotAllowed) {
     text = server->context().metrics.Render();
   }
   EXPECT_NE(text.find(rejection), std::string::npos) << text;
-  EXPECT_EQ(server->context().stats.streams_opened.load(), 0);
+  EXPECT_EQ(server->context().metrics.streams_opened(), 0);
 }
 
 TEST(UnixPeerListenerTest, AllowedUidIsServedAndNamedAsTheCaller) {

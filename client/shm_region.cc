@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,7 +28,10 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(Client* client, uin
   std::unique_ptr<ShmRegion> region(new ShmRegion());
   region->name_ = absl::StrCat("/ckv-", getpid(), "-", counter.fetch_add(1), "-",
                                reinterpret_cast<uintptr_t>(region.get()) & 0xffff);
-  const int fd = shm_open(region->name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  // 0660: a sidecar server of another uid maps it through a shared group (the pod's
+  // fsGroup); the server still accepts only files owned by this process's uid.
+  const int fd = shm_open(region->name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
+  if (fd >= 0) (void)fchmod(fd, 0660);  // whatever the umask
   if (fd < 0) {
     return absl::UnavailableError(
         absl::StrCat("shm region: shm_open('", region->name_, "'): ", std::strerror(errno)));

@@ -120,9 +120,6 @@ TEST_P(GoldenShmTest, ByReferenceEqualsSlabPath) {
         unix_server.client->CompressLayers({by_reference});
     ASSERT_TRUE(shm.ok()) << shm.status();
     ExpectSameAsSlabResult((*slab)[0], (*shm)[0]);
-    // The reply carried no tensor bytes: only the header crossed the socket.
-    const uint64_t sent = unix_server.server->context().stats.jobs_completed.load();
-    EXPECT_GE(sent, 2);
   }
 }
 

@@ -1,13 +1,15 @@
 // Shared memory regions and their owner's life (service/shm/region_table.h), against the real
 // centroidkv-server binary on a unix socket: a client process that dies holding regions (it
 // had the server read them, so their pages count in the server's RSS) has them unmapped by
-// the server, and the server's RSS falls back. The test process forks the client before it
-// uses gRPC itself, so the child is a clean gRPC client.
+// the server, and the server's RSS falls back. The client is this test binary run again
+// (fork + exec of /proc/self/exe with --gtest_filter on RegionOwnerChild, which does
+// nothing unless CKV_SHM_CHILD_TARGET is set), so it is a clean process of its own.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -29,7 +31,7 @@ constexpr int32_t kDim = 128;
 constexpr uint64_t kInputBytes = uint64_t{2} * kHeads * kTokens * kDim * sizeof(float);
 
 // The child: registers a region for one layer, has the server read it (a job by reference),
-// reports on `ready`, then waits to be killed without unregistering anything.
+// reports the region's name on `ready`, then waits to be killed without unregistering.
 [[noreturn]] void RunDyingClient(const std::string& target, int ready) {
   client::ClientOptions options;
   options.target = target;
@@ -68,7 +70,11 @@ TEST(RegionOwnerTest, ServerUnmapsTheRegionsOfAClientThatDied) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     close(pipe_fds[0]);
-    RunDyingClient(server.target(), pipe_fds[1]);
+    setenv("CKV_SHM_CHILD_TARGET", server.target().c_str(), 1);
+    setenv("CKV_SHM_CHILD_FD", std::to_string(pipe_fds[1]).c_str(), 1);
+    execl("/proc/self/exe", "ckv_service_test",
+          "--gtest_filter=RegionOwnerChild.HoldsARegionUntilKilled", nullptr);
+    _exit(127);
   }
   close(pipe_fds[1]);
   char name[256] = {};
@@ -100,6 +106,16 @@ TEST(RegionOwnerTest, ServerUnmapsTheRegionsOfAClientThatDied) {
   server.Signal(SIGTERM);
   EXPECT_TRUE(server.WaitExit(std::chrono::seconds(10)));
   std::filesystem::remove(socket);
+}
+
+// The child's part of the test above; skipped when run on its own.
+TEST(RegionOwnerChild, HoldsARegionUntilKilled) {
+  const char* target = getenv("CKV_SHM_CHILD_TARGET");
+  const char* fd = getenv("CKV_SHM_CHILD_FD");
+  if (target == nullptr || fd == nullptr) {
+    GTEST_SKIP() << "the child process of ServerUnmapsTheRegionsOfAClientThatDied";
+  }
+  RunDyingClient(target, std::stoi(fd));
 }
 
 }  // namespace

@@ -100,6 +100,7 @@ absl::Status GrpcCompressStream::Cancel(uint64_t job_id) {
     if (layer_of_.erase(job_id) == 0) return absl::OkStatus();
     // A reply not yet complete: forget what arrived of it and drop the rest when it comes.
     if (partial_.erase(job_id) == 0) cancelled_.insert(job_id);
+    region_targets_.erase(job_id);
     --outstanding_;  // no result will be returned for it
     changed_.notify_all();
     // Stop sending the job (its buffers are no longer read after this call). If its

@@ -21,6 +21,13 @@ class RefusedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void OnDone() override { delete this; }
 };
 
+void RegionToProto(const RegionInfo& region, v1::Region* out) {
+  out->set_region_id(region.region_id);
+  out->set_name(region.name);
+  out->set_offset(region.offset);
+  out->set_size(region.size);
+}
+
 }  // namespace
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CentroidKVService::Compress(
@@ -107,11 +114,7 @@ grpc::ServerUnaryReactor* CentroidKVService::RegisterRegion(
     reactor->Finish(ToGrpcStatus(region.status()));
     return reactor;
   }
-  v1::Region* out = response->mutable_region();
-  out->set_region_id(region->region_id);
-  out->set_name(region->name);
-  out->set_offset(region->offset);
-  out->set_size(region->size);
+  RegionToProto(*region, response->mutable_region());
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -126,11 +129,7 @@ grpc::ServerUnaryReactor* CentroidKVService::ListRegions(grpc::CallbackServerCon
     return reactor;
   }
   for (const RegionInfo& region : context_->regions.List(*owner)) {
-    v1::Region* out = response->add_regions();
-    out->set_region_id(region.region_id);
-    out->set_name(region.name);
-    out->set_offset(region.offset);
-    out->set_size(region.size);
+    RegionToProto(region, response->add_regions());
   }
   reactor->Finish(grpc::Status::OK);
   return reactor;

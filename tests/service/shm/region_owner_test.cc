@@ -102,6 +102,9 @@ TEST(RegionOwnerTest, ServerUnmapsTheRegionsOfAClientThatDied) {
   }
   EXPECT_LT(after_rss + kInputBytes / 2, holding_rss)
       << "idle " << idle_rss << " holding " << holding_rss << " after " << after_rss;
+  RecordProperty("server_rss_idle", std::to_string(idle_rss));
+  RecordProperty("server_rss_holding", std::to_string(holding_rss));
+  RecordProperty("server_rss_after_owner_died", std::to_string(after_rss));
   std::filesystem::remove(std::string("/dev/shm") + name);
   server.Signal(SIGTERM);
   EXPECT_TRUE(server.WaitExit(std::chrono::seconds(10)));

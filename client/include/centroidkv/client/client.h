@@ -76,6 +76,8 @@ struct LayerJob {
   // Shared memory (shm_region.h), on a unix socket connection: with `shm_region` set and
   // `layer`'s tensors inside it, the server reads them in place (no slabs); with
   // `shm_output` too, it writes the result there and LayerResult::in_region points at it.
+  // The server reads and writes these while the job runs, even after Cancel() returns
+  // (until it sees the cancel); the slabs path's "not read after Cancel" does not hold.
   const ShmRegion* shm_region = nullptr;
   std::optional<ShmOutputSlot> shm_output;
 };

@@ -46,6 +46,22 @@ absl::Status CheckSpan(const RegionSpan& span, const std::string& field, uint64_
   return absl::OkStatus();
 }
 
+// A span the job has only sometimes (counts in, the assignment out): present exactly when
+// `expected` (what the StartJob's other fields say), then checked as CheckSpan.
+absl::Status ReadOptionalSpan(bool expected, bool present, const v1::RegionSpan& wire,
+                              const std::string& field, const char* what, uint64_t wanted,
+                              bool exact, uint64_t alignment, std::optional<RegionSpan>* out) {
+  if (expected != present) {
+    return InvalidFieldError({field}, absl::StrCat(field,
+                                                   expected ? " is missing; the job has "
+                                                            : " is set, but the job has no ",
+                                                   what));
+  }
+  if (!present) return absl::OkStatus();
+  *out = SpanFromProto(wire);
+  return CheckSpan(**out, field, wanted, exact, alignment);
+}
+
 struct NamedSpan {
   RegionSpan span;
   std::string field;
@@ -98,19 +114,14 @@ absl::StatusOr<JobRegions> JobRegionsFromProto(const v1::StartJob& start,
     }
     inputs.push_back({spans.keys, "start_job.region_input.keys"});
     inputs.push_back({spans.values, "start_job.region_input.values"});
-    if (job.has_counts != wire.has_counts()) {
-      return InvalidFieldError(
-          {"start_job.region_input.counts"},
-          job.has_counts ? "start_job.region_input.counts is missing; the job has counts"
-                         : "start_job.region_input.counts is set but has_counts is false");
+    if (absl::Status s = ReadOptionalSpan(job.has_counts, wire.has_counts(), wire.counts(),
+                                          "start_job.region_input.counts",
+                                          "counts (has_counts)", bytes.counts, true,
+                                          sizeof(uint32_t), &spans.counts);
+        !s.ok()) {
+      return s;
     }
-    if (wire.has_counts()) {
-      spans.counts = SpanFromProto(wire.counts());
-      if (absl::Status s = CheckSpan(*spans.counts, "start_job.region_input.counts",
-                                     bytes.counts, true, sizeof(uint32_t));
-          !s.ok()) {
-        return s;
-      }
+    if (spans.counts.has_value()) {
       inputs.push_back({*spans.counts, "start_job.region_input.counts"});
     }
     regions.input = spans;
@@ -135,20 +146,14 @@ absl::StatusOr<JobRegions> JobRegionsFromProto(const v1::StartJob& start,
         return s;
       }
     }
-    if (job.options.compute_assignment != wire.has_assignment()) {
-      return InvalidFieldError(
-          {"start_job.region_output.assignment"},
-          job.options.compute_assignment
-              ? "start_job.region_output.assignment is missing; return_assignment is set"
-              : "start_job.region_output.assignment is set but return_assignment is false");
+    if (absl::Status s = ReadOptionalSpan(
+            job.options.compute_assignment, wire.has_assignment(), wire.assignment(),
+            "start_job.region_output.assignment", "assignment (return_assignment)",
+            most.assignment, false, sizeof(int32_t), &spans.assignment);
+        !s.ok()) {
+      return s;
     }
-    if (wire.has_assignment()) {
-      spans.assignment = SpanFromProto(wire.assignment());
-      if (absl::Status s = CheckSpan(*spans.assignment, "start_job.region_output.assignment",
-                                     most.assignment, false, sizeof(int32_t));
-          !s.ok()) {
-        return s;
-      }
+    if (spans.assignment.has_value()) {
       outputs.push_back({*spans.assignment, "start_job.region_output.assignment"});
     }
     // The server writes every output span: none may share a byte with another span.

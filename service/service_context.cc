@@ -23,7 +23,10 @@ ServiceContext::ServiceContext(const ServerOptions& server_options)
                            server_options.security.max_caller_jobs,
                            server_options.security.max_caller_bytes},
               &metrics),
-      regions(server_options.shared_memory) {}
+      regions(server_options.shared_memory) {
+  metrics.AddRegionGauges([this] { return static_cast<double>(regions.regions()); },
+                          [this] { return static_cast<double>(regions.registered_bytes()); });
+}
 
 ServiceContext::~ServiceContext() {
   jobs.CancelAll();

@@ -260,6 +260,13 @@ TEST(ShmRegionTest, RegionUnregisteredMidJobStaysMappedUntilTheJobEnds) {
   (*stack)->Fill(0, layer.view());
   LayerJob job = (*stack)->Job(0);
   job.backend = BackendKind::kReference;
+  // /metrics counts the region (its bytes are the client's, outside every budget).
+  const std::string before = unix_server.server->context().metrics.Render();
+  EXPECT_NE(before.find("centroidkv_shm_regions 1\n"), std::string::npos) << before;
+  EXPECT_NE(before.find("centroidkv_shm_registered_bytes " +
+                        std::to_string((*stack)->region().size()) + "\n"),
+            std::string::npos)
+      << before;
   std::unique_ptr<CompressStream> stream = unix_server.client->OpenStream();
   ASSERT_TRUE(stream->Submit(job).ok());
   // Wait until the job is computing, then unregister its region.
@@ -269,6 +276,8 @@ TEST(ShmRegionTest, RegionUnregisteredMidJobStaysMappedUntilTheJobEnds) {
   }
   ASSERT_TRUE(unix_server.client->UnregisterRegion((*stack)->region().region_id()).ok());
   EXPECT_EQ(unix_server.server->context().regions.regions(), 0u);
+  const std::string after = unix_server.server->context().metrics.Render();
+  EXPECT_NE(after.find("centroidkv_shm_regions 0\n"), std::string::npos) << after;
   absl::StatusOr<LayerResult> result = stream->Next();
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_TRUE(result->status.ok()) << result->status;

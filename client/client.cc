@@ -17,6 +17,10 @@
 namespace centroidkv::client {
 namespace {
 
+Client::Region RegionFromProto(const v1::Region& region) {
+  return Client::Region{region.region_id(), region.name(), region.offset(), region.size()};
+}
+
 class GrpcClient final : public Client {
  public:
   GrpcClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel)
@@ -28,6 +32,43 @@ class GrpcClient final : public Client {
 
   std::unique_ptr<CompressStream> OpenStream() override {
     return std::make_unique<GrpcCompressStream>(stub_.get(), slab_sizing_.Sized(*stub_, options_));
+  }
+
+  absl::StatusOr<Region> RegisterRegion(const std::string& name, uint64_t offset,
+                                        uint64_t size) override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::RegisterRegionRequest request;
+    request.set_name(name);
+    request.set_offset(offset);
+    request.set_size(size);
+    v1::RegisterRegionResponse response;
+    grpc::Status status = stub_->RegisterRegion(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return RegionFromProto(response.region());
+  }
+
+  absl::Status UnregisterRegion(uint64_t region_id) override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::UnregisterRegionRequest request;
+    request.set_region_id(region_id);
+    v1::UnregisterRegionResponse response;
+    return FromGrpcStatus(stub_->UnregisterRegion(&context, request, &response));
+  }
+
+  absl::StatusOr<std::vector<Region>> ListRegions() override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::ListRegionsRequest request;
+    v1::ListRegionsResponse response;
+    grpc::Status status = stub_->ListRegions(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    std::vector<Region> regions;
+    for (const v1::Region& region : response.regions()) {
+      regions.push_back(RegionFromProto(region));
+    }
+    return regions;
   }
 
  private:
@@ -62,6 +103,7 @@ absl::StatusOr<ServerInfo> FetchServerInfo(v1::CentroidKV::Stub& stub) {
   info.default_backend = response.default_backend();
   info.devices.assign(response.devices().begin(), response.devices().end());
   info.worker_threads = static_cast<int32_t>(response.worker_threads());
+  info.shared_memory = response.shared_memory();
   for (const v1::Device& device : response.device_info()) {
     info.device_info.push_back({device.backend(), device.name(),
                                 static_cast<int64_t>(device.memory_bytes()),
@@ -114,6 +156,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   CKV_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
                        OpenChannel(options, options.target, ""));
   return std::unique_ptr<Client>(new GrpcClient(options, std::move(channel)));
+}
+
+absl::StatusOr<Client::Region> Client::RegisterRegion(const std::string& /*name*/,
+                                                      uint64_t /*offset*/, uint64_t /*size*/) {
+  return absl::UnimplementedError("shared memory: this client does not register regions");
+}
+
+absl::Status Client::UnregisterRegion(uint64_t /*region_id*/) {
+  return absl::UnimplementedError("shared memory: this client does not register regions");
+}
+
+absl::StatusOr<std::vector<Client::Region>> Client::ListRegions() {
+  return absl::UnimplementedError("shared memory: this client does not register regions");
 }
 
 absl::StatusOr<std::vector<LayerResult>> Client::CompressLayers(

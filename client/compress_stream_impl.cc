@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/field_status.h"
 #include "centroidkv/wire/grpc_status.h"
+#include "centroidkv/client/shm_region.h"
 #include "centroidkv/wire/job_codec.h"
+#include "centroidkv/wire/region_codec.h"
 #include "client/result_account.h"
 
 namespace centroidkv::client {
@@ -45,7 +47,23 @@ absl::StatusOr<uint64_t> GrpcCompressStream::Submit(const LayerJob& job) {
                                 : final_status_;
     }
     if (close_requested_) return absl::FailedPreconditionError("the stream is closing");
+    if (job.shm_region != nullptr) {
+      // The region must hold the input (and any output slot) it names.
+      const InputBytes bytes = InputBytesOf(job.layer);
+      if (!job.shm_region->OffsetOf(job.layer.keys, bytes.keys).has_value() ||
+          !job.shm_region->OffsetOf(job.layer.values, bytes.values).has_value() ||
+          (bytes.counts > 0 &&
+           !job.shm_region->OffsetOf(job.layer.counts, bytes.counts).has_value())) {
+        return absl::InvalidArgumentError(
+            "shm_region: the layer's keys, values and counts must lie inside the region");
+      }
+    } else if (job.shm_output.has_value()) {
+      return absl::InvalidArgumentError("shm_output: needs shm_region");
+    }
     job_id = next_job_id_++;
+    if (job.shm_region != nullptr && job.shm_output.has_value()) {
+      region_targets_[job_id] = RegionTarget{job.shm_region->data(), *job.shm_output};
+    }
     Outgoing out;
     out.job_id = job_id;
     out.job = job;
@@ -79,6 +97,7 @@ absl::Status GrpcCompressStream::Cancel(uint64_t job_id) {
     if (layer_of_.erase(job_id) == 0) return absl::OkStatus();
     // A reply not yet complete: forget what arrived of it and drop the rest when it comes.
     if (partial_.erase(job_id) == 0) cancelled_.insert(job_id);
+    region_targets_.erase(job_id);
     --outstanding_;  // no result will be returned for it
     changed_.notify_all();
     // Stop sending the job (its buffers are no longer read after this call). If its
@@ -138,6 +157,30 @@ std::string GrpcCompressStream::peer() const { return context_.peer(); }
 // ---------------------------------------------------------------------------------------
 // Writing.
 
+void GrpcCompressStream::AddRegionSpans(const LayerJob& job, v1::StartJob* start) {
+  const ShmRegion& region = *job.shm_region;
+  const uint64_t id = region.region_id();
+  const InputBytes bytes = InputBytesOf(job.layer);
+  RegionInputSpans input;
+  input.keys = {id, *region.OffsetOf(job.layer.keys, bytes.keys), bytes.keys};
+  input.values = {id, *region.OffsetOf(job.layer.values, bytes.values), bytes.values};
+  if (bytes.counts > 0) {
+    input.counts = RegionSpan{id, *region.OffsetOf(job.layer.counts, bytes.counts), bytes.counts};
+  }
+  RegionInputToProto(input, start);
+  if (job.shm_output.has_value()) {
+    const ShmOutputSlot& slot = *job.shm_output;
+    RegionOutputSpans output;
+    output.keys = {id, slot.keys_offset, slot.keys_bytes};
+    output.values = {id, slot.values_offset, slot.values_bytes};
+    output.counts = {id, slot.counts_offset, slot.counts_bytes};
+    if (job.options.compute_assignment) {
+      output.assignment = RegionSpan{id, slot.assignment_offset, slot.assignment_bytes};
+    }
+    RegionOutputToProto(output, start);
+  }
+}
+
 bool GrpcCompressStream::NextRequest() {
   while (!outgoing_.empty()) {
     Outgoing& out = outgoing_.front();
@@ -152,6 +195,12 @@ bool GrpcCompressStream::NextRequest() {
       *request_.mutable_start_job() =
           StartJobToProto(out.job_id, job.layer_index, job.layer, job.options, job.output_dtype,
                           job.backend, job.timeout, job.priority);
+      if (job.shm_region != nullptr) {
+        // By reference: the spans go in the StartJob and no slab follows.
+        AddRegionSpans(job, request_.mutable_start_job());
+        out.slabs.emplace(out.job_id, std::vector<SlabWriter::Tensor>{}, options_.slab_bytes);
+        return true;
+      }
       const InputBytes bytes = InputBytesOf(job.layer);
       out.slabs.emplace(out.job_id,
                         std::vector<SlabWriter::Tensor>{
@@ -271,6 +320,28 @@ void GrpcCompressStream::HandleResponse() {
       result.compute_seconds = provenance.compute_seconds;
       result.queue_seconds = provenance.queue_seconds;
       const ResultBytes bytes = ResultBytesOf(header);
+      if (header.in_region()) {
+        // Written to shared memory: the header is the whole reply.
+        auto target = region_targets_.find(header.job_id());
+        if (target == region_targets_.end()) {
+          result.status = absl::DataLossError(
+              "the server wrote a result to a region this job did not name");
+        } else {
+          const ShmOutputSlot& slot = target->second.slot;
+          const uint8_t* base = target->second.base;
+          LayerResult::RegionTensors tensors;
+          tensors.keys = base + slot.keys_offset;
+          tensors.keys_bytes = bytes.keys;
+          tensors.values = base + slot.values_offset;
+          tensors.values_bytes = bytes.values;
+          tensors.counts = reinterpret_cast<const uint32_t*>(base + slot.counts_offset);
+          tensors.assignment = reinterpret_cast<const int32_t*>(base + slot.assignment_offset);
+          tensors.assignment_elements = bytes.assignment / sizeof(int32_t);
+          result.in_region = tensors;
+        }
+        FinishJobLocked(header.job_id());
+        return;
+      }
       result.keys.resize(bytes.keys);
       result.values.resize(bytes.values);
       result.counts.resize(bytes.counts / sizeof(uint32_t));
@@ -310,6 +381,7 @@ void GrpcCompressStream::HandleResponse() {
       result.layer_index = layer_of_[error.job_id()];
       layer_of_.erase(error.job_id());
       result.status = StatusFromJobError(error);
+      region_targets_.erase(error.job_id());
       completed_.push_back(std::move(result));
       changed_.notify_all();
       return;
@@ -335,6 +407,7 @@ void GrpcCompressStream::FinishJobLocked(uint64_t job_id) {
   }
   partial_.erase(it);
   layer_of_.erase(job_id);
+  region_targets_.erase(job_id);
   changed_.notify_all();
 }
 

@@ -67,6 +67,8 @@ class GrpcCompressStream final
   void PrepareWrite(bool* start_write, bool* writes_done);
   void StartDecided(bool start_write, bool writes_done);
   void HandleResponse();
+  // The StartJob spans of a job by reference to shared memory.
+  static void AddRegionSpans(const LayerJob& job, v1::StartJob* start);
   void FinishJobLocked(uint64_t job_id);
   void ReleaseHoldLocked(bool* release);
 
@@ -81,6 +83,12 @@ class GrpcCompressStream final
   std::map<uint64_t, Incoming> partial_;  // results whose slabs are arriving
   std::deque<LayerResult> completed_;
   std::map<uint64_t, uint32_t> layer_of_;  // job id -> layer index, for error replies
+  // Jobs whose result goes to shared memory: where (the region's base and the slot).
+  struct RegionTarget {
+    const uint8_t* base = nullptr;
+    ShmOutputSlot slot;
+  };
+  std::map<uint64_t, RegionTarget> region_targets_;
   std::set<uint64_t> cancelled_;  // cancelled jobs whose reply (if any) is to be dropped
   uint64_t next_job_id_ = 1;
   int64_t outstanding_ = 0;  // submitted, not yet returned by Next()

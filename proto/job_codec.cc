@@ -208,13 +208,21 @@ ResultBytes ResultBytesOf(const v1::JobResult& header) {
 
 uint64_t MaxResultBytes(const LayerView& shape, const CompressOptions& options,
                         DType output_dtype) {
+  return MaxResultTensorBytes(shape, options, output_dtype).total();
+}
+
+ResultBytes MaxResultTensorBytes(const LayerView& shape, const CompressOptions& options,
+                                 DType output_dtype) {
   // Every entry kept, each head padded to the longest (num_tokens) or to pad_to.
   const uint64_t length = std::max<uint64_t>(uint64_t(shape.num_tokens),
                                              uint64_t(std::max(options.pad_to, 0)));
   const uint64_t rows = uint64_t(shape.num_heads) * length;
-  uint64_t bytes = rows * (uint64_t(shape.key_dim) + shape.value_dim) * DTypeSize(output_dtype);
-  bytes += rows * sizeof(uint32_t);  // counts
-  if (options.compute_assignment) bytes += uint64_t(shape.TotalRows()) * sizeof(int32_t);
+  const uint64_t element = uint64_t(DTypeSize(output_dtype));
+  ResultBytes bytes;
+  bytes.keys = rows * uint64_t(shape.key_dim) * element;
+  bytes.values = rows * uint64_t(shape.value_dim) * element;
+  bytes.counts = rows * sizeof(uint32_t);
+  if (options.compute_assignment) bytes.assignment = uint64_t(shape.TotalRows()) * sizeof(int32_t);
   return bytes;
 }
 

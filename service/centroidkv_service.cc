@@ -21,6 +21,13 @@ class RefusedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void OnDone() override { delete this; }
 };
 
+void RegionToProto(const RegionInfo& region, v1::Region* out) {
+  out->set_region_id(region.region_id);
+  out->set_name(region.name);
+  out->set_offset(region.offset);
+  out->set_size(region.size);
+}
+
 }  // namespace
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CentroidKVService::Compress(
@@ -30,15 +37,22 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CentroidKVService::
     context_->metrics.Error(static_cast<int>(caller.status().code()), "stream");
     return new RefusedStream(ToGrpcStatus(caller.status()));
   }
-  return new CompressReactor(context_, *std::move(caller));
+  // The owner whose regions this stream's jobs may name; none on TCP (or with it off).
+  std::optional<RegionOwner> regions;
+  if (absl::StatusOr<RegionOwner> owner =
+          context_->regions.OwnerOf(context->peer(), (*caller)->caller());
+      owner.ok()) {
+    regions = *std::move(owner);
+  }
+  return new CompressReactor(context_, *std::move(caller), std::move(regions));
 }
 
 grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext* context,
                                                      const v1::GetInfoRequest* /*request*/,
                                                      v1::GetInfoResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::StatusOr<std::string> caller = context_->callers.Identify(*context, "GetInfo");
-      !caller.ok()) {
+  absl::StatusOr<std::string> caller = context_->callers.Identify(*context, "GetInfo");
+  if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
@@ -72,8 +86,65 @@ grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext
   limits->set_result_slab_bytes(static_cast<uint32_t>(options.result_slab_bytes));
   *response->mutable_defaults() = OptionsToProto(CompressOptions{});
   response->set_worker_threads(static_cast<uint32_t>(context_->executor->threads()));
+  response->set_shared_memory(context_->regions.OwnerOf(context->peer(), *caller).ok());
 
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+absl::StatusOr<RegionOwner> CentroidKVService::RegionCaller(grpc::CallbackServerContext* context,
+                                                            const char* rpc) {
+  absl::StatusOr<std::string> caller = context_->callers.Identify(*context, rpc);
+  if (!caller.ok()) return caller.status();
+  return context_->regions.OwnerOf(context->peer(), *caller);
+}
+
+grpc::ServerUnaryReactor* CentroidKVService::RegisterRegion(
+    grpc::CallbackServerContext* context, const v1::RegisterRegionRequest* request,
+    v1::RegisterRegionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<RegionOwner> owner = RegionCaller(context, "RegisterRegion");
+  if (!owner.ok()) {
+    reactor->Finish(ToGrpcStatus(owner.status()));
+    return reactor;
+  }
+  absl::StatusOr<RegionInfo> region =
+      context_->regions.Register(*owner, request->name(), request->offset(), request->size());
+  if (!region.ok()) {
+    reactor->Finish(ToGrpcStatus(region.status()));
+    return reactor;
+  }
+  RegionToProto(*region, response->mutable_region());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CentroidKVService::ListRegions(grpc::CallbackServerContext* context,
+                                                         const v1::ListRegionsRequest* /*request*/,
+                                                         v1::ListRegionsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<RegionOwner> owner = RegionCaller(context, "ListRegions");
+  if (!owner.ok()) {
+    reactor->Finish(ToGrpcStatus(owner.status()));
+    return reactor;
+  }
+  for (const RegionInfo& region : context_->regions.List(*owner)) {
+    RegionToProto(region, response->add_regions());
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CentroidKVService::UnregisterRegion(
+    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
+    v1::UnregisterRegionResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<RegionOwner> owner = RegionCaller(context, "UnregisterRegion");
+  if (!owner.ok()) {
+    reactor->Finish(ToGrpcStatus(owner.status()));
+    return reactor;
+  }
+  reactor->Finish(ToGrpcStatus(context_->regions.Unregister(*owner, request->region_id())));
   return reactor;
 }
 

@@ -1,10 +1,12 @@
-// The CentroidKV gRPC service: Compress (one CompressReactor per stream) and GetInfo.
+// The CentroidKV gRPC service: Compress (one CompressReactor per stream), GetInfo, and the
+// shared memory regions (RegisterRegion / ListRegions / UnregisterRegion, over RegionTable).
 // Handlers only translate between the wire and the engine; no algorithm lives here.
 // Thread-safe.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/statusor.h"
 #include "centroidkv/v1/centroidkv.grpc.pb.h"
 #include "service/service_context.h"
 
@@ -15,7 +17,11 @@ namespace centroidkv::service {
 // the client's half-close (OnReadDone(false)), which would end the stream with OK.
 class CentroidKVService final
     : public v1::CentroidKV::WithCallbackMethod_GetInfo<
-          v1::CentroidKV::WithRawCallbackMethod_Compress<v1::CentroidKV::Service>> {
+          v1::CentroidKV::WithCallbackMethod_RegisterRegion<
+              v1::CentroidKV::WithCallbackMethod_ListRegions<
+                  v1::CentroidKV::WithCallbackMethod_UnregisterRegion<
+                      v1::CentroidKV::WithRawCallbackMethod_Compress<
+                          v1::CentroidKV::Service>>>>> {
  public:
   explicit CentroidKVService(ServiceContext* context) : context_(context) {}
 
@@ -24,8 +30,21 @@ class CentroidKVService final
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
                                     const v1::GetInfoRequest* request,
                                     v1::GetInfoResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const v1::RegisterRegionRequest* request,
+                                           v1::RegisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
 
  private:
+  // The caller (Identify) and the owner of its regions (RegionTable::OwnerOf).
+  absl::StatusOr<RegionOwner> RegionCaller(grpc::CallbackServerContext* context,
+                                           const char* rpc);
+
   ServiceContext* const context_;
 };
 

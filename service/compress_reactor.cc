@@ -32,8 +32,13 @@ absl::Status DeadlineError(uint64_t job_id) {
 
 }  // namespace
 
-CompressReactor::CompressReactor(ServiceContext* context, std::unique_ptr<CallerStream> caller)
-    : context_(context), caller_(std::move(caller)) {
+CompressReactor::CompressReactor(ServiceContext* context, std::unique_ptr<CallerStream> caller,
+                                 std::optional<RegionOwner> regions)
+    : context_(context),
+      caller_(std::move(caller)),
+      regions_(regions.has_value() ? std::make_optional(IncomingJob::RegionAccess{
+                                         &context->regions, std::move(regions->key)})
+                                   : std::nullopt) {
   context_->streams.Add(this);
   context_->metrics.StreamOpened();
   Actions actions;
@@ -239,7 +244,8 @@ absl::Status CompressReactor::HandleStartJob(const v1::StartJob& start, Actions*
   // Everything wrong with one StartJob fails that job only.
   absl::StatusOr<std::unique_ptr<IncomingJob>> job;
   try {
-    job = IncomingJob::Create(start, context_->options, context_->inputs.get());
+    job = IncomingJob::Create(start, context_->options, context_->inputs.get(),
+                              regions_.has_value() ? &*regions_ : nullptr);
   } catch (const std::bad_alloc&) {
     job = FieldError(absl::StatusCode::kResourceExhausted, {"start_job.num_tokens"},
                      absl::StrCat("start_job: out of memory allocating job ", job_id));
@@ -320,8 +326,15 @@ void CompressReactor::AdmitWaitingJob(Actions* actions) {
     StartReadIfIdle(actions);
     return;
   }
-  receiving_.emplace(job_id, std::move(*waiting_));
-  waiting_.reset();
+  if (waiting_->job->complete()) {
+    // By reference to shared memory: nothing more to receive.
+    ReceivingJob ready = std::move(*waiting_);
+    waiting_.reset();
+    SubmitJob(std::move(ready), actions);
+  } else {
+    receiving_.emplace(job_id, std::move(*waiting_));
+    waiting_.reset();
+  }
   StartReadIfIdle(actions);
 }
 
@@ -496,13 +509,17 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
     }
   }
   if (status.ok()) status = CheckResultFitsDType(*result, job->output_dtype(), job_id);
+  // Shared memory: the result goes into the client's region here, on the worker thread.
+  const bool in_region = status.ok() && job->writes_to_region();
+  if (in_region) status = job->WriteResultToRegion(*result);
   context_->jobs.Unregister(cancelled);
   provenance.compute_seconds = NowSeconds() - start;
   context_->metrics.JobComputed(engine->name(), provenance.queue_seconds,
                                 provenance.compute_seconds);
   const bool expired = status.code() == absl::StatusCode::kCancelled && control.Expired() &&
                        !cancelled->load();
-  const ResultMeta meta{job->layer_index(), job->output_dtype(), std::move(provenance), expired};
+  const ResultMeta meta{job->layer_index(), job->output_dtype(), std::move(provenance), expired,
+                        in_region};
   job.reset();  // free the input before the result is queued
   OnJobComputed(job_id, status, std::move(result), meta);
 }
@@ -540,7 +557,7 @@ void CompressReactor::OnJobComputed(uint64_t job_id, const absl::Status& status,
       outgoing_.back().footprint = footprint;
       outgoing_.back().encoder = std::make_unique<ResultEncoder>(
           job_id, meta.layer_index, meta.output_dtype, meta.provenance, std::move(result),
-          context_->options.result_slab_bytes);
+          context_->options.result_slab_bytes, meta.in_region);
       PrepareWrite(&actions);
     }
     MaybeFinish(&actions);

@@ -34,8 +34,10 @@ namespace centroidkv::service {
 // not parse fails the stream with INVALID_ARGUMENT instead of passing for a half-close.
 class CompressReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  // `caller`: this stream's share of its caller's limits (CallerGate::OpenStream).
-  CompressReactor(ServiceContext* context, std::unique_ptr<CallerStream> caller);
+  // `caller`: this stream's share of its caller's limits (CallerGate::OpenStream);
+  // `regions`: the owner whose shared memory regions its jobs may name (none: slabs only).
+  CompressReactor(ServiceContext* context, std::unique_ptr<CallerStream> caller,
+                  std::optional<RegionOwner> regions = std::nullopt);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -101,6 +103,7 @@ class CompressReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     DType output_dtype;
     ResultProvenance provenance;  // the engine's name and the job's timings
     bool deadline_exceeded = false;  // the engine stopped (or never started) on the deadline
+    bool in_region = false;          // the result was written to the job's output region
   };
   // `result` is the job's pooled result (valid when `status` is OK); it returns to the
   // pool when its encoder is done with it, or at once when the job produced no reply.
@@ -119,6 +122,7 @@ class CompressReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
 
   ServiceContext* const context_;
   const std::unique_ptr<CallerStream> caller_;  // under mu_
+  const std::optional<IncomingJob::RegionAccess> regions_;
   std::atomic<int32_t> refs_{1};
 
   std::mutex mu_;

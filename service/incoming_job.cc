@@ -1,11 +1,13 @@
 // IncomingJob: a StartJob checked against the limits, and its input buffers.
 #include "service/incoming_job.h"
 
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/field_status.h"
+#include "centroidkv/wire/region_codec.h"
 #include "centroidkv/wire/wire_convert.h"
 
 namespace centroidkv::service {
@@ -28,7 +30,8 @@ PooledInput Allocate(InputPool* inputs, uint64_t size) {
 
 absl::StatusOr<std::unique_ptr<IncomingJob>> IncomingJob::Create(const v1::StartJob& start,
                                                                  const ServerOptions& options,
-                                                                 InputPool* inputs) {
+                                                                 InputPool* inputs,
+                                                                 const RegionAccess* regions) {
   absl::StatusOr<JobAnnouncement> announced = StartJobFromProto(start);
   if (!announced.ok()) return announced.status();
   std::unique_ptr<IncomingJob> job(new IncomingJob());
@@ -51,6 +54,23 @@ absl::StatusOr<std::unique_ptr<IncomingJob>> IncomingJob::Create(const v1::Start
                                    options.max_job_bytes,
                                    "; split the layer or raise --max-job-bytes"));
   }
+  absl::StatusOr<JobRegions> spans = JobRegionsFromProto(start, spec);
+  if (!spans.ok()) return spans.status();
+  if (spans->any()) {
+    if (regions == nullptr || regions->table == nullptr) {
+      return FieldError(
+          absl::StatusCode::kFailedPrecondition,
+          {spans->input.has_value() ? "start_job.region_input" : "start_job.region_output"},
+          "start_job: shared memory regions are not available on this stream (offered only "
+          "to clients on the server's unix socket); send the tensors as slabs");
+    }
+    absl::StatusOr<JobRegionMemory> memory =
+        JobRegionMemory::Resolve(*spans, *regions->table, regions->owner_key);
+    if (!memory.ok()) return memory.status();
+    job->regions_ = *std::move(memory);
+    // Keys and values are read in place: only the counts are buffered.
+    if (job->regions_->has_input()) bytes.keys = bytes.values = 0;
+  }
   job->footprint_bytes_ =
       bytes.total() + MaxResultBytes(shape, spec.options, spec.output_dtype);
   job->inputs_ = inputs;
@@ -67,10 +87,21 @@ void IncomingJob::AllocateInput() {
   values_ = Allocate(inputs_, bytes_.values);
   counts_ = Allocate(inputs_, bytes_.counts);
   view_ = job_.View(keys_.get(), values_.get(), reinterpret_cast<const uint32_t*>(counts_.get()));
+  if (regions_.has_value() && regions_->has_input()) {
+    if (regions_->counts().has_value()) {
+      std::memcpy(counts_.get(), regions_->counts()->data, bytes_.counts);
+    }
+    view_ = job_.View(regions_->keys().data, regions_->values().data,
+                      reinterpret_cast<const uint32_t*>(counts_.get()));
+  }
   MakeAssembler();  // no slab has arrived yet: AddSlab allocates first
 }
 
 void IncomingJob::MakeAssembler() {
+  if (regions_.has_value() && regions_->has_input()) {
+    slabs_.emplace(job_.job_id, std::vector<SlabAssembler::Tensor>{});  // complete: no slabs
+    return;
+  }
   std::vector<SlabAssembler::Tensor> tensors = {
       {v1::TENSOR_KEYS, keys_.get(), bytes_.keys, "keys"},
       {v1::TENSOR_VALUES, values_.get(), bytes_.values, "values"}};

@@ -1,7 +1,11 @@
 // One layer job being received on a Compress stream: its StartJob read by the codec
 // (StartJobFromProto) and checked against the engine's and the server's limits, and the
 // input buffers its slabs are assembled into (SlabAssembler: in order, errors name the wire
-// field). Thread-compatible: owned by one stream, handed to one worker task when complete.
+// field). A job by reference to shared memory (StartJob.region_input / region_output) reads
+// its keys and values in place from the client's region instead (only its counts are
+// copied: the engine sizes its result by them, so the client must not change them mid-job)
+// and is complete at once. Thread-compatible: owned by one stream, handed to one worker
+// task when complete.
 #pragma once
 
 #include <chrono>
@@ -17,6 +21,8 @@
 #include "centroidkv/wire/slab_codec.h"
 #include "service/input_pool.h"
 #include "service/server_options.h"
+#include "service/shm/job_regions.h"
+#include "service/shm/region_table.h"
 
 namespace centroidkv::service {
 
@@ -25,9 +31,15 @@ class IncomingJob {
   // Validates `start` (dtype, layout, dims, parameters, size limits). RESOURCE_EXHAUSTED
   // when the job exceeds max_job_bytes. Allocates nothing big: a job waiting for the memory
   // budget holds no input buffer. `inputs` (null: the heap) serves AllocateInput.
-  static absl::StatusOr<std::unique_ptr<IncomingJob>> Create(const v1::StartJob& start,
-                                                             const ServerOptions& options,
-                                                             InputPool* inputs = nullptr);
+  // `regions`: the stream's owner of shared memory regions, and the table (null: none
+  // on this stream; a StartJob naming regions is then FAILED_PRECONDITION).
+  struct RegionAccess {
+    const RegionTable* table = nullptr;
+    std::string owner_key;
+  };
+  static absl::StatusOr<std::unique_ptr<IncomingJob>> Create(
+      const v1::StartJob& start, const ServerOptions& options, InputPool* inputs = nullptr,
+      const RegionAccess* regions = nullptr);
   // Takes the input buffers; the stream calls it once the job's footprint is reserved.
   // AddSlab calls it too if it has not run. Idempotent.
   void AllocateInput();
@@ -57,6 +69,12 @@ class IncomingJob {
   // Borrowed view of the assembled input (its tensors null before AllocateInput); valid
   // while this object lives.
   const LayerView& view() const { return view_; }
+  // The job writes its result to shared memory (region_output) instead of slabs.
+  bool writes_to_region() const { return regions_.has_value() && regions_->has_output(); }
+  // Copies the result into the output region (writes_to_region()).
+  absl::Status WriteResultToRegion(const CompressResult& result) const {
+    return regions_->WriteResult(result, job_.output_dtype);
+  }
 
  private:
   IncomingJob() = default;
@@ -74,6 +92,7 @@ class IncomingJob {
   std::optional<SlabAssembler> slabs_;
   uint64_t footprint_bytes_ = 0;
   LayerView view_;
+  std::optional<JobRegionMemory> regions_;  // holds the job's mappings
 };
 
 }  // namespace centroidkv::service

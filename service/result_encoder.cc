@@ -18,8 +18,9 @@ SlabWriter::CopyBytes RoundedRows(const std::vector<float>& rows, DType dtype) {
   };
 }
 
-// The output tensors of `result` in the order they travel.
-std::vector<SlabWriter::Tensor> OutputTensors(const CompressResult& result, DType output_dtype) {
+}  // namespace
+
+std::vector<SlabWriter::Tensor> ResultTensors(const CompressResult& result, DType output_dtype) {
   const ResultBytes bytes = ResultBytesOf(result, output_dtype);
   std::vector<SlabWriter::Tensor> tensors(4);
   tensors[0] = {v1::TENSOR_OUT_KEYS, bytes.keys, nullptr, {}};
@@ -40,16 +41,18 @@ std::vector<SlabWriter::Tensor> OutputTensors(const CompressResult& result, DTyp
   return tensors;
 }
 
-}  // namespace
-
 ResultEncoder::ResultEncoder(uint64_t job_id, uint32_t layer_index, DType output_dtype,
-                             ResultProvenance provenance, PooledResult result, int32_t slab_bytes)
+                             ResultProvenance provenance, PooledResult result, int32_t slab_bytes,
+                             bool in_region)
     : job_id_(job_id),
       layer_index_(layer_index),
       output_dtype_(output_dtype),
       provenance_(std::move(provenance)),
-      result_(std::move(result)) {
-  slabs_.emplace(job_id_, OutputTensors(*result_, output_dtype_), slab_bytes);
+      result_(std::move(result)),
+      in_region_(in_region) {
+  slabs_.emplace(job_id_, in_region ? std::vector<SlabWriter::Tensor>{}
+                                    : ResultTensors(*result_, output_dtype_),
+                 slab_bytes);
 }
 
 bool ResultEncoder::Next(v1::CompressResponse* message) {
@@ -59,6 +62,7 @@ bool ResultEncoder::Next(v1::CompressResponse* message) {
     header_sent_ = true;
     *message->mutable_result() =
         JobResultHeaderToProto(job_id_, layer_index_, *result_, output_dtype_, provenance_);
+    message->mutable_result()->set_in_region(in_region_);
   } else {
     slabs_->Next(message->mutable_slab());
   }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "centroidkv/kernels/engine.h"
 #include "centroidkv/v1/centroidkv.pb.h"
@@ -19,10 +20,18 @@
 
 namespace centroidkv::service {
 
+// The output tensors of `result` in the order they travel, each as its wire bytes in
+// `output_dtype` (rows the engine wrote in float32 are rounded while copied out); also
+// what a result written to shared memory copies (service/shm/job_regions.h).
+std::vector<SlabWriter::Tensor> ResultTensors(const CompressResult& result, DType output_dtype);
+
 class ResultEncoder {
  public:
+  // `in_region`: the tensors were already written to the job's output region; only the
+  // header (in_region set) goes out.
   ResultEncoder(uint64_t job_id, uint32_t layer_index, DType output_dtype,
-                ResultProvenance provenance, PooledResult result, int32_t slab_bytes);
+                ResultProvenance provenance, PooledResult result, int32_t slab_bytes,
+                bool in_region = false);
 
   // Fills `message` with the next message of this job; returns false when none is left.
   bool Next(v1::CompressResponse* message);
@@ -37,6 +46,7 @@ class ResultEncoder {
   ResultProvenance provenance_;
   PooledResult result_;  // released once fully copied out
   bool header_sent_ = false;
+  bool in_region_ = false;
   std::optional<SlabWriter> slabs_;  // over result_'s arrays
 };
 

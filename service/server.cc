@@ -63,8 +63,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  // With --allow-uids the server accepts on the unix socket itself (UnixPeerListener).
-  const bool check_peers = !security.allow_uids.empty();
+  // With --allow-uids, or shared memory on a unix socket, the server accepts on the unix
+  // socket itself (UnixPeerListener) to read each peer's SO_PEERCRED.
+  const bool check_peers =
+      !security.allow_uids.empty() ||
+      (options.shared_memory.enabled && unix_listener && !UsesTls(security));
   if (!check_peers) {
     builder.AddListeningPort(options.listen_address, *credentials, &server->port_);
   }
@@ -112,8 +115,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
     server->peer_listener_ = std::move(*listener);
     UnixPeerListener* raw = server->peer_listener_.get();
-    server->context_->callers.SetPeerUidLookup(
-        [raw](const std::string& peer) { return raw->UidOfPeer(peer); });
+    if (!security.allow_uids.empty()) {
+      server->context_->callers.SetPeerUidLookup(
+          [raw](const std::string& peer) { return raw->UidOfPeer(peer); });
+    }
+    server->context_->regions.SetPeerLookup(
+        [raw](const std::string& peer) { return raw->CredentialsOfPeer(peer); });
   }
   server->watchdog_ = std::make_unique<StreamWatchdog>(
       &server->context_->streams,

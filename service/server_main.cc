@@ -168,6 +168,31 @@ void AddSecurityFlags(CLI::App& app, centroidkv::service::SecurityOptions& secur
       ->group("Security");
 }
 
+void AddSharedMemoryFlags(CLI::App& app, centroidkv::service::SharedMemoryOptions& shm) {
+  app.add_flag("--shared-memory,!--no-shared-memory", shm.enabled,
+               "Offer RegisterRegion (jobs by reference to /dev/shm) to clients on a unix:// "
+               "listener")
+      ->capture_default_str()
+      ->group("Shared memory");
+  app.add_flag("--shared-memory-over-tcp", shm.allow_tcp,
+               "Offer it to TCP clients too (files of --shared-memory-owner-uids or the "
+               "server's own uid only)")
+      ->group("Shared memory");
+  app.add_option("--shared-memory-owner-uids", shm.owner_uids,
+                 "Besides the peer's own uid (SO_PEERCRED), whose region files any client "
+                 "may register, e.g. 1000,1001")
+      ->delimiter(',')
+      ->group("Shared memory");
+  app.add_option("--shared-memory-dir", shm.shm_dir, "Where region files live")
+      ->capture_default_str()
+      ->group("Shared memory");
+  app.add_option("--max-regions-per-client", shm.max_regions_per_owner,
+                 "Regions one client process may have registered")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group("Shared memory");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -184,6 +209,7 @@ int main(int argc, char** argv) {
   CLI::App app{"CentroidKV server: compresses LLM KV caches by clustering similar tokens"};
   AddFlags(app, options, durations);
   AddSecurityFlags(app, options.security);
+  AddSharedMemoryFlags(app, options.shared_memory);
   CLI11_PARSE(app, argc, argv);
   if (options.metrics_listen == "off") options.metrics_listen.clear();
   options.grace_period = milliseconds(durations.grace_seconds);

@@ -36,6 +36,23 @@ struct SecurityOptions {
   uint64_t max_caller_bytes = 0;
 };
 
+// Same-node shared memory (RegisterRegion; docs/protocol.md "Shared memory").
+struct SharedMemoryOptions {
+  // Offered to clients on a unix:// listener (the server then accepts on the socket itself
+  // to read each peer's SO_PEERCRED). Never on TCP unless allow_tcp.
+  bool enabled = true;
+  // TCP clients may register regions too (only files of owner_uids, or the server's own
+  // uid): for a same-host TCP deployment that trusts its network namespace.
+  bool allow_tcp = false;
+  // Besides the peer's own uid, whose files any client may register (the allowlist).
+  std::vector<uint32_t> owner_uids;
+  // Where region files live (POSIX shm names resolve here).
+  std::string shm_dir = "/dev/shm";
+  // Metadata bounds: regions per owner and in all (each holds a mapping and an fd).
+  int32_t max_regions_per_owner = 64;
+  int32_t max_regions = 4096;
+};
+
 struct ServerOptions {
   // "host:port" (TCP; port 0 picks a free one) or "unix:///path/to.sock".
   std::string listen_address = "0.0.0.0:50051";
@@ -102,6 +119,7 @@ struct ServerOptions {
 
   EngineLimits engine_limits;
   SecurityOptions security;
+  SharedMemoryOptions shared_memory;
 };
 
 // Room for a slab message's other fields (job id, tensor, offset, framing).

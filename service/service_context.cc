@@ -22,7 +22,11 @@ ServiceContext::ServiceContext(const ServerOptions& server_options)
       callers(CallerLimits{server_options.security.max_caller_streams,
                            server_options.security.max_caller_jobs,
                            server_options.security.max_caller_bytes},
-              &metrics) {}
+              &metrics),
+      regions(server_options.shared_memory) {
+  metrics.AddRegionGauges([this] { return static_cast<double>(regions.regions()); },
+                          [this] { return static_cast<double>(regions.registered_bytes()); });
+}
 
 ServiceContext::~ServiceContext() {
   jobs.CancelAll();

@@ -20,6 +20,7 @@
 #include "service/security/caller_gate.h"
 #include "service/server_options.h"
 #include "service/service_metrics.h"
+#include "service/shm/region_table.h"
 
 namespace centroidkv::service {
 
@@ -62,6 +63,7 @@ struct ServiceContext {
   std::atomic<bool> draining{false};
   ServiceMetrics metrics;  // its gauges read the members above
   CallerGate callers;      // identities and per-caller limits; counts into metrics
+  RegionTable regions;     // shared memory regions registered by clients
 };
 
 }  // namespace centroidkv::service

@@ -144,6 +144,17 @@ ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor
       {"caller", "reason"});
 }
 
+void ServiceMetrics::AddRegionGauges(std::function<double()> regions,
+                                     std::function<double()> bytes) {
+  registry_.AddGauge("centroidkv_shm_regions",
+                     "Shared memory regions registered by clients (mapped, not owned)")
+      ->Add({}, std::move(regions));
+  registry_.AddGauge("centroidkv_shm_registered_bytes",
+                     "Bytes of the registered shared memory regions: the clients' memory, "
+                     "outside every server budget")
+      ->Add({}, std::move(bytes));
+}
+
 void ServiceMetrics::CallerRequest(std::string_view caller, std::string_view rpc) {
   caller_requests_->WithLabels({std::string(caller), std::string(rpc)})->Increment();
 }

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,10 @@ class ServiceMetrics {
   // A call by `caller` (an identity name, never a token) of `rpc`; a call or job refused.
   void CallerRequest(std::string_view caller, std::string_view rpc);
   void CallerRejected(std::string_view caller, std::string_view reason);
+
+  // Gauges of the shared memory regions registered (service/shm/region_table.h), read at
+  // each scrape; called once, before the first scrape.
+  void AddRegionGauges(std::function<double()> regions, std::function<double()> bytes);
 
   std::string Render() const { return registry_.Render(); }
 

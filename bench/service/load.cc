@@ -41,7 +41,7 @@ ProgressFn ProgressBar(std::ostream& err, bool show, std::string label) {
 // Every run of the command, in the order printed; with --compare also each leg's runs.
 struct Runs {
   std::vector<RunStats> all;
-  std::vector<RunStats> service, floor, in_process;
+  std::vector<RunStats> service, floor, in_process, shm;
 };
 
 // One run with the configured backend, or with --compare the rounds of the three legs.
@@ -61,7 +61,15 @@ Runs RunConfigured(const LoadConfig& config, const Dataset& data, std::ostream& 
                                       ProgressBar(err, show, "service:identity" + tag)));
       runs.in_process.push_back(RunInProcess(config, data, BackendKind::kCpu, threads,
                                              ProgressBar(err, show, "in-process:cpu" + tag)));
-      for (RunStats* run : {&runs.service.back(), &runs.floor.back(), &runs.in_process.back()}) {
+      std::vector<RunStats*> legs = {&runs.service.back(), &runs.floor.back(),
+                                     &runs.in_process.back()};
+      if (config.shm) {
+        runs.shm.push_back(RunService(config, data, BackendKind::kCpu,
+                                      ProgressBar(err, show, "service:cpu+shm" + tag),
+                                      /*shm=*/true));
+        legs.push_back(&runs.shm.back());
+      }
+      for (RunStats* run : legs) {
         run->label += tag;
         runs.all.push_back(*run);
       }
@@ -70,7 +78,9 @@ Runs RunConfigured(const LoadConfig& config, const Dataset& data, std::ostream& 
     runs.all.push_back(RunService(
         config, data, config.backend,
         ProgressBar(err, show,
-                    absl::StrCat("service:", std::string(BackendKindName(config.backend))))));
+                    absl::StrCat("service:", std::string(BackendKindName(config.backend)),
+                                 config.shm ? "+shm" : "")),
+        config.shm));
   }
   return runs;
 }
@@ -106,7 +116,7 @@ int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostr
   const Runs runs = RunConfigured(*config, data, err, show);
   PrintStats(*config, runs.all, out);
   if (config->compare) {
-    out << CompareJson(*config, runs.service, runs.floor, runs.in_process) << "\n";
+    out << CompareJson(*config, runs.service, runs.floor, runs.in_process, runs.shm) << "\n";
   }
   return ExitCode(runs.all);
 }

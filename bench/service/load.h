@@ -66,6 +66,11 @@ struct LoadConfig {
   double connect_timeout_s = 10.0;
   bool compare = false;
   int32_t rounds = 1;           // --compare: rounds of the three runs; medians reported
+  // Jobs by reference to shared memory (a unix socket server): the dataset is copied once
+  // into a registered region, each stream has `pipeline` result slots there, and only
+  // StartJob and the JobResult header cross the socket. With --compare: a fourth leg,
+  // service:cpu+shm, next to the slab path.
+  bool shm = false;
   std::string format = "text";  // text | json | csv
   bool progress = false;        // force the progress bar even when stderr is no tty
   bool quiet = false;           // no progress bar at all
@@ -133,9 +138,10 @@ struct RunStats {
 // Called now and then with (jobs done, jobs total or -1, seconds elapsed).
 using ProgressFn = std::function<void(int64_t, int64_t, double)>;
 
-// Runs the configured load against config.server with `backend`.
+// Runs the configured load against config.server with `backend`; with `shm`, by reference
+// to shared memory (see LoadConfig::shm), labelled "service:<backend>+shm".
 RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind backend,
-                    const ProgressFn& progress = nullptr);
+                    const ProgressFn& progress = nullptr, bool shm = false);
 // Asks the server how many clustering threads it runs (0 when it cannot say).
 int32_t ServerThreads(const LoadConfig& config);
 // The same jobs through an in-process engine: config.concurrency client threads, each with
@@ -148,9 +154,12 @@ void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std
 // The --compare line: service, floor, in-process tokens/s and the ratio to the serial bound,
 // with the run's shape (preset, context, concurrency, threads).
 // Each leg's tokens/s is its median over the rounds (one RunStats per round and leg).
+// With `shm` runs (--shm), also the shared memory leg's median and its ratios to the
+// in-process engine and to the slab path.
 std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& service,
                         const std::vector<RunStats>& floor,
-                        const std::vector<RunStats>& in_process);
+                        const std::vector<RunStats>& in_process,
+                        const std::vector<RunStats>& shm = {});
 
 // The whole command: parses, runs, prints; returns the exit code.
 int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

@@ -97,6 +97,9 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
   app->add_flag("--compare", c.compare,
                 "Run service (cpu), transport floor (identity: a real job's bytes, no "
                 "clustering) and in-process cpu side by side");
+  app->add_flag("--shm", c.shm,
+                "Jobs by reference to shared memory (server on a unix socket); with --compare "
+                "a fourth leg, service:cpu+shm");
   app->add_option("--rounds", c.rounds,
                   "--compare: rounds of the three runs in turn; medians are reported")
       ->capture_default_str();

@@ -174,7 +174,8 @@ double MedianTokensPerS(const std::vector<RunStats>& runs) {
 
 std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& service,
                         const std::vector<RunStats>& floor,
-                        const std::vector<RunStats>& in_process) {
+                        const std::vector<RunStats>& in_process,
+                        const std::vector<RunStats>& shm) {
   const double s = MedianTokensPerS(service);
   const double f = MedianTokensPerS(floor);
   const double p = MedianTokensPerS(in_process);
@@ -186,15 +187,30 @@ std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& s
     const double b = SerialBound(floor[r].tokens_per_s(), in_process[r].tokens_per_s());
     per_round.push_back(absl::StrFormat("%.4f", b > 0 ? service[r].tokens_per_s() / b : 0.0));
   }
+  std::string shm_fields;
+  if (!shm.empty()) {
+    // The shared memory leg against the in-process engine and the slab path.
+    const double m = MedianTokensPerS(shm);
+    std::vector<std::string> shm_per_round;
+    for (size_t r = 0; r < std::min(shm.size(), in_process.size()); ++r) {
+      const double engine = in_process[r].tokens_per_s();
+      shm_per_round.push_back(
+          absl::StrFormat("%.4f", engine > 0 ? shm[r].tokens_per_s() / engine : 0.0));
+    }
+    shm_fields = absl::StrFormat(
+        ",\"shm_tokens_per_s\":%.1f,\"shm_ratio_to_in_process\":%.4f,"
+        "\"shm_ratio_to_slabs\":%.4f,\"shm_ratio_to_in_process_per_round\":[%s]",
+        m, p > 0 ? m / p : 0.0, s > 0 ? m / s : 0.0, absl::StrJoin(shm_per_round, ","));
+  }
   return absl::StrFormat(
       "{\"preset\":%s,\"context\":%d,\"concurrency\":%d,\"pipeline\":%d,"
       "\"server_threads\":%d,\"in_process_threads\":%d,\"rounds\":%d,"
       "\"service_tokens_per_s\":%.1f,\"floor_tokens_per_s\":%.1f,"
       "\"in_process_tokens_per_s\":%.1f,\"serial_bound_tokens_per_s\":%.1f,"
-      "\"ratio_to_serial_bound\":%.4f,\"ratio_per_round\":[%s]}",
+      "\"ratio_to_serial_bound\":%.4f,\"ratio_per_round\":[%s]%s}",
       JsonString(config.preset.name), config.context, config.concurrency, config.pipeline,
       service.empty() ? 0 : service[0].threads, in_process.empty() ? 0 : in_process[0].threads,
-      rounds, s, f, p, bound, ratio, absl::StrJoin(per_round, ","));
+      rounds, s, f, p, bound, ratio, absl::StrJoin(per_round, ","), shm_fields);
 }
 
 }  // namespace centroidkv::bench

@@ -19,6 +19,7 @@
 #include "bench/workload.h"
 #include "centroidkv/client/client.h"
 #include "centroidkv/client/replica_pool.h"
+#include "centroidkv/client/shm_region.h"
 #include "centroidkv/common/dtype.h"
 #include "centroidkv/types/kinds.h"
 #include "service/executor.h"
@@ -204,17 +205,41 @@ void RunWorkerPool(const LoadConfig& config, const ProgressFn& progress, const W
 }  // namespace
 
 RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind backend,
-                    const ProgressFn& progress) {
+                    const ProgressFn& progress, bool shm) {
   RunStats stats;
-  stats.label = absl::StrCat("service:", std::string(BackendKindName(backend)));
+  stats.label = absl::StrCat("service:", std::string(BackendKindName(backend)), shm ? "+shm" : "");
   const std::unique_ptr<client::Client> client = ConnectOrFail(config, &stats.fatal);
   if (client == nullptr) return stats;
   if (absl::StatusOr<client::ServerInfo> info = client->GetInfo(); info.ok()) {
     stats.threads = info->worker_threads;
   }
+  // Shared memory: the dataset's layers copied once into one region (as a worker would keep
+  // its KV there), and `pipeline` result slots per stream.
+  std::unique_ptr<client::ShmLayerStack> stack;
+  if (shm) {
+    absl::StatusOr<std::unique_ptr<client::ShmLayerStack>> created = client::ShmLayerStack::Create(
+        client.get(), data.View(config, 0), static_cast<int32_t>(data.keys.size()),
+        config.options, config.output_dtype, config.concurrency * config.pipeline);
+    if (!created.ok()) {
+      stats.fatal = absl::StrCat(CodeName(created.status()), " ", created.status().message());
+      return stats;
+    }
+    stack = *std::move(created);
+    for (size_t l = 0; l < data.keys.size(); ++l) {
+      stack->Fill(static_cast<int32_t>(l), data.View(config, l));
+    }
+  }
+  std::atomic<int32_t> next_worker{0};
   auto loop = [&](Tickets& tickets, Clock::time_point start, std::atomic<int64_t>& done,
                   std::vector<JobRecord>* local, std::string* fatal) {
     std::unique_ptr<client::CompressStream> stream = client->OpenStream();
+    // This stream's result slots (shm), free ones at the back.
+    const int32_t worker = next_worker.fetch_add(1);
+    std::vector<int32_t> free_slots;
+    for (int32_t k = config.pipeline - 1; k >= 0; --k) {
+      free_slots.push_back(worker * config.pipeline + k);
+    }
+    absl::flat_hash_map<uint64_t, int32_t> slot_of;
     absl::flat_hash_map<uint64_t, std::pair<Clock::time_point, int64_t>> in_flight;
     bool more = true;
     while (true) {
@@ -225,13 +250,22 @@ RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind b
         if (!next) break;
         const int64_t ticket = *next;
         client::LayerJob job;
+        int32_t slot = -1;
+        if (stack != nullptr) {
+          slot = free_slots.back();
+          free_slots.pop_back();
+          job = stack->Job(static_cast<int32_t>(static_cast<size_t>(ticket) % data.keys.size()),
+                           slot);
+        } else {
+          job.layer = data.View(config, static_cast<size_t>(ticket));
+          job.options = config.options;
+          job.output_dtype = config.output_dtype;
+        }
         job.layer_index = static_cast<uint32_t>(ticket % config.preset.layers);
-        job.layer = data.View(config, static_cast<size_t>(ticket));
-        job.options = config.options;
-        job.output_dtype = config.output_dtype;
         job.backend = backend;
         const Clock::time_point sent = Clock::now();
         absl::StatusOr<uint64_t> id = stream->Submit(job);
+        if (id.ok() && slot >= 0) slot_of[*id] = slot;
         if (!id.ok()) {
           *fatal = absl::StrCat(CodeName(id.status()), " ", id.status().message());
           more = false;
@@ -248,6 +282,10 @@ RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind b
         }
         in_flight.clear();
         break;
+      }
+      if (auto slot = slot_of.find(result->job_id); slot != slot_of.end()) {
+        free_slots.push_back(slot->second);  // its result has been read (here: not at all)
+        slot_of.erase(slot);
       }
       auto it = in_flight.find(result->job_id);
       const Clock::time_point sent = it != in_flight.end() ? it->second.first : start;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "centroidkv/client/client.h"
 #include "centroidkv/client/replica_pool.h"
+#include "centroidkv/client/shm_region.h"
 #include "centroidkv/common/npy.h"
 #include "centroidkv/common/status_macros.h"
 #include "centroidkv/kernels/engine_factory.h"
@@ -35,6 +36,7 @@ struct CompressFlags {
   std::string out_dir;
   std::string server = "127.0.0.1:50051";
   bool local = false;
+  bool shm = false;
   CompressOptions options;  // bound by AddCompressOptionFlags
   DType output_dtype = DType::kFloat32;
   BackendKind backend = BackendKind::kAuto;
@@ -257,6 +259,37 @@ absl::StatusOr<client::LayerResult> RunLocal(const client::LayerJob& job) {
   return packed;
 }
 
+// --shm: the layer copied into a registered shared memory region, the job sent by reference,
+// and the result read back out of the region.
+absl::StatusOr<client::LayerResult> RunOverSharedMemory(client::Client* connected,
+                                                        const client::LayerJob& job) {
+  if (job.layer.head_offsets != nullptr) {
+    return absl::InvalidArgumentError("--shm: ragged input (--offsets) goes as slabs");
+  }
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<client::ShmLayerStack> stack,
+                       client::ShmLayerStack::Create(connected, job.layer, 1, job.options,
+                                                     job.output_dtype));
+  stack->Fill(0, job.layer);
+  client::LayerJob by_reference = stack->Job(0);
+  by_reference.layer_index = job.layer_index;
+  by_reference.backend = job.backend;
+  by_reference.timeout = job.timeout;
+  by_reference.priority = job.priority;
+  CKV_ASSIGN_OR_RETURN(std::vector<client::LayerResult> results,
+                       connected->CompressLayers({by_reference}));
+  client::LayerResult result = std::move(results[0]);
+  if (!result.status.ok()) return result.status;
+  if (result.in_region.has_value()) {
+    const client::LayerResult::RegionTensors& region = *result.in_region;
+    result.keys.assign(region.keys, region.keys + region.keys_bytes);
+    result.values.assign(region.values, region.values + region.values_bytes);
+    result.counts.assign(region.counts, region.counts + result.total_entries());
+    result.assignment.assign(region.assignment, region.assignment + region.assignment_elements);
+    result.in_region.reset();  // the region goes with `stack`
+  }
+  return result;
+}
+
 absl::StatusOr<client::LayerResult> RunRemote(const CompressFlags& flags,
                                               const client::LayerJob& job) {
   client::ClientOptions options;
@@ -265,6 +298,7 @@ absl::StatusOr<client::LayerResult> RunRemote(const CompressFlags& flags,
   client::ApplySecurityFlags(flags.security, &options);
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> connected,
                        client::ConnectTarget(options));
+  if (flags.shm) return RunOverSharedMemory(connected.get(), job);
   CKV_ASSIGN_OR_RETURN(std::vector<client::LayerResult> results,
                        connected->CompressLayers({job}));
   if (!results[0].status.ok()) return results[0].status;
@@ -382,6 +416,9 @@ void AddCompressCommand(CLI::App& app, int* exit_code) {
                                  "Server address (HOST:PORT or unix:///path), or replicas to "
                                  "balance over: HOST:PORT,HOST:PORT,... or dns:///NAME:PORT")
                      ->capture_default_str();
+  cmd->add_flag("--shm", flags->shm,
+                "Send the layer by reference to shared memory (a server on unix://): only "
+                "the job's description crosses the socket");
   cmd->add_flag("--local", flags->local, "Compress in this process instead of on a server")
       ->excludes(server);
   AddCompressOptionFlags(cmd, &flags->options);

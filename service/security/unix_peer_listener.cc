@@ -101,19 +101,26 @@ void UnixPeerListener::Accept() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      uid_by_fd_[fd] = peer.uid;
+      peer_by_fd_[fd] = PeerCredentials{peer.uid, peer.gid, peer.pid};
     }
     grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns the fd from here
   }
 }
 
 std::optional<uint32_t> UnixPeerListener::UidOfPeer(const std::string& peer) const {
+  std::optional<PeerCredentials> credentials = CredentialsOfPeer(peer);
+  if (!credentials.has_value()) return std::nullopt;
+  return credentials->uid;
+}
+
+std::optional<PeerCredentials> UnixPeerListener::CredentialsOfPeer(
+    const std::string& peer) const {
   absl::string_view rest(peer);
   int fd = -1;
   if (!absl::ConsumePrefix(&rest, "fd:") || !absl::SimpleAtoi(rest, &fd)) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = uid_by_fd_.find(fd);
-  if (it == uid_by_fd_.end()) return std::nullopt;
+  auto it = peer_by_fd_.find(fd);
+  if (it == peer_by_fd_.end()) return std::nullopt;
   return it->second;
 }
 

@@ -1,8 +1,9 @@
-// The unix socket listener for --allow-uids: gRPC does not expose a peer's credentials, so
-// the server accepts on the socket itself, reads each peer's uid (SO_PEERCRED), closes the
-// connection at once when the uid is not allowed, and hands every other connection to
-// gRPC (grpc::AddInsecureChannelFromFd), where it is served like any other. gRPC names
-// those peers "fd:N"; UidOfPeer maps that name back to the uid, for caller identities.
+// The unix socket listener for --allow-uids and shared memory: gRPC does not expose a peer's
+// credentials, so the server accepts on the socket itself, reads each peer's credentials
+// (SO_PEERCRED), closes the connection at once when the uid is not allowed, and hands every
+// other connection to gRPC (grpc::AddInsecureChannelFromFd), where it is served like any
+// other. gRPC names those peers "fd:N"; UidOfPeer / CredentialsOfPeer map that name back,
+// for caller identities and for the owners of shared memory regions.
 // Thread-safe; one accept thread.
 #pragma once
 
@@ -24,6 +25,14 @@
 
 namespace centroidkv::service {
 
+// What SO_PEERCRED says about a connected process. pid is 0 when the peer lives in a pid
+// namespace the server cannot see (another container without a shared process namespace).
+struct PeerCredentials {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  int32_t pid = 0;
+};
+
 class UnixPeerListener {
  public:
   // Binds `path` (replacing a stale socket file), listens, and starts accepting for
@@ -39,6 +48,7 @@ class UnixPeerListener {
   void Stop();
   // The uid of a peer gRPC calls `peer` ("fd:N"), if this listener accepted it.
   std::optional<uint32_t> UidOfPeer(const std::string& peer) const;
+  std::optional<PeerCredentials> CredentialsOfPeer(const std::string& peer) const;
 
  private:
   UnixPeerListener() = default;
@@ -54,7 +64,7 @@ class UnixPeerListener {
   std::thread thread_;
   std::once_flag stop_once_;
   mutable std::mutex mu_;
-  std::map<int, uint32_t> uid_by_fd_;  // accepted fds; a reused fd number overwrites
+  std::map<int, PeerCredentials> peer_by_fd_;  // accepted fds; a reused fd number overwrites
 };
 
 }  // namespace centroidkv::service

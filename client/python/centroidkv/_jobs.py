@@ -119,9 +119,10 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
              backend: str = "auto", head_tokens=None, offsets=None, pad_heads: bool = False,
              pad_to: Optional[int] = None, exact_target: bool = False,
              output_layout: Optional[str] = None, timeout: Optional[float] = None,
-             priority: Optional[int] = None, **params) -> Job:
+             priority: Optional[int] = None, region=None, **params) -> Job:
     """The Job of one compress() call. `keys` may be a LayerResult (a previous result sent
-    back as it is: its rows, counts and per-head lengths)."""
+    back as it is: its rows, counts and per-head lengths). With `region` (a SharedRegion)
+    the tensors must lie in it and go by reference: the StartJob names them, no slabs."""
     unknown = set(params) - set(PARAM_NAMES)
     if unknown:
         raise TypeError(f"unknown compression parameter(s): {', '.join(sorted(unknown))}")
@@ -179,6 +180,9 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
         start.pad_to = _uint("pad_to", pad_to)
     if output_layout is not None:
         start.output_layout = _LAYOUTS[output_layout]
+    if region is not None:
+        _by_reference(region, tensors, start)
+        tensors = []
     if timeout is not None:
         if not timeout > 0:
             raise invalid_argument("timeout", f"must be positive seconds (got {timeout!r})")
@@ -189,6 +193,20 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
             raise invalid_argument("priority", f"must be an int32 (got {priority!r})")
         start.priority = int(priority)
     return Job(job_id, layer_index, start, tensors, kind)
+
+
+def _by_reference(region, tensors: list, start: pb.StartJob) -> None:
+    """Names the job's input tensors as spans of `region` in `start` (region_input)."""
+    fields = {pb.TENSOR_KEYS: ("keys", start.region_input.keys),
+              pb.TENSOR_VALUES: ("values", start.region_input.values),
+              pb.TENSOR_COUNTS: ("counts", start.region_input.counts)}
+    for tensor, array in tensors:
+        name, span = fields[tensor]
+        where = region.span_of(array.data)
+        if where is None:
+            raise invalid_argument(name, "is not inside the shared region (make it with "
+                                   "region.array(), C-contiguous, in the wire dtype)")
+        span.region_id, span.offset, span.bytes = region.region_id, where[0], where[1]
 
 
 def _result_as_input(result: LayerResult) -> tuple:

@@ -15,6 +15,8 @@ from .v1 import centroidkv_pb2 as pb
 
 METHOD_COMPRESS = "/centroidkv.v1.CentroidKV/Compress"
 METHOD_GET_INFO = "/centroidkv.v1.CentroidKV/GetInfo"
+METHOD_REGISTER_REGION = "/centroidkv.v1.CentroidKV/RegisterRegion"
+METHOD_UNREGISTER_REGION = "/centroidkv.v1.CentroidKV/UnregisterRegion"
 
 # Room left in a message for the slab's own fields and the CompressRequest wrapper.
 SLAB_OVERHEAD_BYTES = 64

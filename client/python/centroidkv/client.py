@@ -116,6 +116,14 @@ class ClientCore:
         self._get_info = self._channel.unary_unary(
             _wire.METHOD_GET_INFO, request_serializer=pb.GetInfoRequest.SerializeToString,
             response_deserializer=pb.GetInfoResponse.FromString)
+        self._register_region = self._channel.unary_unary(
+            _wire.METHOD_REGISTER_REGION,
+            request_serializer=pb.RegisterRegionRequest.SerializeToString,
+            response_deserializer=pb.RegisterRegionResponse.FromString)
+        self._unregister_region = self._channel.unary_unary(
+            _wire.METHOD_UNREGISTER_REGION,
+            request_serializer=pb.UnregisterRegionRequest.SerializeToString,
+            response_deserializer=pb.UnregisterRegionResponse.FromString)
         self._info: Optional[ServerInfo] = None
         self._next_job_id = 1
 
@@ -209,6 +217,32 @@ class Client(ClientCore):
     @property
     def slab_bytes(self) -> int:
         return choose_slab_bytes(self._slab_request, self.info())
+
+    # -- shared memory (centroidkv.shm) -------------------------------------------------
+    def shared_region(self, size: int):
+        """A new SharedRegion of `size` bytes registered with the server (a unix socket
+        connection only): arrays made with region.array() go to compress(...,
+        region=region) by reference. Raises CompressError (FailedPreconditionError on TCP)."""
+        from .shm import SharedRegion
+
+        return SharedRegion(self, size)
+
+    def register_region(self, name: str, offset: int, size: int) -> int:
+        """Registers a file under /dev/shm (RegisterRegion); returns its region id."""
+        try:
+            reply = self._register_region(
+                pb.RegisterRegionRequest(name=name, offset=offset, size=size),
+                timeout=self.connect_timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise make_error(e.code(), e.details() or "", field="name") from None
+        return reply.region.region_id
+
+    def unregister_region(self, region_id: int) -> None:
+        try:
+            self._unregister_region(pb.UnregisterRegionRequest(region_id=region_id),
+                                    timeout=self.connect_timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise make_error(e.code(), e.details() or "", field="region_id") from None
 
     def compress(self, keys, values=None, counts=None, *, layer_index: int = 0,
                  **options) -> LayerResult:

@@ -107,6 +107,7 @@ class ServerInfo:
     defaults: dict          # every SPEC parameter's default, by name
     devices: list = field(default_factory=list)  # [Device]
     worker_threads: int = 0
+    shared_memory: bool = False  # this connection may register regions (centroidkv.shm)
 
 
 def server_info_from_proto(reply) -> ServerInfo:
@@ -120,4 +121,4 @@ def server_info_from_proto(reply) -> ServerInfo:
     devices = [Device(d.backend, d.name, d.memory_bytes, (d.compute_major, d.compute_minor))
                for d in reply.device_info]
     return ServerInfo(reply.version, list(reply.backends), reply.default_backend, limits,
-                      defaults, devices, reply.worker_threads)
+                      defaults, devices, reply.worker_threads, reply.shared_memory)

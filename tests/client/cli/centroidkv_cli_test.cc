@@ -439,5 +439,33 @@ INSTANTIATE_TEST_SUITE_P(Modes, CliBadInputTest, ::testing::Bool(),
                            return info.param ? "Local" : "Server";
                          });
 
+// --shm: the layer goes by reference to shared memory over a unix socket and the result
+// read back from the region is the golden one; on TCP it fails saying why.
+TEST_F(CliTest, ShmOverAUnixSocketWritesTheGoldenResult) {
+  absl::StatusOr<test::GoldenCase> golden = test::LoadGoldenCase("small_basic");
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const std::string socket = (dir_ / "ckv.sock").string();
+  auto unix_server =
+      service::Server::Start(client::testutil::TestServerOptions("unix://" + socket));
+  ASSERT_TRUE(unix_server.ok()) << unix_server.status();
+  const fs::path out = dir_ / "out";
+  const std::string command = Binary() + " compress --shm --in " + Quoted(golden->dir) +
+                              " --out " + Quoted(out.string()) + " --server " +
+                              Quoted((*unix_server)->target()) +
+                              ParameterFlags(golden->options) + " 2>&1";
+  const CommandResult run = RunCommand(command);
+  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
+  CompressResult result;
+  ASSERT_NO_FATAL_FAILURE(ReadResult(out, *golden, &result));
+  test::ExpectMatchesGolden(*golden, result);
+  EXPECT_EQ((*unix_server)->context().regions.regions(), 0u);  // unregistered on exit
+
+  const CommandResult tcp = RunCommand(Binary() + " compress --shm --in " +
+                                       Quoted(golden->dir) + " --out " +
+                                       Quoted((dir_ / "tcp").string()) + Where(false) + " 2>&1");
+  EXPECT_NE(tcp.exit_code, 0) << tcp.output;
+  EXPECT_NE(tcp.output.find("unix socket"), std::string::npos) << tcp.output;
+}
+
 }  // namespace
 }  // namespace centroidkv::cli

@@ -54,10 +54,12 @@ class SidecarPodTest(unittest.TestCase):
         pod_name = self.info["pod"]["metadata"]["name"]
         self.assertEqual(pod_name, "run1-inference-worker")
         socket = f"{pod_name}-centroidkv-socket"
-        self.assertEqual(manifests.volume_names(self.info["pod"]), [socket])
+        shm = f"{pod_name}-centroidkv-shm"  # the tmpfs for jobs by reference (issue 19)
+        self.assertEqual(manifests.volume_names(self.info["pod"]), [socket, shm])
         for c in self.spec["containers"]:
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
             self.assertEqual(mounts["/var/run/centroidkv"], socket)
+            self.assertEqual(mounts["/dev/shm"], shm)
 
     def test_worker_keeps_its_env_and_dials_it(self):
         worker = self.spec["containers"][1]
@@ -66,8 +68,8 @@ class SidecarPodTest(unittest.TestCase):
         self.assertIn('--server "$CENTROIDKV_SERVER"', worker["command"][2])
         self.assertIn("--chunk-size=64", worker["command"][2])
         paths = {m["mountPath"]: m.get("readOnly", False) for m in worker["volumeMounts"]}
-        self.assertEqual(paths, {"/var/run/centroidkv": False, "/smoke/in": True,
-                                 "/smoke/out": False})
+        self.assertEqual(paths, {"/var/run/centroidkv": False, "/dev/shm": False,
+                                 "/smoke/in": True, "/smoke/out": False})
 
     def test_run_label(self):
         self.assertEqual(self.info["pod"]["metadata"]["labels"][manifests.RUN_LABEL], "run1")

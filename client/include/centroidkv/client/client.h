@@ -49,6 +49,18 @@ struct ClientOptions {
   std::string auth_token;
 };
 
+class ShmRegion;
+
+// Where a job's result goes in shared memory: byte offsets (and capacities) in the job's
+// region for each result tensor; each must hold the largest result the job can have
+// (ShmLayerStack lays them out).
+struct ShmOutputSlot {
+  uint64_t keys_offset = 0, keys_bytes = 0;
+  uint64_t values_offset = 0, values_bytes = 0;
+  uint64_t counts_offset = 0, counts_bytes = 0;
+  uint64_t assignment_offset = 0, assignment_bytes = 0;  // with compute_assignment
+};
+
 // One layer job. The buffers in `layer` are borrowed: they must stay valid until the
 // job's result has been returned by Next() (or the job was cancelled, or the stream ended).
 struct LayerJob {
@@ -61,6 +73,13 @@ struct LayerJob {
   // this time of its StartJob's arrival; zero = no deadline.
   std::chrono::milliseconds timeout{0};
   int32_t priority = 0;  // higher runs first among the server's queued jobs
+  // Shared memory (shm_region.h), on a unix socket connection: with `shm_region` set and
+  // `layer`'s tensors inside it, the server reads them in place (no slabs); with
+  // `shm_output` too, it writes the result there and LayerResult::in_region points at it.
+  // The server reads and writes these while the job runs, even after Cancel() returns
+  // (until it sees the cancel); the slabs path's "not read after Cancel" does not hold.
+  const ShmRegion* shm_region = nullptr;
+  std::optional<ShmOutputSlot> shm_output;
 };
 
 // The result of one job, heads concatenated along the entry axis.
@@ -92,6 +111,19 @@ struct LayerResult {
   std::vector<uint32_t> head_tokens;     // [H] input entries per head
   int32_t padded_length = 0;             // rows per head when padded
   TensorLayout layout = TensorLayout::kHeadMajor;  // of keys, values and counts
+  // A job with LayerJob::shm_output: the tensors were written to the region (keys, values,
+  // counts and assignment above stay empty); these point at them, valid while the region
+  // lives and until its slot is used again. Sizes as the vectors above would have.
+  struct RegionTensors {
+    const uint8_t* keys = nullptr;
+    uint64_t keys_bytes = 0;
+    const uint8_t* values = nullptr;
+    uint64_t values_bytes = 0;
+    const uint32_t* counts = nullptr;  // [total]
+    const int32_t* assignment = nullptr;
+    uint64_t assignment_elements = 0;
+  };
+  std::optional<RegionTensors> in_region;
 
   int64_t total_entries() const { return offsets.empty() ? 0 : offsets.back(); }
   std::vector<float> KeysAsFloat() const;
@@ -128,6 +160,7 @@ struct ServerInfo {
   int32_t max_dim = 0;
   int32_t max_chunk_size = 0;  // largest chunk_size a job may ask for (0: an older server)
   int32_t worker_threads = 0;  // clustering threads of the server (0: an older server)
+  bool shared_memory = false;  // this connection may register shared memory regions
 };
 
 // One Compress stream: jobs go out as fast as gRPC flow control allows, results come back
@@ -159,6 +192,21 @@ class Client {
 
   virtual absl::StatusOr<ServerInfo> GetInfo() = 0;
   virtual std::unique_ptr<CompressStream> OpenStream() = 0;
+
+  // Shared memory regions (shm_region.h wraps these): `name` is a POSIX shm name or a file
+  // under /dev/shm owned by this process's uid. Only on a unix socket connection
+  // (FAILED_PRECONDITION otherwise). The server unmaps them on Unregister or when this
+  // process exits.
+  struct Region {
+    uint64_t region_id = 0;
+    std::string name;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+  };
+  virtual absl::StatusOr<Region> RegisterRegion(const std::string& name, uint64_t offset,
+                                                uint64_t size);
+  virtual absl::Status UnregisterRegion(uint64_t region_id);
+  virtual absl::StatusOr<std::vector<Region>> ListRegions();
 
   // Sends every job on one stream, pipelined, and returns the results in the order of
   // `jobs`. A per-job failure is in its LayerResult::status.

@@ -83,6 +83,9 @@ ResultBytes ResultBytesOf(const v1::JobResult& header);
 // padded to the longest or to pad_to): what a server reserves for it before it runs.
 uint64_t MaxResultBytes(const LayerView& shape, const CompressOptions& options,
                         DType output_dtype);
+// The same per tensor: what a result written to shared memory needs of each span.
+ResultBytes MaxResultTensorBytes(const LayerView& shape, const CompressOptions& options,
+                                 DType output_dtype);
 
 // Where a result came from and how long it took, for its header.
 struct ResultProvenance {

@@ -1,0 +1,112 @@
+"""Same-node shared memory for the Python client (issue 19): a region of this process's
+memory, a file under /dev/shm mapped here and registered with the server, whose numpy
+arrays (or torch CPU tensors, torch.from_numpy of them) a job may name by reference:
+
+    with client.shared_region(64 << 20) as region:
+        keys = region.array((8, 4096, 128), np.float16)      # zero-copy views
+        values = region.array((8, 4096, 128), np.float16)
+        keys[:] = ...; values[:] = ...                         # write the KV in place
+        result = client.compress(keys, values, region=region)  # no input slabs sent
+
+Only the StartJob crosses the socket; the server reads the tensors in place. The result
+comes back as slabs as usual. Only over a unix socket to a server with shared memory on
+(ServerInfo.shared_memory); elsewhere registering fails with FailedPreconditionError.
+"""
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+from typing import Optional
+
+import numpy as np
+
+from .errors import invalid_argument
+
+_SHM_DIR = "/dev/shm"
+_ALIGNMENT = 64
+_names = itertools.count()
+
+
+class SharedRegion:
+    """A registered shared memory region (Client.shared_region). Arrays are carved from it
+    in order (each 64-byte aligned) with array(); close() (or the with block's end)
+    unregisters, unmaps and removes the file. The arrays must not be used after close()."""
+
+    def __init__(self, client, size: int):
+        if size <= 0:
+            raise invalid_argument("size", f"must be positive (got {size})")
+        self.name = f"/ckv-py-{os.getpid()}-{next(_names)}"
+        self.size = int(size)
+        self._client = client
+        self._cursor = 0
+        self.region_id: Optional[int] = None
+        path = _SHM_DIR + self.name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o660)
+        try:
+            os.fchmod(fd, 0o660)  # a sidecar server of another uid maps it via the group
+            os.ftruncate(fd, self.size)
+            self._map = mmap.mmap(fd, self.size, mmap.MAP_SHARED,
+                                  mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        self._bytes = np.frombuffer(self._map, dtype=np.uint8)
+        self._base = self._bytes.__array_interface__["data"][0]
+        try:
+            self.region_id = client.register_region(self.name, 0, self.size)
+        except BaseException:
+            self._release()
+            raise
+
+    def array(self, shape, dtype) -> np.ndarray:
+        """A new C-contiguous array of `shape` and `dtype` in the region (zero-filled at
+        first use; not zeroed when the region was written before)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        start = -(-self._cursor // _ALIGNMENT) * _ALIGNMENT
+        if start + nbytes > self.size:
+            raise invalid_argument("shape", f"{nbytes} bytes do not fit the region's "
+                                   f"{self.size - start} free bytes")
+        self._cursor = start + nbytes
+        return self._bytes[start:start + nbytes].view(dtype).reshape(shape)
+
+    def span_of(self, data: memoryview) -> Optional[tuple]:
+        """(offset, bytes) of a flat byte view inside the region, or None."""
+        view = np.frombuffer(data, dtype=np.uint8)
+        address = view.__array_interface__["data"][0]
+        offset = address - self._base
+        if offset < 0 or offset + view.nbytes > self.size:
+            return None
+        return offset, view.nbytes
+
+    def close(self) -> None:
+        if self.region_id is not None:
+            try:
+                self._client.unregister_region(self.region_id)
+            except Exception:  # noqa: BLE001 - the server may be gone; it unmaps on exit
+                pass
+            self.region_id = None
+        self._release()
+
+    def _release(self) -> None:
+        if getattr(self, "_map", None) is None:
+            return
+        self._bytes = None
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # arrays still refer to it: the mapping goes with them
+        self._map = None
+        try:
+            os.unlink(_SHM_DIR + self.name)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,117 @@
+// JobRegionMemory: spans to mapped memory, and the result written in place.
+#include "service/shm/job_regions.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "centroidkv/common/field_status.h"
+#include "service/result_encoder.h"
+
+namespace centroidkv::service {
+namespace {
+
+// One span of the owner's regions as memory; its mapping joins `held`.
+absl::StatusOr<MappedSpan> MapSpan(const RegionSpan& span, const std::string& field,
+                                   const RegionTable& table, const std::string& owner_key,
+                                   std::vector<std::shared_ptr<MappedRegion>>* held) {
+  absl::StatusOr<std::shared_ptr<MappedRegion>> region = table.Find(owner_key, span.region_id);
+  if (!region.ok()) {
+    return FieldError(region.status().code(), {field + ".region_id"},
+                      absl::StrCat(field, ".region_id: ", region.status().message()));
+  }
+  const MappedRegion& mapped = **region;
+  if (span.offset > mapped.size() || span.bytes > mapped.size() - span.offset) {
+    return FieldError(absl::StatusCode::kOutOfRange, {field + ".offset"},
+                      absl::StrCat(field, ": bytes ", span.offset, "..", span.offset + span.bytes,
+                                   " are outside region ", span.region_id, " ('",
+                                   mapped.name(), "', ", mapped.size(), " bytes)"));
+  }
+  if (absl::Status backed = mapped.CheckStillBacked(); !backed.ok()) {
+    return FieldError(backed.code(), {field + ".region_id"}, backed.message());
+  }
+  MappedSpan out{mapped.data() + span.offset, span.bytes};
+  held->push_back(*std::move(region));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<JobRegionMemory> JobRegionMemory::Resolve(const JobRegions& spans,
+                                                         const RegionTable& table,
+                                                         const std::string& owner_key) {
+  JobRegionMemory memory;
+  auto map = [&](const RegionSpan& span, const char* field,
+                 std::optional<MappedSpan>* out) -> absl::Status {
+    absl::StatusOr<MappedSpan> mapped = MapSpan(span, field, table, owner_key, &memory.held_);
+    if (!mapped.ok()) return mapped.status();
+    *out = *mapped;
+    return absl::OkStatus();
+  };
+  if (spans.input.has_value()) {
+    const RegionInputSpans& in = *spans.input;
+    if (absl::Status s = map(in.keys, "start_job.region_input.keys", &memory.keys_); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = map(in.values, "start_job.region_input.values", &memory.values_);
+        !s.ok()) {
+      return s;
+    }
+    if (in.counts.has_value()) {
+      if (absl::Status s = map(*in.counts, "start_job.region_input.counts", &memory.counts_);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  if (spans.output.has_value()) {
+    const RegionOutputSpans& out = *spans.output;
+    if (absl::Status s = map(out.keys, "start_job.region_output.out_keys", &memory.out_keys_);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            map(out.values, "start_job.region_output.out_values", &memory.out_values_);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            map(out.counts, "start_job.region_output.out_counts", &memory.out_counts_);
+        !s.ok()) {
+      return s;
+    }
+    if (out.assignment.has_value()) {
+      if (absl::Status s = map(*out.assignment, "start_job.region_output.assignment",
+                               &memory.assignment_);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return memory;
+}
+
+absl::Status JobRegionMemory::WriteResult(const CompressResult& result,
+                                          DType output_dtype) const {
+  const std::vector<SlabWriter::Tensor> tensors = ResultTensors(result, output_dtype);
+  const std::optional<MappedSpan>* targets[] = {&out_keys_, &out_values_, &out_counts_,
+                                                &assignment_};
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const SlabWriter::Tensor& tensor = tensors[i];
+    if (tensor.bytes == 0) continue;
+    const std::optional<MappedSpan>& target = *targets[i];
+    if (!target.has_value() || tensor.bytes > target->bytes) {
+      return absl::InternalError(absl::StrCat("result tensor ", v1::Tensor_Name(tensor.tensor),
+                                              " (", tensor.bytes,
+                                              " bytes) does not fit its output span"));
+    }
+    if (tensor.data != nullptr) {
+      std::memcpy(target->data, tensor.data, tensor.bytes);
+    } else {
+      tensor.copy(0, tensor.bytes, reinterpret_cast<char*>(target->data));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace centroidkv::service

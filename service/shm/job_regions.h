@@ -1,0 +1,55 @@
+// The shared memory of one job: the spans its StartJob named (region_codec.h) resolved
+// against its owner's regions (RegionTable) and bounds-checked (each span within its
+// region, the region's file still that large), as pointers the engine reads in place and
+// the result is written to. Holding this object holds the job's mappings, so a region
+// unregistered (or an owner gone) mid-job stays mapped until the job ends.
+// Thread-compatible: owned by one job.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "centroidkv/types/compress_result.h"
+#include "centroidkv/types/kinds.h"
+#include "centroidkv/wire/region_codec.h"
+#include "service/shm/mapped_region.h"
+#include "service/shm/region_table.h"
+
+namespace centroidkv::service {
+
+struct MappedSpan {
+  uint8_t* data = nullptr;
+  uint64_t bytes = 0;  // the span's bytes (for outputs: its capacity)
+};
+
+class JobRegionMemory {
+ public:
+  // Errors name the field: NOT_FOUND "start_job.region_input.keys.region_id" for a region
+  // the owner has not registered, OUT_OF_RANGE "...offset" for a span past its region's
+  // end, FAILED_PRECONDITION for a region whose file shrank.
+  static absl::StatusOr<JobRegionMemory> Resolve(const JobRegions& spans,
+                                                 const RegionTable& table,
+                                                 const std::string& owner_key);
+
+  bool has_input() const { return keys_.has_value(); }
+  bool has_output() const { return out_keys_.has_value(); }
+  const MappedSpan& keys() const { return *keys_; }
+  const MappedSpan& values() const { return *values_; }
+  const std::optional<MappedSpan>& counts() const { return counts_; }
+
+  // Copies the result's tensors, rows rounded to `output_dtype` where the engine did not
+  // write that dtype itself, into the output spans (the codec's order and bytes, as slabs
+  // would carry them). INTERNAL if a tensor exceeds its span (the StartJob check forbids).
+  absl::Status WriteResult(const CompressResult& result, DType output_dtype) const;
+
+ private:
+  std::optional<MappedSpan> keys_, values_, counts_;
+  std::optional<MappedSpan> out_keys_, out_values_, out_counts_, assignment_;
+  std::vector<std::shared_ptr<MappedRegion>> held_;  // the job's mappings
+};
+
+}  // namespace centroidkv::service

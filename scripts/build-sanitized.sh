@@ -17,7 +17,12 @@ case "$sanitize" in
 esac
 export CKV_BUILD_DIR=${CKV_SANITIZE_BUILD_DIR:-$dir}
 if [ ! -f "$CKV_BUILD_DIR/CMakeCache.txt" ]; then
-  cmake -S . -B "$CKV_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  launcher=()
+  # ccache as in build.sh: a second sanitizer build of unchanged sources is mostly cache hits.
+  if command -v ccache >/dev/null 2>&1 && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  fi
+  cmake -S . -B "$CKV_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
     -DCMAKE_CXX_COMPILER=clang++-14 -DCKV_SANITIZE="$sanitize" -DCKV_BUILD_FUZZ="$fuzz" \
     -DCKV_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG"
 fi

@@ -63,13 +63,15 @@ tsan_service_client() {
   bash scripts/build-sanitized.sh thread ckv_service_test ckv_client_test
   # The leg means nothing against Debian's uninstrumented oneTBB and Abseil: make sure the
   # binaries (and the server they start) load the instrumented copies.
-  local deps_lib binary
+  local deps_lib binary library
   deps_lib=$(bash scripts/build-tsan-deps.sh)
+  local loaded
   for binary in ckv_service_test ckv_client_test centroidkv-server centroidkv; do
+    loaded=$(ldd "build-tsan/bin/$binary")  # not piped into grep -q: pipefail and SIGPIPE
     for library in libtbb.so.12 libabsl_synchronization.so.20220623; do
       # The client CLI links no engine, so no oneTBB.
       [ "$binary/$library" = centroidkv/libtbb.so.12 ] && continue
-      if ! ldd "build-tsan/bin/$binary" | grep -qF "$library => $deps_lib/"; then
+      if ! grep -qF "$library => $deps_lib/" <<<"$loaded"; then
         echo "test-sanitized.sh: build-tsan/bin/$binary does not load $library from $deps_lib" >&2
         return 1
       fi

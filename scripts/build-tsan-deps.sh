@@ -68,6 +68,6 @@ EOF
   find "$dir/build/abseil/absl" -name 'libabsl_*.so.*' -exec cp -P {} "$lib/" \;
   rm -rf "$dir/build" "$dir/src"
   touch "$lib/.complete"
-  echo "build-tsan-deps: done in $((SECONDS - start)) s: $(ls "$lib" | grep -c '\.so\.[0-9]*$') libraries"
+  echo "build-tsan-deps: done in $((SECONDS - start)) s: $(ls "$lib" | sed 's/\.so.*//' | sort -u | wc -l) libraries"
 } >&2
 echo "$lib"

@@ -1,7 +1,8 @@
 # Sanitizer and fuzzing builds (issue 16, points 7 and 8).
 # CKV_SANITIZE: a -fsanitize= list ("address,undefined" or "thread"), empty for a normal
 # build. Applied to every target this project compiles (Debian's gRPC, protobuf, Abseil and
-# oneTBB stay uninstrumented; see fuzz/tsan.supp). The CUDA backend is off in these builds:
+# oneTBB stay uninstrumented; the TSan leg swaps in instrumented oneTBB and Abseil
+# synchronisation, scripts/build-tsan-deps.sh). The CUDA backend is off in these builds:
 # nvcc's host objects carry no instrumentation and ASan's shadow memory clashes with the
 # CUDA driver's fixed mappings.
 # CKV_BUILD_FUZZ: the libFuzzer targets under fuzz/ (clang only); every other target is

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds everything, runs every test.
 # This is what CI runs (.ci/run). GPU tests skip, visibly, on machines without a GPU.
-# Then the sanitizer leg (scripts/test-sanitized.sh ci): a smoke run of each fuzz target
-# under ASan+UBSan.
+# Then the sanitizer legs (scripts/test-sanitized.sh ci): a smoke run of each fuzz target
+# and the service and client tests under ASan+UBSan, then the service and client tests under
+# TSan (docs/reliability.md: what runs, how long it takes).
 #   --sanitize=address,undefined | --sanitize=thread   only that sanitizer build and run
 #   --sanitize=none                                    only the normal suite
 set -euo pipefail

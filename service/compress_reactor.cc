@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/field_status.h"
+#include "centroidkv/common/tsan_annotations.h"
 #include "centroidkv/wire/grpc_status.h"
 #include "centroidkv/wire/job_codec.h"
 #include "centroidkv/wire/wire_convert.h"
@@ -142,8 +143,12 @@ void CompressReactor::OnDone() {
     caller_->EndStream();  // jobs still computing stay counted until they finish
   }
   context_->streams.Remove(this);
+  ServiceContext* context = context_;
   if (drop_wait_ref) Unref();
-  Unref();  // gRPC's reference
+  Unref();  // gRPC's reference; `this` may be gone now
+  // grpc::Server::Shutdown returns only after every reactor's OnDone has returned, counted
+  // by an atomic inside libgrpc++ that TSan does not see; Server::Shutdown takes this edge.
+  TsanHappensBefore(context);
 }
 
 void CompressReactor::Drain() {

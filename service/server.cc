@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "centroidkv/common/tsan_annotations.h"
 #include "service/listen_address.h"
 #include "service/metrics_tls.h"
 #include "service/security/server_credentials.h"
@@ -162,6 +163,7 @@ void Server::Shutdown() {
                                   std::chrono::steady_clock::now() - start);
     grpc_server_->Shutdown(std::chrono::system_clock::now() +
                            std::max(left, std::chrono::milliseconds(0)));
+    TsanHappensAfter(context_.get());  // every reactor's OnDone has returned (its comment)
     // Every stream has ended (gRPC cancelled the rest, which cancelled their jobs); jobs
     // still computing belong to nobody. Cancel any left and wait: the engines check the flag
     // inside their loops, so this takes well under a second, and nothing a job touches

@@ -176,8 +176,36 @@ def server_flags(server_bin):
     return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
 
 
-# The server's own --max-pooled-result-bytes default (from --help), set by main().
-POOLED_RESULT_BYTES_DEFAULT = "0"
+# The server's own defaults (from --help) of the flags its memory bound is made of, set by
+# main().
+MEMORY_FLAGS = ("--max-total-bytes", "--max-pooled-input-bytes", "--max-pooled-result-bytes",
+                "--max-transport-bytes")
+MEMORY_FLAG_DEFAULTS = {}
+# The terms of the server's stated RSS bound that no flag sets (--max-transport-bytes' help,
+# docs/reliability.md "The memory bound"): the idle process and the tested fixed overhead
+# (gRPC's per-connection and per-stream state, thread stacks, heap slack).
+IDLE_PROCESS_BYTES = 20 * 2**20
+FIXED_OVERHEAD_BYTES = 64 * 2**20
+# The cpu engine's reusable scratch (per-thread chunk buffers, pooled float64 head rows) is
+# not budgeted by any flag; a pod's limit leaves this much per --threads above the bound.
+ENGINE_SCRATCH_BYTES_PER_THREAD = 64 * 2**20
+
+
+def memory_bound(args):
+    """The server's stated RSS bound for these flags (docs/reliability.md): the idle process
+    + --max-total-bytes (jobs in flight) + the idle input pool (--max-pooled-input-bytes, at
+    most --max-total-bytes) + --max-pooled-result-bytes + --max-transport-bytes + the fixed
+    overhead. Returns (bytes, {flag: the value used}); None where a flag has no value."""
+    values = {flag: arg_value(args, flag) or MEMORY_FLAG_DEFAULTS.get(flag)
+              for flag in MEMORY_FLAGS}
+    if any(v is None for v in values.values()):
+        return None, values
+    size = {flag: quantity(v) for flag, v in values.items()}
+    total = size["--max-total-bytes"]
+    bound = (IDLE_PROCESS_BYTES + total + min(size["--max-pooled-input-bytes"], total) +
+             size["--max-pooled-result-bytes"] + size["--max-transport-bytes"] +
+             FIXED_OVERHEAD_BYTES)
+    return bound, values
 
 
 def server_default(server_bin, flag):
@@ -311,14 +339,24 @@ def check_container_common(where, container, docker, flags, pod_spec, metric_typ
     requests, limits = resources.get("requests", {}), resources.get("limits", {})
     check("cpu" in requests and "memory" in requests and "memory" in limits,
           f"{where}: cpu and memory requests, memory limit")
-    total = arg_value(args, "--max-total-bytes")
-    # Idle pooled result buffers are outside --max-total-bytes: the limit must hold both.
-    pooled = arg_value(args, "--max-pooled-result-bytes") or POOLED_RESULT_BYTES_DEFAULT
-    if total and "memory" in limits:
-        check(quantity(limits["memory"]) > quantity(total) + quantity(pooled),
-              f"{where}: memory limit {limits['memory']} > --max-total-bytes {total} + "
-              f"--max-pooled-result-bytes {pooled}")
+    # The memory limit holds the server's stated bound for the flags it runs with, plus room
+    # for the engine's unbudgeted scratch; the request equals the limit (the bound is what
+    # the server may really use, so the scheduler must reserve it).
     threads = arg_value(args, "--threads")
+    bound, values = memory_bound(args)
+    if check(bound is not None, f"{where}: every term of the memory bound has a value {values}") \
+            and "memory" in limits:
+        scratch = ENGINE_SCRATCH_BYTES_PER_THREAD * int(threads or 1)
+        mib = 2**20
+        terms = ", ".join(f"{flag} {value}" for flag, value in values.items())
+        check(quantity(limits["memory"]) >= bound + scratch,
+              f"{where}: memory limit {limits['memory']} ({quantity(limits['memory']) / mib:.0f} "
+              f"MiB) >= the server's bound {bound / mib:.0f} MiB ({terms}, idle process and "
+              f"fixed overhead {(IDLE_PROCESS_BYTES + FIXED_OVERHEAD_BYTES) / mib:.0f} MiB) + "
+              f"engine scratch {scratch / mib:.0f} MiB ({threads or 1} threads)")
+        if "memory" in requests:
+            check(quantity(requests["memory"]) == quantity(limits["memory"]),
+                  f"{where}: memory request {requests['memory']} == limit {limits['memory']}")
     if threads and "cpu" in requests:
         check(quantity(requests["cpu"]) >= int(threads),
               f"{where}: cpu request {requests['cpu']} covers --threads {threads}")
@@ -687,7 +725,8 @@ def live_security(where, server_bin, docs, folders):
 
 # Sizing a chart user sets through values (threads, memory budgets) differs from the
 # kustomize examples by design; everything else both express must be equal.
-SIZING_FLAGS = ("--threads=", "--max-total-bytes=", "--max-pooled-result-bytes=")
+SIZING_FLAGS = ("--threads=", "--max-total-bytes=", "--max-pooled-input-bytes=",
+                "--max-pooled-result-bytes=", "--max-transport-bytes=")
 
 
 def overlap(docs):
@@ -865,10 +904,10 @@ def main():
     for variant, docker in dockers.items():
         check(docker["user"], f"Dockerfile.{variant}: creates a non-root user")
     flags = server_flags(options.server_bin)
-    global POOLED_RESULT_BYTES_DEFAULT
-    pooled_default = server_default(options.server_bin, "--max-pooled-result-bytes")
-    if check(pooled_default is not None, "--help prints the --max-pooled-result-bytes default"):
-        POOLED_RESULT_BYTES_DEFAULT = pooled_default
+    for flag in MEMORY_FLAGS:
+        default = server_default(options.server_bin, flag)
+        if check(default is not None, f"--help prints the {flag} default"):
+            MEMORY_FLAG_DEFAULTS[flag] = default
     cli_bin = os.path.join(os.path.dirname(options.server_bin), "centroidkv")
     check_runtime_packages(os.path.join(deploy, "docker", "Dockerfile.cpu"),
                            [options.server_bin] + ([cli_bin] if os.path.exists(cli_bin) else []))

@@ -75,11 +75,13 @@ class TaskBuilder:
         return str(rng.randrange(10 ** (digits - 1), 10 ** digits))
 
     def build(self, rng: random.Random, length: int, asked: list[str] | None = None,
-              present: list[str] | None = None, depth: float | None = None):
+              present: list[str] | None = None, depth: float | None = None,
+              copy_prob: float = 0.0):
         """One sequence. `asked`: the kinds questioned at the end (default: a random non-empty
         subset of `present`); `present`: the kinds whose facts are in the text (default: each
         with probability 0.7, at least the asked ones); `depth` in [0, 1]: where the first
-        asked kind's deciding fact sits in the filler (default: uniform)."""
+        asked kind's deciding fact sits in the filler (default: uniform); `copy_prob`: the
+        chance of a repeated random block (training only)."""
         enc = self.tok.encode
         small = length < 512  # fewer facts, so that short sequences keep some filler
         if present is None:
@@ -123,6 +125,12 @@ class TaskBuilder:
                 q = (enc(f" What is {asked_name} now? {asked_name} is now"), enc(f" {last}"))
             if kind in asked:
                 questions.append(q)
+        if copy_prob > 0 and rng.random() < copy_prob:
+            # Training aid: a block of random pieces stated once and repeated at the end, the
+            # densest signal for the copy ("induction") circuit the retrieval tasks need.
+            block = [rng.randrange(259, len(self.tok.pieces)) for _ in range(rng.randint(8, 16))]
+            facts.append(("copy", block))
+            questions.append((block[:1], block[1:]))
         rng.shuffle(questions)
         q_tokens = sum(len(q) + len(a) + 1 for q, a in questions)
         fact_tokens = sum(len(t) for _, t in facts)
@@ -170,13 +178,14 @@ class TaskBuilder:
         return seq, spans
 
 
-def batch(builder: TaskBuilder, rng: random.Random, size: int, length: int, answer_weight: float):
+def batch(builder: TaskBuilder, rng: random.Random, size: int, length: int, answer_weight: float,
+          copy_prob: float = 0.0):
     """Inputs, targets and per-token loss weights for `size` training sequences."""
     xs, ws = [], []
     for _ in range(size):
         while True:  # a short sequence may not fit every fact drawn: draw again
             try:
-                seq, spans = builder.build(rng, length + 1)
+                seq, spans = builder.build(rng, length + 1, copy_prob=copy_prob)
                 break
             except ValueError:
                 continue

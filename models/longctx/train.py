@@ -67,8 +67,9 @@ def exact_match(model: Transformer, cases, bf16: bool):
     model.eval()
     hits = {k: [0, 0] for k in KINDS}
     for c in cases:
-        seq = torch.tensor([c["prompt"] + c["answer"][:-1]])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        device = model.embedding.weight.device
+        seq = torch.tensor([c["prompt"] + c["answer"][:-1]], device=device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(seq)
         pred = logits[0, len(c["prompt"]) - 1:].argmax(-1).tolist()
         hits[c["kind"]][0] += int(pred == c["answer"])
@@ -83,12 +84,15 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=500)
     p.add_argument("--tokens-per-step", type=int, default=2048)
     p.add_argument("--schedule", default="128:0.3,256:0.25,512:0.15,1024:0.3")
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--answer-weight", type=float, default=10.0)
+    p.add_argument("--copy-prob", type=float, default=0.5,
+                   help="chance per sequence of a repeated random block (tasks.py)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda where a GPU is lent")
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--hidden-dim", type=int, default=512)
     p.add_argument("--layers", type=int, default=2)
@@ -129,6 +133,7 @@ def main():
     cfg = Config(a.dim, a.hidden_dim, a.layers, a.heads, a.kv_heads, tok_vocab(tok), a.seq_len)
     model = Transformer(cfg)
     model.init_weights(torch.Generator().manual_seed(a.seed))
+    model.to(a.device)
     decay = [p_ for p_ in model.parameters() if p_.dim() == 2]
     no_decay = [p_ for p_ in model.parameters() if p_.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -159,8 +164,9 @@ def main():
             0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / a.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
-        x, y, w = batch(builder, data_rng, size, length, a.answer_weight)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        x, y, w = (t.to(a.device) for t in batch(builder, data_rng, size, length, a.answer_weight,
+                                                  a.copy_prob))
+        with torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
             logits = model(x)
         ce = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1),
                              reduction="none").view_as(w)

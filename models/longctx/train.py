@@ -130,7 +130,7 @@ def main():
     eval_short = heldout_cases(heldout, schedule[0][0], a.heldout_per_kind, a.heldout_seed + 1,
                                distractors=False)
 
-    cfg = Config(a.dim, a.hidden_dim, a.layers, a.heads, a.kv_heads, tok_vocab(tok), a.seq_len)
+    cfg = Config(a.dim, a.hidden_dim, a.layers, a.heads, a.kv_heads, len(tok.pieces), a.seq_len)
     model = Transformer(cfg)
     model.init_weights(torch.Generator().manual_seed(a.seed))
     model.to(a.device)
@@ -190,10 +190,6 @@ def main():
     if a.export_hf:
         export_transformers(model, os.path.join(a.out, "hf"))
     print(f"done in {time.time() - start:.0f} s", flush=True)
-
-
-def tok_vocab(tok: Tokenizer) -> int:
-    return len(tok.pieces)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 bash scripts/build.sh centroidkv_server centroidkv_quality
 bin=${CKV_BUILD_DIR:-build}/bin
 
-bash scripts/with_server.sh "$bin" "$bin/centroidkv-quality" --server "{server}" \
+CKV_SERVER_SOCKET=/tmp/centroidkv-quality.sock bash scripts/with_server.sh "$bin" "$bin/centroidkv-quality" --server "{server}" \
   --model ../shared/models/stories260K.bin --tokenizer ../shared/models/tok512.bin \
   --report-md docs/quality.md --report-json docs/quality.json "$@"
 

@@ -10,6 +10,6 @@ cd "$(dirname "$0")/.."
 bash scripts/build.sh centroidkv_server centroidkv_retrieval
 bin=${CKV_BUILD_DIR:-build}/bin
 
-bash scripts/with_server.sh "$bin" "$bin/centroidkv-retrieval" --server "{server}" \
+CKV_SERVER_SOCKET=/tmp/centroidkv-quality-long.sock bash scripts/with_server.sh "$bin" "$bin/centroidkv-retrieval" --server "{server}" \
   --model models/longctx/model.bin --cases models/longctx/retrieval_cases.txt \
   --report-md docs/quality-long.md "$@" >docs/quality-long.json

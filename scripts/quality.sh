@@ -12,25 +12,13 @@ cd "$(dirname "$0")/.."
 bash scripts/build.sh centroidkv_server centroidkv_quality
 bin=${CKV_BUILD_DIR:-build}/bin
 
-socket_path=/tmp/centroidkv-quality.sock
-rm -f "$socket_path"
-log=$(mktemp /tmp/centroidkv-quality-server.XXXXXX)
-"$bin/centroidkv-server" --listen "unix://$socket_path" >"$log" 2>&1 &
-server_pid=$!
-cleanup() {
-  kill -TERM "$server_pid" 2>/dev/null || true
-  wait "$server_pid" 2>/dev/null || true
-  rm -f "$log" "$socket_path"
-}
-trap cleanup EXIT
-for _ in $(seq 1 100); do [ -S "$socket_path" ] && break; sleep 0.1; done
-
 if [ "${1:-}" = "--online" ]; then
-  "$bin/centroidkv-quality" --server "unix://$socket_path" \
+  CKV_SERVER_SOCKET=/tmp/centroidkv-quality.sock bash scripts/with_server.sh "$bin" \
+    "$bin/centroidkv-quality" --server "{server}" \
     --model ../shared/models/stories260K.bin --tokenizer ../shared/models/tok512.bin "$@"
   exit 0
 fi
-"$bin/centroidkv-quality" --server "unix://$socket_path" \
+CKV_SERVER_SOCKET=/tmp/centroidkv-quality.sock bash scripts/with_server.sh "$bin" "$bin/centroidkv-quality" --server "{server}" \
   --model ../shared/models/stories260K.bin --tokenizer ../shared/models/tok512.bin \
   --report-md docs/quality.md --report-json docs/quality.json "$@"
 

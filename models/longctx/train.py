@@ -1,0 +1,196 @@
+"""Trains the long-context test model (head dim 64, GQA, RoPE, context 1024) on stories260K
+stories with pass-key, multi-key and variable-tracking tasks embedded (tasks.py), on CPU, with
+fixed seeds; exports llama2.c format (the C++ worker), a transformers folder and held-out cases.
+
+  python train.py --out OUT_DIR        (see README.md for the exact command and its results)
+
+The schedule is by step (so a rerun repeats it): a length curriculum (short sequences first,
+where the retrieval circuit forms cheaply, then the full context), a fixed number of tokens per
+step, AdamW with warmup and cosine decay. Every --eval-every steps it measures held-out
+exact-match (teacher-forced argmax over the answer tokens, which equals greedy decoding's exact
+match) and writes a checkpoint, so a partial run is usable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from llama import Config, Tokenizer, Transformer, export_llama2c, export_transformers, save_config
+from stories import SHARED, load_or_sample
+from tasks import KINDS, TaskBuilder, batch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_schedule(text: str):
+    """'256:0.4,512:0.25,1024:0.35' -> [(256, 0.4), ...] (fractions of the steps)."""
+    phases = [(int(a), float(b)) for a, b in (p.split(":") for p in text.split(","))]
+    total = sum(f for _, f in phases)
+    return [(n, f / total) for n, f in phases]
+
+
+def length_at(schedule, step: int, steps: int) -> int:
+    acc = 0.0
+    for n, f in schedule:
+        acc += f
+        if step < acc * steps:
+            return n
+    return schedule[-1][0]
+
+
+def heldout_cases(builder: TaskBuilder, length: int, per_kind: int, seed: int, distractors=True):
+    """Cases with the deciding fact at evenly spread depths 0..1, one asked kind each, all three
+    kinds' facts present (the others as distractors)."""
+    rng = random.Random(seed)
+    cases = []
+    for kind in KINDS:
+        for i in range(per_kind):
+            depth = i / max(1, per_kind - 1)
+            seq, spans = builder.build(rng, length, asked=[kind], present=list(KINDS) if distractors else [kind],
+                                        depth=depth)
+            s, e, q = spans[0]
+            cases.append({"kind": kind, "depth": depth, "prompt": seq[:s], "answer": seq[s:e],
+                          "question_start": q})
+    return cases
+
+
+@torch.no_grad()
+def exact_match(model: Transformer, cases, bf16: bool):
+    """Per kind: the fraction of cases whose answer tokens are all the argmax (teacher-forced)."""
+    model.eval()
+    hits = {k: [0, 0] for k in KINDS}
+    for c in cases:
+        device = model.embedding.weight.device
+        seq = torch.tensor([c["prompt"] + c["answer"][:-1]], device=device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(seq)
+        pred = logits[0, len(c["prompt"]) - 1:].argmax(-1).tolist()
+        hits[c["kind"]][0] += int(pred == c["answer"])
+        hits[c["kind"]][1] += 1
+    model.train()
+    out = {k: h / n for k, (h, n) in hits.items() if n}
+    out["all"] = sum(h for h, _ in hits.values()) / max(1, sum(n for _, n in hits.values()))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--tokens-per-step", type=int, default=2048)
+    p.add_argument("--schedule", default="128:0.3,256:0.25,512:0.15,1024:0.3")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--answer-weight", type=float, default=10.0)
+    p.add_argument("--copy-prob", type=float, default=0.5,
+                   help="chance per sequence of a repeated random block (tasks.py)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda where a GPU is lent")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--hidden-dim", type=int, default=512)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--train-stories", type=int, default=384)
+    p.add_argument("--train-stories-seed", type=int, default=1)
+    p.add_argument("--heldout-stories", type=int, default=128)
+    p.add_argument("--heldout-stories-seed", type=int, default=2)
+    p.add_argument("--heldout-per-kind", type=int, default=4)
+    p.add_argument("--heldout-seed", type=int, default=7)
+    p.add_argument("--eval-every", type=int, default=150)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-bf16", action="store_true")
+    p.add_argument("--export-hf", action="store_true")
+    a = p.parse_args()
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    bf16 = not a.no_bf16
+    os.makedirs(a.out, exist_ok=True)
+    tok = Tokenizer(os.path.join(SHARED, "tok512.bin"))
+    cache = os.path.join(HERE, "cache")
+    train_stories = load_or_sample(
+        os.path.join(cache, f"stories-train-s{a.train_stories_seed}-n{a.train_stories}.npz"),
+        a.train_stories, a.train_stories_seed)
+    heldout_stories = load_or_sample(
+        os.path.join(cache, f"stories-heldout-s{a.heldout_stories_seed}-n{a.heldout_stories}.npz"),
+        a.heldout_stories, a.heldout_stories_seed)
+    builder = TaskBuilder(tok, train_stories)
+    heldout = TaskBuilder(tok, heldout_stories)
+    schedule = parse_schedule(a.schedule)
+    eval_full = heldout_cases(heldout, a.seq_len, a.heldout_per_kind, a.heldout_seed)
+    eval_short = heldout_cases(heldout, schedule[0][0], a.heldout_per_kind, a.heldout_seed + 1,
+                               distractors=False)
+
+    cfg = Config(a.dim, a.hidden_dim, a.layers, a.heads, a.kv_heads, len(tok.pieces), a.seq_len)
+    model = Transformer(cfg)
+    model.init_weights(torch.Generator().manual_seed(a.seed))
+    model.to(a.device)
+    decay = [p_ for p_ in model.parameters() if p_.dim() == 2]
+    no_decay = [p_ for p_ in model.parameters() if p_.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95))
+    data_rng = random.Random(a.seed)
+    log = open(os.path.join(a.out, "train_log.jsonl"), "a")
+    params = sum(p_.numel() for p_ in model.parameters())
+    print(f"{params} parameters, config {cfg}", flush=True)
+    log.write(json.dumps({"args": vars(a), "parameters": params}) + "\n")
+    start = time.time()
+    for step in range(a.steps + 1):
+        if (step > 0 and step % a.eval_every == 0) or step == a.steps:
+            record = {"step": step, "elapsed_s": round(time.time() - start),
+                      "em_full": exact_match(model, eval_full, bf16),
+                      "em_short": exact_match(model, eval_short, bf16)}
+            print(json.dumps(record), flush=True)
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            torch.save({"config": cfg.__dict__, "model": model.state_dict(), "step": step},
+                       os.path.join(a.out, "checkpoint.pt"))
+            export_llama2c(model, os.path.join(a.out, "model.bin"))
+        if step == a.steps:
+            break
+        length = length_at(schedule, step, a.steps)
+        size = max(1, a.tokens_per_step // length)
+        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (
+            0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / a.steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, y, w = (t.to(a.device) for t in batch(builder, data_rng, size, length, a.answer_weight,
+                                                  a.copy_prob))
+        with torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
+        ce = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1),
+                             reduction="none").view_as(w)
+        loss = (ce * w).sum() / w.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        answer = w > 1
+        record = {"step": step, "len": length, "lr": round(lr, 6),
+                  "loss_text": round(ce[~answer].mean().item(), 4),
+                  "loss_answer": round(ce[answer].mean().item(), 4) if answer.any() else None,
+                  "elapsed_s": round(time.time() - start, 1)}
+        log.write(json.dumps(record) + "\n")
+        if step % 10 == 0:
+            log.flush()
+            print(json.dumps(record), flush=True)
+    save_config(cfg, os.path.join(a.out, "config.json"))
+    with open(os.path.join(a.out, "heldout_cases.json"), "w") as f:
+        json.dump(eval_full, f)
+    if a.export_hf:
+        export_transformers(model, os.path.join(a.out, "hf"))
+    print(f"done in {time.time() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

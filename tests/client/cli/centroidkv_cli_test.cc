@@ -127,6 +127,18 @@ void ReadResult(const fs::path& dir, const test::GoldenCase& golden, CompressRes
   }
 }
 
+// Runs `command` (a compress that writes to `out`) and expects exit 0 and the golden case's
+// result in `out`; what it printed goes to *output when given.
+void ExpectGoldenRun(const std::string& command, const fs::path& out,
+                     const test::GoldenCase& golden, std::string* output = nullptr) {
+  const CommandResult run = RunCommand(command);
+  if (output != nullptr) *output = run.output;
+  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
+  CompressResult result;
+  ASSERT_NO_FATAL_FAILURE(ReadResult(out, golden, &result));
+  test::ExpectMatchesGolden(golden, result);
+}
+
 class CliTest : public client::testutil::ServerTest {
  protected:
   void SetUp() override {
@@ -165,12 +177,9 @@ TEST_P(CliGoldenTest, CompressWritesTheGoldenResult) {
   const std::string command = Binary() + " compress --in " + Quoted(golden->dir) + " --out " +
                               Quoted(out.string()) + Where(local) +
                               ParameterFlags(golden->options) + " 2>&1";
-  const CommandResult run = RunCommand(command);
-  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
-  EXPECT_NE(run.output.find("compressed layer"), std::string::npos) << run.output;
-  CompressResult result;
-  ASSERT_NO_FATAL_FAILURE(ReadResult(out, *golden, &result));
-  test::ExpectMatchesGolden(*golden, result);
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(ExpectGoldenRun(command, out, *golden, &output));
+  EXPECT_NE(output.find("compressed layer"), std::string::npos) << output;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -225,11 +234,7 @@ TEST_F(CliTest, ExplicitInputPathsWork) {
       Binary() + " compress --keys " + Quoted((in / "keys.npy").string()) + " --values " +
       Quoted((in / "values.npy").string()) + " --counts " + Quoted((in / "counts.npy").string()) +
       " --out " + Quoted(out.string()) + Where(false) + ParameterFlags(golden->options) + " 2>&1";
-  const CommandResult run = RunCommand(command);
-  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
-  CompressResult result;
-  ASSERT_NO_FATAL_FAILURE(ReadResult(out, *golden, &result));
-  test::ExpectMatchesGolden(*golden, result);
+  ASSERT_NO_FATAL_FAILURE(ExpectGoldenRun(command, out, *golden));
 }
 
 // A result with heads of different lengths (a passthrough head) sent back as it is, through
@@ -321,11 +326,7 @@ TEST_F(CliTest, CompressOverAReplicaListWritesTheGoldenResult) {
       Binary() + " compress --in " + Quoted(golden->dir) + " --out " + Quoted(out.string()) +
       " --server " + Quoted(server_->target() + "," + (*second)->target()) +
       ParameterFlags(golden->options) + " 2>&1";
-  const CommandResult run = RunCommand(command);
-  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
-  CompressResult result;
-  ASSERT_NO_FATAL_FAILURE(ReadResult(out, *golden, &result));
-  test::ExpectMatchesGolden(*golden, result);
+  ASSERT_NO_FATAL_FAILURE(ExpectGoldenRun(command, out, *golden));
   const CommandResult info = RunCommand(Binary() + " info --server " +
                                         Quoted(server_->target() + "," + (*second)->target()) +
                                         " 2>&1");
@@ -453,11 +454,7 @@ TEST_F(CliTest, ShmOverAUnixSocketWritesTheGoldenResult) {
                               " --out " + Quoted(out.string()) + " --server " +
                               Quoted((*unix_server)->target()) +
                               ParameterFlags(golden->options) + " 2>&1";
-  const CommandResult run = RunCommand(command);
-  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
-  CompressResult result;
-  ASSERT_NO_FATAL_FAILURE(ReadResult(out, *golden, &result));
-  test::ExpectMatchesGolden(*golden, result);
+  ASSERT_NO_FATAL_FAILURE(ExpectGoldenRun(command, out, *golden));
   EXPECT_EQ((*unix_server)->context().regions.regions(), 0u);  // unregistered on exit
 
   const CommandResult tcp = RunCommand(Binary() + " compress --shm --in " +

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -56,7 +57,26 @@ struct ChunkScratch {
   BlockWriter key_writer, value_writer;
 };
 
-using ScratchPool = tbb::enumerable_thread_specific<ChunkScratch>;
+// The pool's slots come from operator new, cache-line aligned (so threads' slots share no
+// line), rather than oneTBB's cache_aligned_allocator: that one takes memory from tbbmalloc,
+// which LeakSanitizer does not scan, so every buffer of an engine kept alive to the end of a
+// process (a test's shared engines) was reported as leaked.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding, as std::allocator
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlignment); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const {
+    return true;
+  }
+};
+
+using ScratchPool = tbb::enumerable_thread_specific<ChunkScratch, CacheLineAllocator<ChunkScratch>>;
 
 class HeadPool;
 
@@ -197,7 +217,7 @@ class LayerJob {
   ScratchPool* scratch_;
   HeadPool* head_pool_;
   const LayerPlan& plan_;
-  const LayerView& layer_;
+  const LayerView layer_;  // a copy: a view is a few pointers, and callers pass temporaries
   const CompressControl& control_;
   CompressResult* out_;
 

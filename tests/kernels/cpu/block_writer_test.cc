@@ -128,7 +128,10 @@ TEST_P(BlockWriterTest, NotesANonFiniteFloat) {
         float* buffer = buffer_storage.data();
         while (reinterpret_cast<uintptr_t>(buffer) % 64 != 0) ++buffer;
         BlockWriter writer;
-        writer.Start(kernels, buffer, kDim, type, storage.data() + 6);
+        // Off the vector alignment, but aligned for the element type (a float at an odd
+        // 2-byte offset would itself be undefined behaviour).
+        const size_t offset = type == ElemType::kF32 ? 4 : 6;
+        writer.Start(kernels, buffer, kDim, type, storage.data() + offset);
         for (int32_t r = 0; r < 3; ++r) {
           float* row = writer.Next();
           for (int32_t j = 0; j < kDim; ++j) row[j] = r * kDim + j == at ? bad : 1.0f;

@@ -167,7 +167,7 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
   const double bound = MatchErrorBound(kernels, c.dim);
   const double rescore_bound = MatchErrorBound(c.dim);
   ASSERT_LE(rescore_bound, bound);
-  const bool same_arithmetic = !UsesMatrixEngine(kernels, c.chunk);
+  const bool same_arithmetic = !UsesQuantisedMatch(kernels, c.chunk);
   const int32_t destinations = c.chunk / 2;
   EXPECT_EQ(matcher.sources(), (c.chunk + 1) / 2);
   EXPECT_EQ(matcher.destinations(), destinations);
@@ -228,7 +228,7 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
     }
     // And the float best is the exact best unless the two are within twice the bound.
     EXPECT_GE(exact[match.best], exact_top - 2 * bound) << "source " << i;
-    // A matrix engine lists the near ties: every exact best is among them.
+    // A quantised path (matrix engine, int16) lists the near ties: every exact best is among them.
     if (const NearTies* ties = matcher.near_ties(i); ties != nullptr) {
       const bool near_tie = destinations >= 2 && static_cast<double>(match.second) >=
                                                      static_cast<double>(match.first) - 2 * bound;
@@ -293,7 +293,7 @@ TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
   }
   RecordProperty("worst_error_over_bound", std::to_string(worst));
   EXPECT_LE(worst, 1.0);
-  if (kernels().match_bf16x3 != nullptr) {
+  if (kernels().match_bf16x3 != nullptr || kernels().match_int16 != nullptr) {
     // Both ways of resolving a near tie were taken: the list and the rescan.
     EXPECT_GT(listed, 0);
     EXPECT_GT(near_ties, listed);

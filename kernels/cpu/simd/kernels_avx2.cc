@@ -68,10 +68,11 @@ void PackInt16Panels(const int16_t* rows, int32_t count, int32_t pairs, int16_t*
   }
 }
 
+// A source's element pair as one 32-bit word in every lane. vbroadcastss rather than
+// vpbroadcastd: on AMD Zen it is a load alone, while vpbroadcastd also takes a vector ALU slot
+// that the multiply-adds need.
 __m256i BroadcastPair(const int16_t* p) {
-  int32_t word;
-  __builtin_memcpy(&word, p, sizeof(word));
-  return _mm256_set1_epi32(word);
+  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
 }
 
 __m256i LoadPanel(const int16_t* p) {
@@ -160,42 +161,63 @@ __attribute__((always_inline)) inline void RestInt16(int32_t rest, const int16_t
   }
 }
 
+// Appends the destinations col .. col + 7 whose int32 scores `s` (lanes past b_count
+// masked) convert to at least `floor`, in increasing order; false when the list overflows.
+bool AppendNearTies(__m256i s, int32_t col, int32_t b_count, __m256 floor, NearTies* ties) {
+  if (col + kLanes > b_count) s = MaskLanes(s, b_count - col);
+  auto near = static_cast<uint32_t>(
+      _mm256_movemask_ps(_mm256_cmp_ps(ToScores(s), floor, _CMP_GE_OQ)));
+  while (near != 0) {
+    if (ties->count == NearTies::kMax) return false;
+    ties->destinations[ties->count++] = col + __builtin_ctz(near);
+    near &= near - 1;
+  }
+  return true;
+}
+
 // Source `a`'s near ties: every destination whose score (the same integers and conversion
-// as the tile's) is at least `threshold`, in increasing order, up to NearTies::kMax.
+// as the tile's: integer sums are exact in any order) is at least `threshold`, in increasing
+// order, up to NearTies::kMax. Four panels at a time, so that each broadcast serves four
+// multiply-adds.
 void ListNearTies(const int16_t* a, int32_t pairs, const int16_t* panels, int32_t b_count,
                   float threshold, NearTies* ties) {
+  constexpr int kGroup = 4;
   const int64_t panel_stride = static_cast<int64_t>(pairs) * 2 * kLanes;
+  const int32_t num_panels = (b_count + kLanes - 1) / kLanes;
   const __m256 floor = _mm256_set1_ps(threshold);
-  int32_t count = 0;
-  for (int32_t col = 0; col < b_count; col += kLanes) {
-    const int16_t* panel = panels + (col / kLanes) * panel_stride;
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-    int32_t t = 0;
-    for (; t + 2 <= pairs; t += 2) {
-      acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(BroadcastPair(a + 2 * t),
-                                                       LoadPanel(panel + t * 2 * kLanes)));
-      acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(BroadcastPair(a + 2 * t + 2),
-                                                       LoadPanel(panel + (t + 1) * 2 * kLanes)));
+  ties->count = 0;
+  int32_t p = 0;
+  for (; p + kGroup <= num_panels; p += kGroup) {
+    const int16_t* panel = panels + p * panel_stride;
+    __m256i acc[kGroup];
+    for (int g = 0; g < kGroup; ++g) acc[g] = _mm256_setzero_si256();
+    for (int32_t t = 0; t < pairs; ++t) {
+      const __m256i av = BroadcastPair(a + 2 * t);
+#pragma GCC unroll 4
+      for (int g = 0; g < kGroup; ++g) {
+        acc[g] = _mm256_add_epi32(
+            acc[g], _mm256_madd_epi16(av, LoadPanel(panel + g * panel_stride + t * 2 * kLanes)));
+      }
     }
-    if (t < pairs) {
-      acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(BroadcastPair(a + 2 * t),
-                                                       LoadPanel(panel + t * 2 * kLanes)));
-    }
-    // Integer sums are exact: the order of the additions does not matter.
-    __m256i s = _mm256_add_epi32(acc0, acc1);
-    if (col + kLanes > b_count) s = MaskLanes(s, b_count - col);
-    auto near = static_cast<uint32_t>(
-        _mm256_movemask_ps(_mm256_cmp_ps(ToScores(s), floor, _CMP_GE_OQ)));
-    while (near != 0) {
-      if (count == NearTies::kMax) {
+    for (int g = 0; g < kGroup; ++g) {
+      if (!AppendNearTies(acc[g], (p + g) * kLanes, b_count, floor, ties)) {
         ties->count = NearTies::kMax + 1;
         return;
       }
-      ties->destinations[count++] = col + __builtin_ctz(near);
-      near &= near - 1;
     }
   }
-  ties->count = count;
+  for (; p < num_panels; ++p) {
+    const int16_t* panel = panels + p * panel_stride;
+    __m256i acc = _mm256_setzero_si256();
+    for (int32_t t = 0; t < pairs; ++t) {
+      acc = _mm256_add_epi32(acc,
+                             _mm256_madd_epi16(BroadcastPair(a + 2 * t), LoadPanel(panel + t * 2 * kLanes)));
+    }
+    if (!AppendNearTies(acc, p * kLanes, b_count, floor, ties)) {
+      ties->count = NearTies::kMax + 1;
+      return;
+    }
+  }
 }
 
 void MatchInt16(const float* tile, const float* inverse_norms, int32_t length, int32_t dim,
@@ -254,8 +276,28 @@ void MatchInt16(const float* tile, const float* inverse_norms, int32_t length, i
         threshold = __builtin_nextafterf(threshold, kNegInfinity);
       }
       if (destinations < 2 || match.second < threshold) continue;
-      ListNearTies(rows + static_cast<int64_t>(i) * padded, pairs, b_panels, destinations,
-                   threshold, row_ties);
+      // Each lane's best is a known destination; where no lane's second reaches the
+      // threshold, those bests are all the near ties (no third can either), else rescan.
+      const __m256 floor = _mm256_set1_ps(threshold);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(ToScores(m2[i]), floor, _CMP_GE_OQ)) != 0) {
+        ListNearTies(rows + static_cast<int64_t>(i) * padded, pairs, b_panels, destinations,
+                     threshold, row_ties);
+        continue;
+      }
+      auto near = static_cast<uint32_t>(
+          _mm256_movemask_ps(_mm256_cmp_ps(ToScores(m1[i]), floor, _CMP_GE_OQ)));
+      int32_t lane_best[kLanes];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lane_best), idx[i]);
+      int32_t count = 0;
+      for (; near != 0; near &= near - 1) {  // insertion sort: at most 8, increasing
+        const int32_t destination = lane_best[__builtin_ctz(near)];
+        int32_t k = count++;
+        for (; k > 0 && row_ties->destinations[k - 1] > destination; --k) {
+          row_ties->destinations[k] = row_ties->destinations[k - 1];
+        }
+        row_ties->destinations[k] = destination;
+      }
+      row_ties->count = count;
     }
   }
 }

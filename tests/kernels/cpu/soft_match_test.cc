@@ -255,6 +255,45 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
   }
 }
 
+// Where a level lists near ties (AMX, the AVX2 int16 path): a source with exact copies among
+// the destinations gets exactly those copies listed, in increasing order, whether the copies
+// sit in different lanes of the kernel's panels (the int16 path reads them off each lane's
+// best) or share a lane (it rescans the row), and an overflowing list says so.
+TEST_P(SoftMatchTest, NearTieListsHoldEveryCopyOfTheSource) {
+  constexpr int32_t kDim = 96, kChunk = 400;  // 200 destinations: 25 panels of 8
+  struct Case {
+    std::vector<int32_t> copies;  // destinations equal to source 0
+  };
+  const std::vector<Case> cases = {
+      {{3, 5}},                         // two lanes
+      {{0, 8, 13}},                     // lanes 0 and 5, two in lane 0
+      {{1, 9, 17, 25, 190}},            // four in lane 1
+      {{2, 4, 6, 10, 12, 14, 30, 50, 70}},  // nine: more than NearTies::kMax
+  };
+  std::mt19937_64 rng(kSeed + 7);
+  for (const Case& c : cases) {
+    SCOPED_TRACE("copies " + std::to_string(c.copies.size()) + ", first " +
+                 std::to_string(c.copies.front()));
+    Rows rows = RandomRows(ElemType::kF32, kChunk, kDim, Shape::kIndependent, 1.0, rng);
+    for (int32_t k : c.copies) {
+      for (int32_t j = 0; j < kDim; ++j) rows.Set(2 * k + 1, j, rows.At(0, j));
+    }
+    ChunkMatcher matcher;
+    std::vector<RowMatch> matches(kChunk / 2);
+    matcher.Match(kernels(), rows.Block(), 0, kChunk, kDim, matches.data());
+    const NearTies* ties = matcher.near_ties(0);
+    if (ties == nullptr) GTEST_SKIP() << kernels().name << " keeps no near-tie lists";
+    EXPECT_EQ(matches[0].best, c.copies.front());
+    if (static_cast<int32_t>(c.copies.size()) > NearTies::kMax) {
+      EXPECT_EQ(ties->count, NearTies::kMax + 1);
+      continue;
+    }
+    ASSERT_EQ(ties->count, static_cast<int32_t>(c.copies.size()));
+    EXPECT_EQ(std::vector<int32_t>(ties->destinations, ties->destinations + ties->count),
+              c.copies);
+  }
+}
+
 TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
   std::mt19937_64 rng(kSeed);
   const std::vector<MatchCase> cases = {

@@ -50,6 +50,18 @@ CKV_BUILD_DIR="$build_dir" scripts/build.sh centroidkv_cpu_bench >&2
 bench_bin="$build_dir/bin/centroidkv-cpu-bench"
 [ -x "$bench_bin" ] || { echo "run-cpu.sh: $bench_bin was not built (Google Benchmark missing?)" >&2; exit 1; }
 
+# With --level forcing the cpu backend's kernels below the CPU's best, the peers are held to
+# the same vectors where they can be: OpenBLAS (FAISS's and PyTorch's matrix products; Debian
+# builds it for every CPU and picks the kernels at run time) and PyTorch's own kernels.
+for arg in "$@"; do
+  case "$arg" in
+    --level=avx2) export OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 ;;
+    --level=avx512) export OPENBLAS_CORETYPE=SkylakeX ATEN_CPU_CAPABILITY=avx512 ;;
+    --level=scalar) export OPENBLAS_CORETYPE=Prescott ATEN_CPU_CAPABILITY=default ;;
+  esac
+done
+[ -n "${OPENBLAS_CORETYPE:-}" ] && echo "run-cpu.sh: peers' OpenBLAS kernels: $OPENBLAS_CORETYPE" >&2
+
 mkdir -p "$data_dir"
 rm -f "$data_dir"/summary.json "$data_dir"/torch.json "$data_dir"/assignment_C*.npy
 # Our pipeline, the FMA peak and FAISS, in one process; it also leaves the data (.npy) and

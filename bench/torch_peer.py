@@ -119,12 +119,16 @@ def main():
         with torch.inference_mode():
             out = run()  # warm-up (and the result we check)
             samples = []
+            cpu_samples = []  # process CPU time (all threads): comparable on a busy machine
             for _ in range(args.reps):
                 start = time.perf_counter()
+                cpu_start = time.process_time()
                 run()
                 samples.append(time.perf_counter() - start)
+                cpu_samples.append(time.process_time() - cpu_start)
         seconds = statistics.median(samples)
         entry = {"chunk": chunk, "seconds": seconds, "samples": samples,
+                 "cpu_seconds": statistics.median(cpu_samples),
                  "tokens_per_s": heads * n / seconds,
                  "entries_per_head": int(out[2].shape[1])}
         total = out[2].sum(dim=1)

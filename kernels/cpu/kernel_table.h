@@ -142,7 +142,29 @@ struct KernelTable {
                        float* group, float* group_norms, uint16_t* a_split, uint16_t* b_split,
                        float* scores, const PrefetchRanges* prefetch, double tie_window,
                        RowMatch* out, NearTies* ties);
+
+  // Matching in 16-bit integers (AVX2 vpmaddwd: twice the multiply-adds per instruction of
+  // float FMAs), null where the level has none; ChunkMatcher then uses match_rows. One chunk
+  // already widened by widen_rows: row i of the chunk at tile + i * dim, its inverse norm at
+  // inverse_norms[i]; sources the even rows, destinations the odd rows. Each row is scaled
+  // to unit length and rounded to integers, q_j = RoundToInt(RN(x_j * RN(s_x * kInt16Scale)))
+  // (nearest even, saturated to int16), rows padded with zeros to an even length; the score
+  // of a pair is the exact int32 dot product of their q times RN(1 / kInt16Scale^2), in
+  // float: within MatchErrorBound(kernels, dim) of the exact cosine (soft_match.h).
+  // out[i] as match_rows gives it (scores already normalised), and ties[i] for the window
+  // `tie_window` (as match_bf16x3). Scratch, 64-byte aligned, at least
+  // (RoundUp(sources, row_block) + RoundUp(destinations, 8)) * RoundUp(dim, 2) elements for
+  // a_quant and RoundUp(destinations, 8) * RoundUp(dim, 2) for b_panels. `prefetch` (may be
+  // null) is brought into L2 meanwhile.
+  void (*match_int16)(const float* tile, const float* inverse_norms, int32_t length, int32_t dim,
+                      int16_t* a_quant, int16_t* b_panels, const PrefetchRanges* prefetch,
+                      double tie_window, RowMatch* out, NearTies* ties);
 };
+
+// The integer scale of KernelTable::match_int16: a unit-length row's elements are at most
+// 1 in magnitude, so they round into int16 without saturating, and the dot product of two
+// rows (at most ~kInt16Scale^2 (1 + dim 2^-15) in magnitude) fits in int32.
+constexpr float kInt16Scale = 32767.0f;
 
 namespace internal {
 // The tables, one per SIMD level, defined in kernels_scalar.cc, simd/kernels_avx2.cc and

@@ -27,9 +27,24 @@ bool UsesMatrixEngine(const KernelTable& kernels, int32_t length) {
   return kernels.match_bf16x3 != nullptr && length >= kMatrixEngineMinChunk;
 }
 
+bool UsesInt16(const KernelTable& kernels, int32_t length) {
+  return kernels.match_int16 != nullptr && length >= kInt16MinChunk;
+}
+
+bool UsesQuantisedMatch(const KernelTable& kernels, int32_t length) {
+  return UsesMatrixEngine(kernels, length) || UsesInt16(kernels, length);
+}
+
 double MatchErrorBound(const KernelTable& kernels, int32_t dim) {
-  if (kernels.match_bf16x3 == nullptr) return MatchErrorBound(dim);
-  return std::ldexp(1.0, -14) + std::ldexp(7.0 * dim + 64.0, -24);
+  if (kernels.match_bf16x3 != nullptr) {
+    return std::ldexp(1.0, -14) + std::ldexp(7.0 * dim + 64.0, -24);
+  }
+  if (kernels.match_int16 != nullptr) {
+    const double scale = kInt16Scale;
+    return 1.001 * std::sqrt(static_cast<double>(dim)) / scale + dim / (4.0 * scale * scale) +
+           std::ldexp(dim / 16.0 + 32.0, -24);
+  }
+  return MatchErrorBound(dim);
 }
 
 void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64_t first,
@@ -76,6 +91,22 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
       kernels.widen_rows(&rows, first, length, dim, tile_.data(), inverse_norms_.data());
   tile_exact_ = exact && rows.type != ElemType::kF64;
   tile_widened_ = true;
+  if (UsesInt16(kernels, length)) {
+    const int64_t padded = (static_cast<int64_t>(dim) + 1) / 2 * 2;
+    const int64_t a_rows = (sources_ + kernels.row_block - 1) / kernels.row_block *
+                           kernels.row_block;
+    const int64_t b_rows = (destinations_ + 7) / 8 * 8;
+    // Panels are loaded 32 bytes at a time: start both buffers on a cache line.
+    Reserve(&quant_a_, (a_rows + b_rows) * padded + 32);
+    Reserve(&quant_b_, b_rows * padded + 32);
+    Reserve(&near_ties_, sources_);
+    kernels.match_int16(tile_.data(), inverse_norms_.data(), length, dim,
+                        AlignToLine(quant_a_.data()), AlignToLine(quant_b_.data()), prefetch,
+                        2.0 * MatchErrorBound(kernels, dim), out, near_ties_.data());
+    near_ties_valid_ = true;
+    panels_packed_ = false;  // packed on demand, for Rescore()
+    return;
+  }
   kernels.pack_panels(tile_.data() + dim, pair_stride, inverse_norms_.data() + 1, 2, destinations_,
                       dim, panels_.data());
   panels_packed_ = true;

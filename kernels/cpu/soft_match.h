@@ -1,5 +1,6 @@
 // SPEC.md section 2 step 3 for one chunk, in float32 SIMD (or on the AMX matrix engine in
-// bf16x3, see KernelTable::match_bf16x3): cosine similarity of every source
+// bf16x3, see KernelTable::match_bf16x3, or in 16-bit integers on AVX2, see
+// KernelTable::match_int16): cosine similarity of every source
 // (even local offset) with every destination (odd offset) fused with the per-source argmax,
 // so the sources x destinations score matrix is never stored. The chunk's keys are widened
 // once (fp16 with F16C, bf16 by shifting) into a float tile with each row's inverse norm;
@@ -63,6 +64,23 @@ double MatchErrorBound(int32_t dim);
 // documented), gamma_{6 dim} * sum |terms| <= 6.07 dim u for dim <= 4096. bf16 conversion
 // flushes subnormals: at most 2^-126 per element, dim * 2^-125 in all, far below u. Sum:
 // 3.03 * 2^-16 + (6.07 dim + dim/16 + 12) u + O(u^2) < 2^-14 + (7 dim + 64) u.
+//
+// With 16-bit integer matching (KernelTable::match_int16):
+//   1.001 sqrt(dim) / S + dim / (4 S^2) + (dim / 16 + 32) u,  S = kInt16Scale.
+// Derivation: with x the exact unit row (x'_j / max(N_x, 1e-6)), the scale
+// t_x = RN(s_x S) = S (1 + e_x) / N_x, |e_x| <= (dim/32 + 5) u (s_x as above, one more
+// rounding), and q_j = RoundToInt(RN(x'_j t_x)) = S x_j (1 + e_x)(1 + a_j) + r_j with
+// |a_j| <= u and |r_j| <= 1/2 (no saturation: |x_j| <= 1 and e_x < 2^-16 for dim up to
+// EngineLimits::max_dim, so |S x_j (1 + e_x)(1 + a_j)| < 32767.5). The integer dot product
+// q_x.q_y is exact (|q_x.q_y| <= |q_x| |q_y| < (S (1 + 2^-16) + sqrt(dim) / 2)^2 < 2^31, so
+// no int32 sum wraps). Divided by S^2 it is
+//   cos (1 + e_x)(1 + e_y) + sum_j x_j y_j ((1 + a_j)(1 + b_j) - 1)(...)
+//     + sum_j (x_j (...) r'_j + y_j (...) r_j) / S + sum_j r_j r'_j / S^2,
+// off the cosine by at most (dim/16 + 10) u + (2 u + u^2) (Cauchy-Schwarz)
+// + (|x|_1 + |y|_1) (1 + (dim/32 + 7) u) / (2 S) + dim / (4 S^2), and |x|_1 <= sqrt(dim)
+// |x|_2 <= sqrt(dim); (dim/32 + 7) u < 0.001. The float score RN(RN(float(q_x.q_y)) *
+// RN(1 / S^2)) adds three roundings of a value below 1.001: 4 u. The reference's own
+// rounding is below 1e-13. For dim = 128: 3.46e-4 (the float bound: 1.6e-5).
 double MatchErrorBound(const KernelTable& kernels, int32_t dim);
 
 // Whether ChunkMatcher::Match() runs a chunk of `length` rows on the matrix engine: where
@@ -72,6 +90,18 @@ double MatchErrorBound(const KernelTable& kernels, int32_t dim);
 // MatchErrorBound(dim), inside MatchErrorBound(kernels, dim).
 constexpr int32_t kMatrixEngineMinChunk = 192;
 bool UsesMatrixEngine(const KernelTable& kernels, int32_t length);
+
+// Whether ChunkMatcher::Match() runs a chunk of `length` rows in 16-bit integers: where
+// `kernels` has match_int16 and the chunk is long enough to pay for rounding and packing
+// its rows. On the AMD EPYC of docs/cpu-bench.md (session 8) the int16 kernel was 1.1-1.2x
+// the float one at C = 64 and 1.3-1.5x at C = 256 and 1024, so every chunk takes it.
+constexpr int32_t kInt16MinChunk = 2;
+bool UsesInt16(const KernelTable& kernels, int32_t length);
+
+// Whether the chunk's Match() scores come from a quantised path (matrix engine or int16):
+// within MatchErrorBound(kernels, dim), with near-tie lists, rather than match_rows' float
+// arithmetic.
+bool UsesQuantisedMatch(const KernelTable& kernels, int32_t length);
 
 class ChunkMatcher {
  public:
@@ -91,11 +121,11 @@ class ChunkMatcher {
   // After Match(): the chunk's rows as float (row i of the chunk at element i * dim) when
   // they hold the input's exact values (fp32, fp16 or bf16 rows, and no norm overflowed),
   // so merging may read them instead of the input; otherwise null (always on the matrix
-  // engine, which never widens a chunk whole).
+  // engine, which never widens a chunk whole; the int16 path widens it first, as match_rows).
   const float* ExactRows() const { return tile_exact_ ? tile_.data() : nullptr; }
 
-  // After Match() on the matrix engine (UsesMatrixEngine): source i's near ties for twice the kernels' bound
-  // (NearTies), so that only they need exact rescoring; null on the other levels.
+  // After Match() on a quantised path (UsesQuantisedMatch): source i's near ties for twice
+  // the kernels' bound (NearTies), so that only they need exact rescoring; null otherwise.
   const NearTies* near_ties(int32_t source) const {
     return near_ties_valid_ ? &near_ties_[static_cast<size_t>(source)] : nullptr;
   }
@@ -121,6 +151,8 @@ class ChunkMatcher {
   std::vector<uint16_t> split_a_;     // matrix engine: split rows (match_bf16x3's scratch)
   std::vector<uint16_t> split_b_;
   std::vector<float> score_block_;
+  std::vector<int16_t> quant_a_;      // int16 path: rounded rows (match_int16's scratch)
+  std::vector<int16_t> quant_b_;
   std::vector<NearTies> near_ties_;   // sources
   bool near_ties_valid_ = false;
 };

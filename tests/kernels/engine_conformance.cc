@@ -6,12 +6,14 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <ostream>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/cpu_engine.h"
 #include "kernels/cuda/host_pipeline.h"
 
 namespace centroidkv::conformance {
@@ -426,7 +428,21 @@ void ExpectInvariants(const LayerView& layer, const CompressOptions& options,
 
 void PrintTo(const Backend& backend, std::ostream* os) {
   *os << (backend.cuda_stages_on_host ? "cuda-stages-on-host" : BackendKindName(backend.kind));
+  if (backend.cpu_level.has_value()) *os << "-" << cpu::SimdLevelName(*backend.cpu_level);
 }
+
+namespace {
+
+// The cpu backend forced to `level`, created once per level.
+const ClusterEngine& CpuEngineAt(cpu::SimdLevel level) {
+  static std::map<cpu::SimdLevel, const ClusterEngine*>* const engines =
+      new std::map<cpu::SimdLevel, const ClusterEngine*>();
+  const ClusterEngine*& engine = (*engines)[level];
+  if (engine == nullptr) engine = new cpu::CpuEngine(EngineLimits{}, cpu::CpuEngineOptions{level});
+  return *engine;
+}
+
+}  // namespace
 
 const ClusterEngine& CudaStagesOnHost() {
   static const ClusterEngine* const engine = new cuda::HostPipelineEngine();
@@ -436,6 +452,11 @@ const ClusterEngine& CudaStagesOnHost() {
 void EngineConformanceTest::SetUp() {
   if (GetParam().cuda_stages_on_host) {
     engine_ = &CudaStagesOnHost();
+  } else if (const std::optional<cpu::SimdLevel> level = GetParam().cpu_level; level.has_value()) {
+    if (!cpu::SimdLevelSupported(*level)) {
+      GTEST_SKIP() << "this CPU lacks the " << cpu::SimdLevelName(*level) << " level";
+    }
+    engine_ = &CpuEngineAt(*level);
   } else {
     absl::StatusOr<const ClusterEngine*> engine = Engines().Select(GetParam().kind);
     if (!engine.ok() && GetParam().kind == BackendKind::kCuda) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -17,6 +18,7 @@
 #include "centroidkv/kernels/engine.h"
 #include "centroidkv/kernels/engine_factory.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/simd_dispatch.h"
 #include "tests/testing/random_layer.h"
 #include "tests/testing/result_checks.h"
 
@@ -131,10 +133,12 @@ using test::ExpectBitIdentical;  // every field, floats compared bit for bit
 // ---------------------------------------------------------------------------------------
 // The fixture.
 
-// A backend under test: one EngineSet kind, or the CUDA stages run on the host.
+// A backend under test: one EngineSet kind, or the CUDA stages run on the host, or the cpu
+// backend with its kernels forced to one SIMD level (skipped where the CPU lacks it).
 struct Backend {
   BackendKind kind;
   bool cuda_stages_on_host = false;
+  std::optional<cpu::SimdLevel> cpu_level = std::nullopt;
 };
 
 void PrintTo(const Backend& backend, std::ostream* os);

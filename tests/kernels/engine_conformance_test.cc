@@ -242,6 +242,7 @@ TEST_P(EngineConformanceTest, HalfResultRowsAreTheFloatRowsRoundedOnce) {
 // the host: the GPU algorithm, checked on every machine).
 std::string BackendTestName(const ::testing::TestParamInfo<Backend>& info) {
   if (info.param.cuda_stages_on_host) return "CudaStagesOnHost";
+  if (info.param.cpu_level == cpu::SimdLevel::kAvx2) return "CpuAvx2";
   switch (info.param.kind) {
     case BackendKind::kReference:
       return "Reference";
@@ -258,10 +259,15 @@ constexpr Backend kReferenceBackend{BackendKind::kReference};
 constexpr Backend kCpuBackend{BackendKind::kCpu};
 constexpr Backend kCudaBackend{BackendKind::kCuda};
 constexpr Backend kCudaStagesOnHost{BackendKind::kCuda, true};
+// The cpu backend's AVX2 level (integer matching, issue 20) on any x86-64 that has it, also
+// where the run-time choice is AVX-512 or AMX.
+constexpr Backend kCpuAvx2{BackendKind::kCpu, false, cpu::SimdLevel::kAvx2};
 
 INSTANTIATE_TEST_SUITE_P(Reference, EngineConformanceTest,
                          ::testing::Values(kReferenceBackend), BackendTestName);
 INSTANTIATE_TEST_SUITE_P(Cpu, EngineConformanceTest, ::testing::Values(kCpuBackend),
+                         BackendTestName);
+INSTANTIATE_TEST_SUITE_P(CpuAvx2, EngineConformanceTest, ::testing::Values(kCpuAvx2),
                          BackendTestName);
 INSTANTIATE_TEST_SUITE_P(Cuda, EngineConformanceTest, ::testing::Values(kCudaBackend),
                          BackendTestName);
@@ -270,6 +276,8 @@ INSTANTIATE_TEST_SUITE_P(CudaStagesOnHost, EngineConformanceTest,
 
 // The agreement suite: every backend but the reference.
 INSTANTIATE_TEST_SUITE_P(Cpu, EngineAgreementTest, ::testing::Values(kCpuBackend),
+                         BackendTestName);
+INSTANTIATE_TEST_SUITE_P(CpuAvx2, EngineAgreementTest, ::testing::Values(kCpuAvx2),
                          BackendTestName);
 INSTANTIATE_TEST_SUITE_P(Cuda, EngineAgreementTest, ::testing::Values(kCudaBackend),
                          BackendTestName);

@@ -27,6 +27,7 @@ constexpr KernelTable MakeKernelTable() {
                      RowsFinite,
                      V::StreamFloats,
                      V::StreamHalves,
+                     nullptr,
                      nullptr};
 }
 

@@ -18,7 +18,9 @@
 // BLIS-style copy of each 6-row block packed j-major, an L1-resident panel block (96
 // sources swept per 4 panels) and 64-byte aligned panels were measured against it in one
 // process and were no faster (docs/cpu-bench.md). Any shape keeps the error bound of soft_match.h: what it relies on is
-// one sequential FMA chain per score over j, which every tile here computes.
+// one sequential FMA chain per score over j, which every tile here computes. The AVX2 table
+// matches in 16-bit integers instead (KernelTable::match_int16, simd/kernels_avx2.cc); its
+// float kernels here remain for Rescore().
 #pragma once
 
 #include <cstdint>

@@ -167,7 +167,7 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
   const double bound = MatchErrorBound(kernels, c.dim);
   const double rescore_bound = MatchErrorBound(c.dim);
   ASSERT_LE(rescore_bound, bound);
-  const bool same_arithmetic = !UsesMatrixEngine(kernels, c.chunk);
+  const bool same_arithmetic = !UsesQuantisedMatch(kernels, c.chunk);
   const int32_t destinations = c.chunk / 2;
   EXPECT_EQ(matcher.sources(), (c.chunk + 1) / 2);
   EXPECT_EQ(matcher.destinations(), destinations);
@@ -228,7 +228,7 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
     }
     // And the float best is the exact best unless the two are within twice the bound.
     EXPECT_GE(exact[match.best], exact_top - 2 * bound) << "source " << i;
-    // A matrix engine lists the near ties: every exact best is among them.
+    // A quantised path (matrix engine, int16) lists the near ties: every exact best is among them.
     if (const NearTies* ties = matcher.near_ties(i); ties != nullptr) {
       const bool near_tie = destinations >= 2 && static_cast<double>(match.second) >=
                                                      static_cast<double>(match.first) - 2 * bound;
@@ -252,6 +252,45 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
             << "is missing from the near-tie list";
       }
     }
+  }
+}
+
+// Where a level lists near ties (AMX, the AVX2 int16 path): a source with exact copies among
+// the destinations gets exactly those copies listed, in increasing order, whether the copies
+// sit in different lanes of the kernel's panels (the int16 path reads them off each lane's
+// best) or share a lane (it rescans the row), and an overflowing list says so.
+TEST_P(SoftMatchTest, NearTieListsHoldEveryCopyOfTheSource) {
+  constexpr int32_t kDim = 96, kChunk = 400;  // 200 destinations: 25 panels of 8
+  struct Case {
+    std::vector<int32_t> copies;  // destinations equal to source 0
+  };
+  const std::vector<Case> cases = {
+      {{3, 5}},                         // two lanes
+      {{0, 8, 13}},                     // lanes 0 and 5, two in lane 0
+      {{1, 9, 17, 25, 190}},            // four in lane 1
+      {{2, 4, 6, 10, 12, 14, 30, 50, 70}},  // nine: more than NearTies::kMax
+  };
+  std::mt19937_64 rng(kSeed + 7);
+  for (const Case& c : cases) {
+    SCOPED_TRACE("copies " + std::to_string(c.copies.size()) + ", first " +
+                 std::to_string(c.copies.front()));
+    Rows rows = RandomRows(ElemType::kF32, kChunk, kDim, Shape::kIndependent, 1.0, rng);
+    for (int32_t k : c.copies) {
+      for (int32_t j = 0; j < kDim; ++j) rows.Set(2 * k + 1, j, rows.At(0, j));
+    }
+    ChunkMatcher matcher;
+    std::vector<RowMatch> matches(kChunk / 2);
+    matcher.Match(kernels(), rows.Block(), 0, kChunk, kDim, matches.data());
+    const NearTies* ties = matcher.near_ties(0);
+    if (ties == nullptr) GTEST_SKIP() << kernels().name << " keeps no near-tie lists";
+    EXPECT_EQ(matches[0].best, c.copies.front());
+    if (static_cast<int32_t>(c.copies.size()) > NearTies::kMax) {
+      EXPECT_EQ(ties->count, NearTies::kMax + 1);
+      continue;
+    }
+    ASSERT_EQ(ties->count, static_cast<int32_t>(c.copies.size()));
+    EXPECT_EQ(std::vector<int32_t>(ties->destinations, ties->destinations + ties->count),
+              c.copies);
   }
 }
 
@@ -293,7 +332,7 @@ TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
   }
   RecordProperty("worst_error_over_bound", std::to_string(worst));
   EXPECT_LE(worst, 1.0);
-  if (kernels().match_bf16x3 != nullptr) {
+  if (kernels().match_bf16x3 != nullptr || kernels().match_int16 != nullptr) {
     // Both ways of resolving a near tie were taken: the list and the rescan.
     EXPECT_GT(listed, 0);
     EXPECT_GT(near_ties, listed);

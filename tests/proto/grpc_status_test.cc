@@ -93,7 +93,10 @@ TEST(StatusCodeTableTest, CoversZeroToSixteen) {
 }
 
 TEST(FromGrpcStatusTest, OutOfRangeCodeBecomesUnknownKeepingTheMessage) {
-  for (int code : {17, 42, 1000, -1}) {
+  // grpc::StatusCode has no fixed underlying type, so only 0-31 are values of it (UBSan:
+  // 42 "is not a valid value for type 'grpc::StatusCode'"); 17-31 are the codes gRPC
+  // does not name.
+  for (int code : {17, 24, 31}) {
     SCOPED_TRACE(code);
     const absl::Status status =
         FromGrpcStatus(grpc::Status(static_cast<grpc::StatusCode>(code), "odd code"));

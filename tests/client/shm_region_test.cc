@@ -49,12 +49,8 @@ TEST_P(GoldenShmTest, ByReferenceEqualsSlabPath) {
   EXPECT_TRUE(info->shared_memory);
   for (DType output : {DType::kFloat32, DType::kFloat16}) {
     SCOPED_TRACE(std::string("output ") + (output == DType::kFloat32 ? "float32" : "float16"));
-    LayerJob job;
-    job.layer = test::GoldenLayerView(*golden);
-    job.options = golden->options;
-    job.options.compute_assignment = true;
+    LayerJob job = testutil::GoldenJob(*golden);
     job.output_dtype = output;
-    job.backend = BackendKind::kCpu;
     absl::StatusOr<std::vector<LayerResult>> slab = unix_server.client->CompressLayers({job});
     ASSERT_TRUE(slab.ok()) << slab.status();
 

@@ -61,6 +61,13 @@ struct Truncation {
   int done = 0;
 };
 
+// 4 heads x 2048 tokens x 64 float32: 2 MiB of keys, 2 MiB of values (hundreds of pages).
+test::RandomLayer BigLayer(uint64_t seed) {
+  test::RandomLayerSpec spec = test::Spec(4, 2048, 64, 64, seed);
+  spec.prototypes = 12;
+  return test::RandomLayer::Generate(spec);
+}
+
 class ShmTruncationTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -84,12 +91,16 @@ class ShmTruncationTest : public ::testing::Test {
     (*stack)->Fill(0, layer.view());
     return *std::move(stack);
   }
-  LayerJob VictimJob(const ShmLayerStack& stack) const {
-    LayerJob job = stack.Job(0);
-    job.layer_index = kVictimLayer;
-    job.backend = BackendKind::kCpu;
-    return job;
+  // The victim: a big layer in a region of its own, and its job (layer kVictimLayer).
+  void MakeVictim(uint64_t seed) {
+    victim_layer_.emplace(BigLayer(seed));
+    victim_ = MakeStack(*victim_layer_);
+    ASSERT_NE(victim_, nullptr);
+    victim_job_ = victim_->Job(0);
+    victim_job_.layer_index = kVictimLayer;
+    victim_job_.backend = BackendKind::kCpu;
   }
+  std::string VictimPath() const { return "/dev/shm" + victim_->region().name(); }
   LayerResult SlabResult(const test::RandomLayer& layer) {
     LayerJob job;
     job.layer = layer.view();
@@ -121,12 +132,7 @@ class ShmTruncationTest : public ::testing::Test {
     ASSERT_FALSE(cases.empty());
     absl::StatusOr<test::GoldenCase> golden = test::LoadGoldenCase(cases[0]);
     ASSERT_TRUE(golden.ok()) << golden.status();
-    LayerJob job;
-    job.layer = test::GoldenLayerView(*golden);
-    job.options = golden->options;
-    job.options.compute_assignment = true;
-    job.output_dtype = DType::kFloat32;
-    job.backend = BackendKind::kCpu;
+    const LayerJob job = testutil::GoldenJob(*golden);
     const LayerResult slab = RunOne(job);
     ASSERT_TRUE(slab.status.ok()) << slab.status;
     test::ExpectMatchesGolden(*golden, testutil::AsEngineResult(slab));
@@ -142,19 +148,13 @@ class ShmTruncationTest : public ::testing::Test {
   CompressOptions options_;
   Truncation truncation_;
   std::optional<UnixServer> server_;
+  std::optional<test::RandomLayer> victim_layer_;
+  std::unique_ptr<ShmLayerStack> victim_;
+  LayerJob victim_job_;
 };
 
-// 4 heads x 2048 tokens x 64 float32: 2 MiB of keys, 2 MiB of values (hundreds of pages).
-test::RandomLayer BigLayer(uint64_t seed) {
-  test::RandomLayerSpec spec = test::Spec(4, 2048, 64, 64, seed);
-  spec.prototypes = 12;
-  return test::RandomLayer::Generate(spec);
-}
-
 TEST_F(ShmTruncationTest, InputTruncatedMidJobFailsOnlyThatJob) {
-  const test::RandomLayer victim_layer = BigLayer(1);
-  std::unique_ptr<ShmLayerStack> victim = MakeStack(victim_layer);
-  ASSERT_NE(victim, nullptr);
+  ASSERT_NO_FATAL_FAILURE(MakeVictim(1));
   // Another stream on another region, its jobs in flight while the victim's file is cut.
   std::vector<test::RandomLayer> other_layers;
   for (uint64_t seed : {11, 12, 13}) other_layers.push_back(BigLayer(seed));
@@ -170,10 +170,9 @@ TEST_F(ShmTruncationTest, InputTruncatedMidJobFailsOnlyThatJob) {
   }
 
   // Cut the victim's file just past its keys: the engine's reads of the values fault.
-  const LayerJob job = VictimJob(*victim);
-  const uint64_t values_at = *victim->region().OffsetOf(job.layer.values, 0);
-  truncation_.Arm(victim->region().name(), RoundUpToPage(values_at));
-  const LayerResult failed = RunOne(job);
+  const uint64_t values_at = *victim_->region().OffsetOf(victim_job_.layer.values, 0);
+  truncation_.Arm(victim_->region().name(), RoundUpToPage(values_at));
+  const LayerResult failed = RunOne(victim_job_);
   EXPECT_EQ(truncation_.times(), 1);
   ExpectJobError(failed, absl::StatusCode::kDataLoss, "start_job.region_input.values",
                  "was truncated by its owner while job " + std::to_string(failed.job_id));
@@ -191,52 +190,44 @@ TEST_F(ShmTruncationTest, InputTruncatedMidJobFailsOnlyThatJob) {
 
   // The victim region stays unusable, even with its file whole again (its mapping holds
   // zero pages now), but it unregisters.
-  ASSERT_EQ(truncate(("/dev/shm" + victim->region().name()).c_str(),
-                     static_cast<off_t>(victim->region().size())),
-            0);
-  victim->Fill(0, victim_layer.view());
-  ExpectJobError(RunOne(job), absl::StatusCode::kFailedPrecondition,
+  ASSERT_EQ(truncate(VictimPath().c_str(), static_cast<off_t>(victim_->region().size())), 0);
+  victim_->Fill(0, victim_layer_->view());
+  ExpectJobError(RunOne(victim_job_), absl::StatusCode::kFailedPrecondition,
                  "start_job.region_input.keys.region_id", "was truncated by its owner");
   const size_t regions = server_->server->context().regions.regions();
-  EXPECT_TRUE(client().UnregisterRegion(victim->region().region_id()).ok());
+  EXPECT_TRUE(client().UnregisterRegion(victim_->region().region_id()).ok());
   EXPECT_EQ(server_->server->context().regions.regions(), regions - 1);
 
   ExpectGoldenStillRight();
 }
 
 TEST_F(ShmTruncationTest, OutputTruncatedMidJobFailsNamingTheOutput) {
-  const test::RandomLayer layer = BigLayer(2);
-  std::unique_ptr<ShmLayerStack> stack = MakeStack(layer);
-  ASSERT_NE(stack, nullptr);
-  const LayerJob job = VictimJob(*stack);
-  ASSERT_TRUE(job.shm_output.has_value());
+  ASSERT_NO_FATAL_FAILURE(MakeVictim(2));
+  ASSERT_TRUE(victim_job_.shm_output.has_value());
   // The inputs stay in the file; the output slot (after them) is cut away, so the engine's
   // reads succeed and the result's writes into the region fault.
-  truncation_.Arm(stack->region().name(), RoundUpToPage(job.shm_output->keys_offset));
-  const LayerResult failed = RunOne(job);
+  truncation_.Arm(victim_->region().name(),
+                  RoundUpToPage(victim_job_.shm_output->keys_offset));
+  const LayerResult failed = RunOne(victim_job_);
   EXPECT_EQ(truncation_.times(), 1);
   ExpectJobError(failed, absl::StatusCode::kDataLoss, "start_job.region_output.out_keys",
                  "was truncated by its owner while job " + std::to_string(failed.job_id));
   EXPECT_EQ(failed.in_region, std::nullopt);
   // The region is spoilt for later jobs too (the file is as short as the client left it).
-  ExpectJobError(RunOne(job), absl::StatusCode::kFailedPrecondition,
+  ExpectJobError(RunOne(victim_job_), absl::StatusCode::kFailedPrecondition,
                  "start_job.region_input.keys.region_id", "truncated by its owner");
   ExpectGoldenStillRight();
 }
 
 TEST_F(ShmTruncationTest, TruncatedBeforeTheJobIsAnEarlyErrorAndHarmless) {
-  const test::RandomLayer layer = BigLayer(3);
-  std::unique_ptr<ShmLayerStack> stack = MakeStack(layer);
-  ASSERT_NE(stack, nullptr);
-  const LayerJob job = VictimJob(*stack);
-  const std::string path = "/dev/shm" + stack->region().name();
-  ASSERT_EQ(truncate(path.c_str(), 0), 0);
-  ExpectJobError(RunOne(job), absl::StatusCode::kFailedPrecondition,
+  ASSERT_NO_FATAL_FAILURE(MakeVictim(3));
+  ASSERT_EQ(truncate(VictimPath().c_str(), 0), 0);
+  ExpectJobError(RunOne(victim_job_), absl::StatusCode::kFailedPrecondition,
                  "start_job.region_input.keys.region_id", "shrank");
   // Nothing faulted, so the region works again once the file is whole.
-  ASSERT_EQ(truncate(path.c_str(), static_cast<off_t>(stack->region().size())), 0);
-  stack->Fill(0, layer.view());
-  ExpectSameAsSlabResult(SlabResult(layer), RunOne(job));
+  ASSERT_EQ(truncate(VictimPath().c_str(), static_cast<off_t>(victim_->region().size())), 0);
+  victim_->Fill(0, victim_layer_->view());
+  ExpectSameAsSlabResult(SlabResult(*victim_layer_), RunOne(victim_job_));
 }
 
 }  // namespace

@@ -502,9 +502,16 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
   if (job->deadline().has_value()) control.deadline = *job->deadline();
   PooledResult result;
   absl::Status status;
+  bool ran = false;  // the engine ran: it read (and the job may write) the job's regions
   if (control.IsCancelled()) {
     status = absl::CancelledError("job cancelled or expired before it started");
+  } else if (status = job->CheckRegionsUsable(); !status.ok()) {
+    // A region's file shrank while the job waited: a cheap early error, nothing touched.
   } else {
+    ran = true;
+    if (context_->options.before_compute_for_testing) {
+      context_->options.before_compute_for_testing(job->layer_index());
+    }
     result = context_->results->Acquire(ResultPool::ResultBytesFor(job->view(), options));
     try {
       status = engine->CompressInto(job->view(), options, result.get(), control);
@@ -517,6 +524,11 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
   // Shared memory: the result goes into the client's region here, on the worker thread.
   const bool in_region = status.ok() && job->writes_to_region();
   if (in_region) status = job->WriteResultToRegion(*result);
+  // A region truncated by its owner while the job read or wrote it (sigbus_guard.h): the
+  // job's data went to or came from zero pages, so it fails before its result is announced.
+  if (ran && status.code() != absl::StatusCode::kCancelled) {
+    if (absl::Status intact = job->CheckRegionsIntact(); !intact.ok()) status = intact;
+  }
   context_->jobs.Unregister(cancelled);
   provenance.compute_seconds = NowSeconds() - start;
   context_->metrics.JobComputed(engine->name(), provenance.queue_seconds,

@@ -75,6 +75,16 @@ class IncomingJob {
   absl::Status WriteResultToRegion(const CompressResult& result) const {
     return regions_->WriteResult(result, job_.output_dtype);
   }
+  // Shared memory checks (JobRegionMemory): before the engine runs, FAILED_PRECONDITION if
+  // a region's file shrank or a region was spoilt since the StartJob arrived; after the job
+  // (and its writes to the output region), DATA_LOSS naming the span if a region was
+  // truncated meanwhile. OK for a job without regions.
+  absl::Status CheckRegionsUsable() const {
+    return regions_.has_value() ? regions_->CheckUsable() : absl::OkStatus();
+  }
+  absl::Status CheckRegionsIntact() const {
+    return regions_.has_value() ? regions_->CheckIntact(job_.job_id) : absl::OkStatus();
+  }
 
  private:
   IncomingJob() = default;

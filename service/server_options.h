@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,11 @@ struct ServerOptions {
   EngineLimits engine_limits;
   SecurityOptions security;
   SharedMemoryOptions shared_memory;
+
+  // Tests only (unset in the server binary): called on the worker thread for each job just
+  // before the engine runs, after the job's start checks, with its layer index. Lets a test
+  // act at a known point inside a job, e.g. truncate the file of a region the job reads.
+  std::function<void(uint32_t layer_index)> before_compute_for_testing;
 };
 
 // Room for a slab message's other fields (job id, tensor, offset, framing).

@@ -41,7 +41,7 @@ ProgressFn ProgressBar(std::ostream& err, bool show, std::string label) {
 // Every run of the command, in the order printed; with --compare also each leg's runs.
 struct Runs {
   std::vector<RunStats> all;
-  std::vector<RunStats> service, floor, in_process, shm;
+  std::vector<RunStats> service, floor, in_process, shm, shm_floor;
 };
 
 // One run with the configured backend, or with --compare the rounds of the three legs.
@@ -68,6 +68,12 @@ Runs RunConfigured(const LoadConfig& config, const Dataset& data, std::ostream& 
                                       ProgressBar(err, show, "service:cpu+shm" + tag),
                                       /*shm=*/true));
         legs.push_back(&runs.shm.back());
+        // The transport floor over shm: what is left of the transport once the tensors
+        // stay in the region (the header round trip and the server's copies).
+        runs.shm_floor.push_back(RunService(config, data, BackendKind::kIdentity,
+                                            ProgressBar(err, show, "service:identity+shm" + tag),
+                                            /*shm=*/true));
+        legs.push_back(&runs.shm_floor.back());
       }
       for (RunStats* run : legs) {
         run->label += tag;
@@ -116,7 +122,9 @@ int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostr
   const Runs runs = RunConfigured(*config, data, err, show);
   PrintStats(*config, runs.all, out);
   if (config->compare) {
-    out << CompareJson(*config, runs.service, runs.floor, runs.in_process, runs.shm) << "\n";
+    out << CompareJson(*config, runs.service, runs.floor, runs.in_process, runs.shm,
+                       runs.shm_floor)
+        << "\n";
   }
   return ExitCode(runs.all);
 }

@@ -68,8 +68,8 @@ struct LoadConfig {
   int32_t rounds = 1;           // --compare: rounds of the three runs; medians reported
   // Jobs by reference to shared memory (a unix socket server): the dataset is copied once
   // into a registered region, each stream has `pipeline` result slots there, and only
-  // StartJob and the JobResult header cross the socket. With --compare: a fourth leg,
-  // service:cpu+shm, next to the slab path.
+  // StartJob and the JobResult header cross the socket. With --compare: two more legs,
+  // service:cpu+shm next to the slab path and service:identity+shm next to the floor.
   bool shm = false;
   std::string format = "text";  // text | json | csv
   bool progress = false;        // force the progress bar even when stderr is no tty
@@ -155,11 +155,13 @@ void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std
 // with the run's shape (preset, context, concurrency, threads).
 // Each leg's tokens/s is its median over the rounds (one RunStats per round and leg).
 // With `shm` runs (--shm), also the shared memory leg's median and its ratios to the
-// in-process engine and to the slab path.
+// in-process engine and to the slab path; with `shm_floor` runs, the floor over shared
+// memory and its ratio to the floor over slabs.
 std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& service,
                         const std::vector<RunStats>& floor,
                         const std::vector<RunStats>& in_process,
-                        const std::vector<RunStats>& shm = {});
+                        const std::vector<RunStats>& shm = {},
+                        const std::vector<RunStats>& shm_floor = {});
 
 // The whole command: parses, runs, prints; returns the exit code.
 int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

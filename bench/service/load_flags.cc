@@ -99,7 +99,7 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
                 "clustering) and in-process cpu side by side");
   app->add_flag("--shm", c.shm,
                 "Jobs by reference to shared memory (server on a unix socket); with --compare "
-                "a fourth leg, service:cpu+shm");
+                "two more legs, service:cpu+shm and service:identity+shm");
   app->add_option("--rounds", c.rounds,
                   "--compare: rounds of the three runs in turn; medians are reported")
       ->capture_default_str();

@@ -175,7 +175,8 @@ double MedianTokensPerS(const std::vector<RunStats>& runs) {
 std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& service,
                         const std::vector<RunStats>& floor,
                         const std::vector<RunStats>& in_process,
-                        const std::vector<RunStats>& shm) {
+                        const std::vector<RunStats>& shm,
+                        const std::vector<RunStats>& shm_floor) {
   const double s = MedianTokensPerS(service);
   const double f = MedianTokensPerS(floor);
   const double p = MedianTokensPerS(in_process);
@@ -201,6 +202,12 @@ std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& s
         ",\"shm_tokens_per_s\":%.1f,\"shm_ratio_to_in_process\":%.4f,"
         "\"shm_ratio_to_slabs\":%.4f,\"shm_ratio_to_in_process_per_round\":[%s]",
         m, p > 0 ? m / p : 0.0, s > 0 ? m / s : 0.0, absl::StrJoin(shm_per_round, ","));
+  }
+  if (!shm_floor.empty()) {
+    const double m = MedianTokensPerS(shm_floor);
+    absl::StrAppendFormat(&shm_fields,
+                          ",\"shm_floor_tokens_per_s\":%.1f,\"shm_floor_ratio_to_floor\":%.4f", m,
+                          f > 0 ? m / f : 0.0);
   }
   return absl::StrFormat(
       "{\"preset\":%s,\"context\":%d,\"concurrency\":%d,\"pipeline\":%d,"

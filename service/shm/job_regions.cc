@@ -11,26 +11,44 @@
 namespace centroidkv::service {
 namespace {
 
+// Whether `mapped` may still be used: FAILED_PRECONDITION naming `field`.region_id if not.
+absl::Status CheckRegionUsable(const MappedRegion& mapped, const std::string& field,
+                               uint64_t region_id) {
+  if (mapped.truncated()) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, {field + ".region_id"},
+                      absl::StrCat(field, ".region_id: region ", region_id, " ('",
+                                   mapped.name(), "') was truncated by its owner while a job "
+                                   "used it; the server no longer sees its file (unregister "
+                                   "it and register a new one)"));
+  }
+  if (absl::Status backed = mapped.CheckStillBacked(); !backed.ok()) {
+    return FieldError(backed.code(), {field + ".region_id"},
+                      absl::StrCat(field, ".region_id: ", backed.message()));
+  }
+  return absl::OkStatus();
+}
+
 // One span of the owner's regions as memory; its mapping joins `held`.
-absl::StatusOr<MappedSpan> MapSpan(const RegionSpan& span, const std::string& field,
+absl::StatusOr<MappedSpan> MapSpan(const RegionSpan& span, const char* field,
                                    const RegionTable& table, const std::string& owner_key,
                                    std::vector<std::shared_ptr<MappedRegion>>* held) {
+  const std::string name = field;
   absl::StatusOr<std::shared_ptr<MappedRegion>> region = table.Find(owner_key, span.region_id);
   if (!region.ok()) {
-    return FieldError(region.status().code(), {field + ".region_id"},
-                      absl::StrCat(field, ".region_id: ", region.status().message()));
+    return FieldError(region.status().code(), {name + ".region_id"},
+                      absl::StrCat(name, ".region_id: ", region.status().message()));
   }
   const MappedRegion& mapped = **region;
   if (span.offset > mapped.size() || span.bytes > mapped.size() - span.offset) {
-    return FieldError(absl::StatusCode::kOutOfRange, {field + ".offset"},
-                      absl::StrCat(field, ": bytes ", span.offset, "..", span.offset + span.bytes,
+    return FieldError(absl::StatusCode::kOutOfRange, {name + ".offset"},
+                      absl::StrCat(name, ": bytes ", span.offset, "..", span.offset + span.bytes,
                                    " are outside region ", span.region_id, " ('",
                                    mapped.name(), "', ", mapped.size(), " bytes)"));
   }
-  if (absl::Status backed = mapped.CheckStillBacked(); !backed.ok()) {
-    return FieldError(backed.code(), {field + ".region_id"}, backed.message());
+  if (absl::Status usable = CheckRegionUsable(mapped, name, span.region_id); !usable.ok()) {
+    return usable;
   }
-  MappedSpan out{mapped.data() + span.offset, span.bytes};
+  MappedSpan out{mapped.data() + span.offset, span.bytes, field, span.region_id, &mapped};
   held->push_back(*std::move(region));
   return out;
 }
@@ -110,6 +128,53 @@ absl::Status JobRegionMemory::WriteResult(const CompressResult& result,
     } else {
       tensor.copy(0, tensor.bytes, reinterpret_cast<char*>(target->data));
     }
+  }
+  return absl::OkStatus();
+}
+
+
+std::vector<const MappedSpan*> JobRegionMemory::Spans() const {
+  std::vector<const MappedSpan*> spans;
+  for (const std::optional<MappedSpan>* span :
+       {&keys_, &values_, &counts_, &out_keys_, &out_values_, &out_counts_, &assignment_}) {
+    if (span->has_value()) spans.push_back(&**span);
+  }
+  return spans;
+}
+
+absl::Status JobRegionMemory::CheckUsable() const {
+  for (const MappedSpan* span : Spans()) {
+    if (absl::Status usable = CheckRegionUsable(*span->region, span->field, span->region_id);
+        !usable.ok()) {
+      return usable;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRegionMemory::CheckIntact(uint64_t job_id) const {
+  const std::vector<const MappedSpan*> spans = Spans();
+  for (const MappedSpan* span : spans) {
+    const MappedRegion& region = *span->region;
+    if (!region.truncated() && region.CheckStillBacked().ok()) continue;
+    // Name the span the fault hit, if it hit one of this job's spans in the region.
+    const MappedSpan* named = span;
+    const uintptr_t fault = region.fault_address();
+    for (const MappedSpan* other : spans) {
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(other->data);
+      if (other->region == &region && fault >= begin && fault - begin < other->bytes) {
+        named = other;
+        break;
+      }
+    }
+    return FieldError(
+        absl::StatusCode::kDataLoss, {named->field},
+        absl::StrCat(named->field, ": region ", named->region_id, " ('", region.name(),
+                     "') was truncated by its owner while job ", job_id, " used it",
+                     region.truncated() ? " (the server's access faulted and read or wrote "
+                                          "zero pages instead)"
+                                        : "",
+                     "; the result is void (unregister the region and register a new one)"));
   }
   return absl::OkStatus();
 }

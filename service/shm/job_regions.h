@@ -2,7 +2,10 @@
 // against its owner's regions (RegionTable) and bounds-checked (each span within its
 // region, the region's file still that large), as pointers the engine reads in place and
 // the result is written to. Holding this object holds the job's mappings, so a region
-// unregistered (or an owner gone) mid-job stays mapped until the job ends.
+// unregistered (or an owner gone) mid-job stays mapped until the job ends. A client that
+// truncates a region's file is caught twice: at the job's start (fstat, a cheap early
+// error) and at its end (the SigbusGuard mark left by a fault, or fstat again), so the job
+// fails naming its span instead of the server dying or answering from zero pages.
 // Thread-compatible: owned by one job.
 #pragma once
 
@@ -24,13 +27,17 @@ namespace centroidkv::service {
 struct MappedSpan {
   uint8_t* data = nullptr;
   uint64_t bytes = 0;  // the span's bytes (for outputs: its capacity)
+  const char* field = "";              // "start_job.region_input.keys", ...
+  uint64_t region_id = 0;
+  const MappedRegion* region = nullptr;  // held by the JobRegionMemory
 };
 
 class JobRegionMemory {
  public:
   // Errors name the field: NOT_FOUND "start_job.region_input.keys.region_id" for a region
   // the owner has not registered, OUT_OF_RANGE "...offset" for a span past its region's
-  // end, FAILED_PRECONDITION for a region whose file shrank.
+  // end, FAILED_PRECONDITION (field ...region_id) for a region whose file shrank or that
+  // was truncated under an earlier job (CheckUsable).
   static absl::StatusOr<JobRegionMemory> Resolve(const JobRegions& spans,
                                                  const RegionTable& table,
                                                  const std::string& owner_key);
@@ -46,9 +53,19 @@ class JobRegionMemory {
   // would carry them). INTERNAL if a tensor exceeds its span (the StartJob check forbids).
   absl::Status WriteResult(const CompressResult& result, DType output_dtype) const;
 
+  // At the job's start: Resolve's FAILED_PRECONDITION if a region's file has shrunk or a
+  // fault has left the region unusable since (the job may have waited in the queue).
+  absl::Status CheckUsable() const;
+  // At the job's end, before its result is announced: DATA_LOSS naming the span the fault
+  // hit (else the region's first span) when a region was truncated while job `job_id` used
+  // it (its reads or writes then went to zero pages, or its output is gone).
+  absl::Status CheckIntact(uint64_t job_id) const;
+
  private:
   std::optional<MappedSpan> keys_, values_, counts_;
   std::optional<MappedSpan> out_keys_, out_values_, out_counts_, assignment_;
+  // The spans present, in the codec's order (inputs, then outputs).
+  std::vector<const MappedSpan*> Spans() const;
   std::vector<std::shared_ptr<MappedRegion>> held_;  // the job's mappings
 };
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -76,16 +77,20 @@ absl::StatusOr<std::shared_ptr<MappedRegion>> MappedRegion::Map(
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map '", path, "': ", std::strerror(errno)));
   }
+  region->mapping_ = mapping;  // unmapped by the destructor from here on
+  region->mapping_bytes_ = size;
+  absl::StatusOr<SigbusGuard> guard = SigbusGuard::Guard(mapping, size);
+  if (!guard.ok()) return guard.status();
+  region->guard_ = *std::move(guard);
   region->name_ = name;
   region->offset_ = offset;
   region->size_ = size;
-  region->mapping_ = mapping;
-  region->mapping_bytes_ = size;
   region->data_ = static_cast<uint8_t*>(mapping);
   return region;
 }
 
 MappedRegion::~MappedRegion() {
+  guard_.Release();  // no handler may touch the range once it is unmapped
   if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);
   if (fd_ >= 0) close(fd_);
 }

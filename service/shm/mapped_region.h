@@ -3,7 +3,9 @@
 // one, large enough), and mapped read-write. The mapping lives as long as the last
 // shared_ptr: the region table holds one, and every job that reads or writes the region
 // holds another, so unregistering a region (or its owner dying) while a job uses it
-// never unmaps memory under the job. Thread-safe after Map().
+// never unmaps memory under the job. The mapping is guarded against the client truncating
+// the file under it (SigbusGuard): a fault past the file's end leaves zero pages and marks
+// the region truncated for good. Thread-safe after Map().
 #pragma once
 
 #include <sys/types.h>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "service/shm/sigbus_guard.h"
 
 namespace centroidkv::service {
 
@@ -39,6 +42,11 @@ class MappedRegion {
   // FAILED_PRECONDITION when the file has shrunk below the region since it was mapped
   // (touching the missing pages would raise SIGBUS): checked before each job uses it.
   absl::Status CheckStillBacked() const;
+  // Whether an access faulted because the file had been truncated: the mapping then holds
+  // zero pages instead of the file, for good (sigbus_guard.h).
+  bool truncated() const { return guard_.truncated(); }
+  // The first address that faulted, or 0.
+  uintptr_t fault_address() const { return guard_.fault_address(); }
 
  private:
   MappedRegion() = default;
@@ -50,6 +58,7 @@ class MappedRegion {
   void* mapping_ = nullptr;      // page-aligned start of the mapping
   size_t mapping_bytes_ = 0;
   uint8_t* data_ = nullptr;
+  SigbusGuard guard_;  // released before the munmap
 };
 
 }  // namespace centroidkv::service

@@ -291,22 +291,24 @@ TEST_F(LoadRunTest, CompareEndsWithOneJsonLine) {
               line["service_tokens_per_s"].get<double>() * (1.0 / f + 1.0 / p), 1e-3);
 }
 
+// One leg's rounds, each a one-second run of `rate` tokens.
+std::vector<RunStats> Rounds(const std::vector<double>& rates) {
+  std::vector<RunStats> runs;
+  for (double rate : rates) {
+    RunStats run;
+    run.wall_s = 1.0;
+    run.records = {{0.1, "OK", static_cast<int64_t>(rate), 1, 1}};
+    runs.push_back(run);
+  }
+  return runs;
+}
+
 TEST(CompareJsonTest, MediansOverRoundsAndTheSerialBound) {
   LoadConfig config;
   config.preset = *FindPreset("llama3-8b");
   // Three rounds; each leg's rate is its median: service 300, floor 600, in-process 300.
-  auto rounds = [](std::vector<double> rates) {
-    std::vector<RunStats> runs;
-    for (double rate : rates) {
-      RunStats run;
-      run.wall_s = 1.0;
-      run.records = {{0.1, "OK", static_cast<int64_t>(rate), 1, 1}};
-      runs.push_back(run);
-    }
-    return runs;
-  };
   const nlohmann::json line = nlohmann::json::parse(
-      CompareJson(config, rounds({100, 300, 900}), rounds({600, 50, 700}), rounds({300, 300, 1})));
+      CompareJson(config, Rounds({100, 300, 900}), Rounds({600, 50, 700}), Rounds({300, 300, 1})));
   EXPECT_DOUBLE_EQ(line["service_tokens_per_s"].get<double>(), 300.0);
   EXPECT_DOUBLE_EQ(line["floor_tokens_per_s"].get<double>(), 600.0);
   EXPECT_DOUBLE_EQ(line["in_process_tokens_per_s"].get<double>(), 300.0);
@@ -315,6 +317,25 @@ TEST(CompareJsonTest, MediansOverRoundsAndTheSerialBound) {
   EXPECT_EQ(line["rounds"], 3);
   // Round 1: 100 / (1 / (1/600 + 1/300)) = 0.5.
   EXPECT_DOUBLE_EQ(line["ratio_per_round"][0].get<double>(), 0.5);
+}
+
+TEST(CompareJsonTest, SharedMemoryLegsAgainstTheEngineTheSlabsAndTheFloor) {
+  LoadConfig config;
+  config.preset = *FindPreset("llama3-8b");
+  // Medians: slabs 400, floor 800, in-process 500, shm 450, floor over shm 1200.
+  const nlohmann::json line = nlohmann::json::parse(
+      CompareJson(config, Rounds({400, 400}), Rounds({800, 800}), Rounds({500, 500}),
+                  Rounds({450, 450}), Rounds({1200, 1200})));
+  EXPECT_DOUBLE_EQ(line["shm_tokens_per_s"].get<double>(), 450.0);
+  EXPECT_DOUBLE_EQ(line["shm_ratio_to_in_process"].get<double>(), 0.9);
+  EXPECT_DOUBLE_EQ(line["shm_ratio_to_slabs"].get<double>(), 1.125);
+  EXPECT_DOUBLE_EQ(line["shm_floor_tokens_per_s"].get<double>(), 1200.0);
+  EXPECT_DOUBLE_EQ(line["shm_floor_ratio_to_floor"].get<double>(), 1.5);
+  // Without --shm the fields are absent.
+  const nlohmann::json plain = nlohmann::json::parse(
+      CompareJson(config, Rounds({400}), Rounds({800}), Rounds({500})));
+  EXPECT_FALSE(plain.contains("shm_tokens_per_s"));
+  EXPECT_FALSE(plain.contains("shm_floor_tokens_per_s"));
 }
 
 TEST(BenchMainTest, BadFlagExitsWithTwo) {

@@ -63,12 +63,7 @@ void ExpectGoldenThrough(const ClientOptions& options) {
   ASSERT_TRUE(golden.ok()) << golden.status();
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   ASSERT_TRUE(client.ok()) << client.status();
-  LayerJob job;
-  job.layer = test::GoldenLayerView(*golden);
-  job.options = golden->options;
-  job.options.compute_assignment = true;
-  job.output_dtype = DType::kFloat32;
-  job.backend = BackendKind::kCpu;
+  const LayerJob job = testutil::GoldenJob(*golden);
   absl::StatusOr<std::vector<LayerResult>> results = (*client)->CompressLayers({job});
   ASSERT_TRUE(results.ok()) << results.status();
   ASSERT_TRUE((*results)[0].status.ok()) << (*results)[0].status;

@@ -94,6 +94,16 @@ const ClusterEngine& ReferenceEngine() {
   return **engines->Select(BackendKind::kReference);
 }
 
+LayerJob GoldenJob(const test::GoldenCase& golden) {
+  LayerJob job;
+  job.layer = test::GoldenLayerView(golden);
+  job.options = golden.options;
+  job.options.compute_assignment = true;
+  job.output_dtype = DType::kFloat32;
+  job.backend = BackendKind::kCpu;
+  return job;
+}
+
 CompressResult EngineResult(const LayerJob& job) {
   absl::StatusOr<CompressResult> result = ReferenceEngine().Compress(job.layer, job.options);
   EXPECT_TRUE(result.ok()) << result.status();

@@ -14,6 +14,7 @@
 #include "centroidkv/kernels/engine.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
+#include "tests/testing/golden.h"
 #include "tests/testing/random_layer.h"
 
 namespace centroidkv::client::testutil {
@@ -37,6 +38,10 @@ CompressResult AsEngineResult(const LayerResult& result);
 // EXPECTs that a server result is `expected` rounded once to `dtype`: status OK, shape
 // fields, offsets, counts, assignment and passes exactly, keys and values bit for bit.
 void ExpectSameAsEngine(const CompressResult& expected, DType dtype, const LayerResult& actual);
+
+// A golden case's layer as a job on the cpu backend: its options, the assignment asked for,
+// float32 rows (comparable with test::ExpectMatchesGolden). Borrows `golden`'s buffers.
+LayerJob GoldenJob(const test::GoldenCase& golden);
 
 // "small_basic" -> "SmallBasic", for test names without underscores.
 std::string CamelCase(const std::string& name);

@@ -3,7 +3,8 @@
 // reference equals the slab path bit for bit; streams with their own regions at once;
 // bounds (out of range, too small, overlapping output) as JobErrors naming the field; a
 // region unregistered while its job runs; another uid's file refused; shm on TCP refused.
-// The client process that dies holding regions is tests/service/shm/region_owner_test.cc.
+// The client process that dies holding regions is tests/service/shm/region_owner_test.cc; a
+// region file truncated under a job is shm_truncation_test.cc.
 #include "centroidkv/client/shm_region.h"
 
 #include <fcntl.h>
@@ -23,68 +24,15 @@
 #include "gtest/gtest.h"
 #include "service/server.h"
 #include "tests/client/client_testing.h"
+#include "tests/client/shm_testing.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/random_layer.h"
 
 namespace centroidkv::client {
 namespace {
 
-std::string SocketPath(const std::string& tag) {
-  return "/tmp/ckv-shm-" + tag + "-" + std::to_string(getpid()) + ".sock";
-}
-
-// A server on its own unix socket, and a client of it.
-struct UnixServer {
-  explicit UnixServer(const std::string& tag, service::ServerOptions options = {}) {
-    path = SocketPath(tag);
-    std::filesystem::remove(path);
-    service::ServerOptions defaults = testutil::TestServerOptions("unix://" + path);
-    defaults.shared_memory = options.shared_memory;
-    auto started = service::Server::Start(defaults);
-    EXPECT_TRUE(started.ok()) << started.status();
-    if (!started.ok()) return;
-    server = *std::move(started);
-    ClientOptions client_options;
-    client_options.target = server->target();
-    client_options.connect_timeout = std::chrono::seconds(5);
-    auto connected = Client::Connect(client_options);
-    EXPECT_TRUE(connected.ok()) << connected.status();
-    if (connected.ok()) client = *std::move(connected);
-  }
-  ~UnixServer() {
-    client.reset();
-    server.reset();
-    std::filesystem::remove(path);
-  }
-  std::string path;
-  std::unique_ptr<service::Server> server;
-  std::unique_ptr<Client> client;
-};
-
-// EXPECTs that a result written to shared memory equals the slab path's, bit for bit.
-void ExpectSameAsSlabResult(const LayerResult& slab, const LayerResult& shm) {
-  ASSERT_TRUE(slab.status.ok()) << slab.status;
-  ASSERT_TRUE(shm.status.ok()) << shm.status;
-  ASSERT_TRUE(shm.in_region.has_value());
-  EXPECT_TRUE(shm.keys.empty());
-  EXPECT_EQ(shm.dtype, slab.dtype);
-  EXPECT_EQ(shm.offsets, slab.offsets);
-  EXPECT_EQ(shm.passes_run, slab.passes_run);
-  EXPECT_EQ(shm.head_entries, slab.head_entries);
-  EXPECT_EQ(shm.stop_reasons, slab.stop_reasons);
-  const LayerResult::RegionTensors& region = *shm.in_region;
-  ASSERT_EQ(region.keys_bytes, slab.keys.size());
-  ASSERT_EQ(region.values_bytes, slab.values.size());
-  EXPECT_EQ(std::memcmp(region.keys, slab.keys.data(), slab.keys.size()), 0) << "keys differ";
-  EXPECT_EQ(std::memcmp(region.values, slab.values.data(), slab.values.size()), 0)
-      << "values differ";
-  EXPECT_EQ(std::vector<uint32_t>(region.counts, region.counts + slab.counts.size()),
-            slab.counts);
-  ASSERT_EQ(region.assignment_elements, slab.assignment.size());
-  EXPECT_EQ(std::vector<int32_t>(region.assignment,
-                                 region.assignment + region.assignment_elements),
-            slab.assignment);
-}
+using testutil::ExpectSameAsSlabResult;
+using testutil::UnixServer;
 
 // ---------------------------------------------------------------------------------------
 // Golden cases: by reference == slabs, bit for bit.
@@ -101,12 +49,8 @@ TEST_P(GoldenShmTest, ByReferenceEqualsSlabPath) {
   EXPECT_TRUE(info->shared_memory);
   for (DType output : {DType::kFloat32, DType::kFloat16}) {
     SCOPED_TRACE(std::string("output ") + (output == DType::kFloat32 ? "float32" : "float16"));
-    LayerJob job;
-    job.layer = test::GoldenLayerView(*golden);
-    job.options = golden->options;
-    job.options.compute_assignment = true;
+    LayerJob job = testutil::GoldenJob(*golden);
     job.output_dtype = output;
-    job.backend = BackendKind::kCpu;
     absl::StatusOr<std::vector<LayerResult>> slab = unix_server.client->CompressLayers({job});
     ASSERT_TRUE(slab.ok()) << slab.status();
 

@@ -1,9 +1,11 @@
 """Shared memory from Python (centroidkv.shm, issue 19) against a real server on a unix
 socket: numpy arrays and torch tensors backed by a registered region go by reference and
 give the slab path's result exactly; arrays outside the region are refused naming the
-field; closing the region unregisters and removes its file; a TCP server refuses regions."""
+field; closing the region unregisters and removes its file; a TCP server refuses regions.
+AsyncClient's regions (AsyncSharedRegion) the same way."""
 from __future__ import annotations
 
+import asyncio
 import os
 
 import numpy as np
@@ -67,14 +69,47 @@ def test_arrays_outside_the_region_are_refused(client):
         assert error.value.field == "values"
 
 
+def test_async_client_by_reference_equals_slabs(server, client):
+    case = load_golden("d128_fp16")
+    slabs = client.compress(case["keys"], case["values"], **case["config"])
+
+    async def main():
+        async with centroidkv.AsyncClient(server.target) as aclient:
+            assert (await aclient.info()).shared_memory
+            size = case["keys"].nbytes + case["values"].nbytes + 4096
+            async with await aclient.shared_region(size) as region:
+                keys = region.array(case["keys"].shape, case["keys"].dtype)
+                values = region.array(case["values"].shape, case["values"].dtype)
+                keys[:] = case["keys"]
+                values[:] = case["values"]
+                registered = region.region_id
+                result = await aclient.compress(keys, values, region=region, **case["config"])
+                with pytest.raises(TypeError):
+                    region.close()  # the async region closes with an await
+            return region, registered, result
+
+    region, region_id, shm = asyncio.run(main())
+    assert region_id is not None and region.region_id is None
+    _assert_same(slabs, shm)
+    assert not os.path.exists("/dev/shm" + region.name)
+
+
 def test_a_tcp_server_refuses_regions():
     process = ServerProcess("127.0.0.1:0")
+
+    async def refused_async():
+        async with centroidkv.AsyncClient(process.target, timeout=60) as aclient:
+            with pytest.raises(centroidkv.FailedPreconditionError) as error:
+                await aclient.shared_region(1 << 16)
+            assert "unix socket" in str(error.value)
+
     try:
         with centroidkv.Client(process.target, timeout=60) as tcp:
             assert not tcp.info().shared_memory
             with pytest.raises(centroidkv.FailedPreconditionError) as error:
                 tcp.shared_region(1 << 16)
             assert "unix socket" in str(error.value)
+        asyncio.run(refused_async())
     finally:
         process.stop()
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"ckv-py-{os.getpid()}-")]

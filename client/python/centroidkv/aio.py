@@ -54,6 +54,35 @@ class AsyncClient(ClientCore):
             self._info = server_info_from_proto(reply)
         return self._info
 
+    # -- shared memory (centroidkv.shm) -------------------------------------------------
+    async def shared_region(self, size: int):
+        """As Client.shared_region: a new AsyncSharedRegion of `size` bytes, registered
+        (a unix socket connection only); `async with await aclient.shared_region(n) as r`.
+        Raises CompressError (FailedPreconditionError on TCP)."""
+        from .shm import AsyncSharedRegion
+
+        region = AsyncSharedRegion(self, size)
+        await region._register()
+        return region
+
+    async def register_region(self, name: str, offset: int, size: int) -> int:
+        """As Client.register_region."""
+        try:
+            reply = await self._register_region(
+                pb.RegisterRegionRequest(name=name, offset=offset, size=size),
+                timeout=self.connect_timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise make_error(e.code(), e.details() or "", field="name") from None
+        return reply.region.region_id
+
+    async def unregister_region(self, region_id: int) -> None:
+        """As Client.unregister_region."""
+        try:
+            await self._unregister_region(pb.UnregisterRegionRequest(region_id=region_id),
+                                          timeout=self.connect_timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise make_error(e.code(), e.details() or "", field="region_id") from None
+
     async def compress(self, keys, values=None, counts=None, *, layer_index: int = 0,
                        **options) -> LayerResult:
         """As Client.compress."""

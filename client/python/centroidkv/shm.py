@@ -8,6 +8,12 @@ arrays (or torch CPU tensors, torch.from_numpy of them) a job may name by refere
         keys[:] = ...; values[:] = ...                         # write the KV in place
         result = client.compress(keys, values, region=region)  # no input slabs sent
 
+With AsyncClient the region is awaited and closed asynchronously (AsyncSharedRegion):
+
+    async with await aclient.shared_region(64 << 20) as region:
+        keys = region.array(...); values = region.array(...)
+        result = await aclient.compress(keys, values, region=region)
+
 Only the StartJob crosses the socket; the server reads the tensors in place. The result
 comes back as slabs as usual. Only over a unix socket to a server with shared memory on
 (ServerInfo.shared_memory); elsewhere registering fails with FailedPreconditionError.
@@ -33,7 +39,9 @@ class SharedRegion:
     in order (each 64-byte aligned) with array(); close() (or the with block's end)
     unregisters, unmaps and removes the file. The arrays must not be used after close()."""
 
-    def __init__(self, client, size: int):
+    def __init__(self, client, size: int, *, register: bool = True):
+        """Creates, sizes and maps the file; registers it with `client` unless `register`
+        is False (AsyncSharedRegion registers it with an await)."""
         if size <= 0:
             raise invalid_argument("size", f"must be positive (got {size})")
         self.name = f"/ckv-py-{os.getpid()}-{next(_names)}"
@@ -55,11 +63,12 @@ class SharedRegion:
         os.close(fd)
         self._bytes = np.frombuffer(self._map, dtype=np.uint8)
         self._base = self._bytes.__array_interface__["data"][0]
-        try:
-            self.region_id = client.register_region(self.name, 0, self.size)
-        except BaseException:
-            self._release()
-            raise
+        if register:
+            try:
+                self.region_id = client.register_region(self.name, 0, self.size)
+            except BaseException:
+                self._release()
+                raise
 
     def array(self, shape, dtype) -> np.ndarray:
         """A new C-contiguous array of `shape` and `dtype` in the region (zero-filled at
@@ -110,3 +119,39 @@ class SharedRegion:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class AsyncSharedRegion(SharedRegion):
+    """SharedRegion for AsyncClient (AsyncClient.shared_region awaits its registration):
+    aclose() (or the async with block's end) unregisters, unmaps and removes the file."""
+
+    def __init__(self, client, size: int):
+        super().__init__(client, size, register=False)
+
+    async def _register(self) -> None:
+        try:
+            self.region_id = await self._client.register_region(self.name, 0, self.size)
+        except BaseException:
+            self._release()
+            raise
+
+    async def aclose(self) -> None:
+        if self.region_id is not None:
+            try:
+                await self._client.unregister_region(self.region_id)
+            except Exception:  # noqa: BLE001 - the server may be gone; it unmaps on exit
+                pass
+            self.region_id = None
+        self._release()
+
+    def close(self) -> None:
+        raise TypeError("AsyncSharedRegion: use 'await region.aclose()' or 'async with'")
+
+    def __enter__(self):
+        raise TypeError("AsyncSharedRegion: use 'async with'")
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()

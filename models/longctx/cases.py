@@ -20,7 +20,7 @@ import torch
 
 from llama import Tokenizer, load_llama2c
 from stories import SHARED, load_or_sample
-from tasks import KINDS, TaskBuilder
+from tasks import FORMATS, KINDS, TaskBuilder
 from train import HERE, heldout_cases
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -52,11 +52,13 @@ def main():
     p.add_argument("--test-per-kind", type=int, default=2)
     p.add_argument("--heldout-per-kind", type=int, default=8)
     p.add_argument("--seed", type=int, default=100)
+    p.add_argument("--format", default="v0", choices=sorted(FORMATS),
+                   help="the task texts the model was trained on (train.py --format)")
     p.add_argument("--model", default=os.path.join(HERE, "model.bin"))
     a = p.parse_args()
     tok = Tokenizer(os.path.join(SHARED, "tok512.bin"))
     stories = load_or_sample(os.path.join(HERE, "cache", "stories-heldout-s2-n128.npz"), 128, 2)
-    builder = TaskBuilder(tok, stories)
+    builder = TaskBuilder(tok, stories, a.format)
     cases = heldout_cases(builder, a.seq_len, a.heldout_per_kind, 7)
     test = []
     for kind in KINDS:  # evenly spread depths: the first, middle and last of each kind

@@ -16,12 +16,14 @@ import torch
 
 from llama import Tokenizer, load_llama2c
 from stories import SHARED, load_or_sample
-from tasks import TaskBuilder
+from tasks import FORMATS, TaskBuilder
 from train import HERE, exact_match, heldout_cases
 
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--format", default="v0", choices=sorted(FORMATS),
+                   help="the task texts the model was trained on (train.py --format)")
     p.add_argument("--model", default=os.path.join(HERE, "model.bin"))
     p.add_argument("--per-kind", type=int, default=20)
     p.add_argument("--seed", type=int, default=7)
@@ -31,7 +33,7 @@ def main():
     model = load_llama2c(a.model)
     tok = Tokenizer(os.path.join(SHARED, "tok512.bin"))
     stories = load_or_sample(os.path.join(HERE, "cache", "stories-heldout-s2-n128.npz"), 128, 2)
-    cases = heldout_cases(TaskBuilder(tok, stories), model.cfg.seq_len, a.per_kind, a.seed)
+    cases = heldout_cases(TaskBuilder(tok, stories, a.format), model.cfg.seq_len, a.per_kind, a.seed)
     result = exact_match(model, cases, bf16=False)
     print(json.dumps({"model": a.model, "cases_per_kind": a.per_kind,
                       "context": model.cfg.seq_len, "exact_match": result}))

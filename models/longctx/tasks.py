@@ -22,8 +22,27 @@ from llama import Tokenizer, load_llama2c
 BOS = 1
 NEWLINE = 13  # byte token <0x0A>
 KINDS = ("passkey", "multikey", "vartrack")
-OBJECTS = ("apple", "ball", "cat", "dog", "tree", "bird", "cake", "car", "box", "hat", "fish",
-           "book", "cup", "boat", "star", "flower", "house", "frog", "sun", "toy")
+# Fact, question and answer texts per format. "v0" (the committed model's): " is 38291", so
+# the token before every number is the same " " and the fact's name sits 3-6 tokens back.
+# "colon": the number follows ":" right after the fact's name, and each name's last token is
+# distinct (COLON_OBJECTS), so the two tokens before a number name its fact: a shorter match
+# for the copy circuit. Not yet shown to train faster (README.md).
+FORMATS = {
+    "v0": {"passkey": " The pass key is {v}. Remember it.",
+           "passkey_q": " What is the pass key? The pass key is", "answer": " {v}",
+           "multikey": " The key for the {o} is {v}.",
+           "multikey_q": " What is the key for the {o}? The key for the {o} is",
+           "vartrack": " {o} is now {v}.", "vartrack_q": " What is {o} now? {o} is now"},
+    "colon": {"passkey": " The pass key:{v}. Remember it.",
+              "passkey_q": " What is the pass key? The pass key:", "answer": "{v}",
+              "multikey": " The key for the {o}:{v}.",
+              "multikey_q": " What is the key for the {o}? The key for the {o}:",
+              "vartrack": " Now {o}:{v}.", "vartrack_q": " What is {o} now? {o}:"},
+}
+V0_OBJECTS = ("apple", "ball", "cat", "dog", "tree", "bird", "cake", "car", "box", "hat", "fish",
+              "book", "cup", "boat", "star", "flower", "house", "frog", "sun", "toy")
+COLON_OBJECTS = ("apple", "ball", "cat", "dog", "tree", "bird", "car", "box", "fish", "book",
+                 "cup", "flower", "house", "sun", "duck", "bell", "door", "cow", "pig", "moon")
 VARIABLES = ("X", "Y", "Z", "W", "Q", "K", "R", "V")
 
 
@@ -60,9 +79,11 @@ def sample_stories(model_path: str, count: int, max_len: int, seed: int, batch: 
 
 
 class TaskBuilder:
-    def __init__(self, tok: Tokenizer, stories: list[list[int]]):
+    def __init__(self, tok: Tokenizer, stories: list[list[int]], fmt: str = "v0"):
         self.tok = tok
         self.stories = stories
+        self.fmt = FORMATS[fmt]
+        self.objects = V0_OBJECTS if fmt == "v0" else COLON_OBJECTS
         self.period = tok.lookup[b"."]
 
     def _filler(self, rng: random.Random, n: int) -> list[int]:
@@ -76,18 +97,29 @@ class TaskBuilder:
 
     def build(self, rng: random.Random, length: int, asked: list[str] | None = None,
               present: list[str] | None = None, depth: float | None = None,
-              copy_prob: float = 0.0):
+              copy_prob: float = 0.0, dense: bool = False):
         """One sequence. `asked`: the kinds questioned at the end (default: a random non-empty
         subset of `present`); `present`: the kinds whose facts are in the text (default: each
         with probability 0.7, at least the asked ones); `depth` in [0, 1]: where the first
         asked kind's deciding fact sits in the filler (default: uniform); `copy_prob`: the
-        chance of a repeated random block (training only)."""
+        chance of a repeated random block (training only); `dense` (training only): every
+        present kind asked, with several multi-key objects and every variable, so that a short
+        sequence carries more answers."""
         enc = self.tok.encode
+        f = self.fmt
+
+        def fact(kind, o="", v=""):
+            return enc(f[kind].format(o=o, v=v))
+
+        def question(kind, o, v):
+            return enc(f[kind + "_q"].format(o=o)), enc(f["answer"].format(v=v))
         small = length < 512  # fewer facts, so that short sequences keep some filler
         if present is None:
             present = [k for k in KINDS if rng.random() < 0.7] or [rng.choice(KINDS)]
             if asked:
                 present = sorted(set(present) | set(asked), key=KINDS.index)
+        if asked is None and dense:
+            asked = list(present)
         if asked is None:
             asked = [k for k in present if rng.random() < 0.6] or [rng.choice(present)]
             rng.shuffle(asked)
@@ -98,18 +130,21 @@ class TaskBuilder:
             if kind == "passkey":
                 key = self._number(rng, 5)
                 deciding[kind] = len(facts)
-                facts.append((kind, enc(f" The pass key is {key}. Remember it.")))
-                q = (enc(" What is the pass key? The pass key is"), enc(f" {key}"))
+                facts.append((kind, fact(kind, v=key)))
+                q = question(kind, "", key)
             elif kind == "multikey":
-                objs = rng.sample(OBJECTS, rng.randint(2, 3 if small else 6))
+                objs = rng.sample(self.objects, rng.randint(2, 3 if small else 6))
                 keys = [self._number(rng, 4) for _ in objs]
                 pick = rng.randrange(len(objs))
                 for i, (o, k) in enumerate(zip(objs, keys)):
                     if i == pick:
                         deciding[kind] = len(facts)
-                    facts.append((f"mk{i}", enc(f" The key for the {o} is {k}.")))
-                o = objs[pick]
-                q = (enc(f" What is the key for the {o}? The key for the {o} is"), enc(f" {keys[pick]}"))
+                    facts.append((f"mk{i}", fact(kind, o, k)))
+                q = question(kind, objs[pick], keys[pick])
+                if dense:  # several objects asked
+                    for i in rng.sample(range(len(objs)), rng.randint(1, len(objs))):
+                        if i != pick:
+                            questions.append(question(kind, objs[i], keys[i]))
             else:
                 names = rng.sample(VARIABLES, 1 if small else rng.randint(1, 2))
                 asked_name = names[0]
@@ -121,8 +156,10 @@ class TaskBuilder:
                         if name == asked_name and u == updates - 1:
                             deciding[kind] = len(facts)
                             last = value
-                        facts.append((group, enc(f" {name} is now {value}.")))
-                q = (enc(f" What is {asked_name} now? {asked_name} is now"), enc(f" {last}"))
+                        facts.append((group, fact(kind, name, value)))
+                    if dense and name != asked_name:  # every variable asked
+                        questions.append(question(kind, name, value))
+                q = question(kind, asked_name, last)
             if kind in asked:
                 questions.append(q)
         if copy_prob > 0 and rng.random() < copy_prob:
@@ -179,20 +216,42 @@ class TaskBuilder:
 
 
 def batch(builder: TaskBuilder, rng: random.Random, size: int, length: int, answer_weight: float,
-          copy_prob: float = 0.0):
-    """Inputs, targets and per-token loss weights for `size` training sequences."""
+          copy_prob: float = 0.0, dense_frac: float = 0.0, text_weight: float = 1.0):
+    """Inputs, targets and per-token loss weights for `size` training sequences; a
+    `dense_frac` share of them dense (see TaskBuilder.build); text tokens weigh `text_weight`,
+    answer tokens `answer_weight`."""
     xs, ws = [], []
     for _ in range(size):
+        dense = rng.random() < dense_frac
         while True:  # a short sequence may not fit every fact drawn: draw again
             try:
-                seq, spans = builder.build(rng, length + 1, copy_prob=copy_prob)
+                seq, spans = builder.build(rng, length + 1, copy_prob=copy_prob, dense=dense)
                 break
             except ValueError:
                 continue
-        w = np.ones(length, dtype=np.float32)
+        w = np.full(length, text_weight, dtype=np.float32)
         for s, e, _ in spans:
             w[s - 1:e - 1] = answer_weight  # target index t predicts seq[t + 1]
         xs.append(seq)
         ws.append(w)
     x = torch.tensor(xs, dtype=torch.long)
     return x[:, :-1], x[:, 1:], torch.from_numpy(np.stack(ws))
+
+
+def copy_batch(rng: random.Random, size: int, length: int, vocab: int, answer_weight: float,
+               text_weight: float):
+    """The induction warm-up: `size` sequences of random blocks (8-24 pieces of the merged
+    vocabulary), each stated twice in a row; the second statement's tokens after its first are
+    the answers (weight `answer_weight`), the rest weigh `text_weight`. The densest signal there
+    is for the copy circuit the retrieval tasks need."""
+    xs, ws = [], []
+    for _ in range(size):
+        seq, w = [BOS], [text_weight]
+        while len(seq) < length + 1:
+            block = [rng.randrange(259, vocab) for _ in range(rng.randint(8, 24))]
+            seq += block + block
+            w += [text_weight] * (len(block) + 1) + [answer_weight] * (len(block) - 1)
+        xs.append(seq[:length + 1])
+        ws.append(w[1:length + 1])  # weight of target t (predicting seq[t + 1])
+    x = torch.tensor(xs, dtype=torch.long)
+    return x[:, :-1], x[:, 1:], torch.tensor(ws, dtype=torch.float32)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from llama import Config, Tokenizer, Transformer, export_llama2c, export_transformers, save_config
 from stories import SHARED, load_or_sample
-from tasks import KINDS, TaskBuilder, batch
+from tasks import FORMATS, KINDS, TaskBuilder, batch, copy_batch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -80,6 +80,59 @@ def exact_match(model: Transformer, cases, bf16: bool):
     return out
 
 
+def prev_token_init(model: Transformer, offsets, pairs: int = 8, const: float = 0.5,
+                    amp: float = 30.0):
+    """Initializes query heads 0..len(offsets)-1 of the first layer as previous-token heads:
+    head h attends to the token offsets[h] positions back, whatever the tokens are.
+
+    How: embedding dimension 0 is set to `const` for every token, a constant direction after
+    RMSNorm (the tied classifier adds the same logit to every token from it, so it changes no
+    prediction). The first `pairs` RoPE pairs (the fastest-turning ones) of those heads' queries
+    and of their KV heads' keys read only that direction, keys with phase 0 and queries with
+    phase -offset * theta, so the score sum_p cos(theta_p * (i - j - offset)) peaks at
+    j = i - offset; `amp` makes the softmax sharp (all but exactly on that token), with room
+    for the embeddings' growth in training, which shrinks the constant after RMSNorm. Every weight is
+    trained except these entries, which `hold` (returned) restores after every optimizer step:
+    they give the copy ("induction") circuit the tasks need the previous-token heads it is
+    otherwise slow to discover, and Adam would otherwise wash the constant direction out.
+
+    Returns a function that puts the held entries back."""
+    cfg = model.cfg
+    hs = cfg.head_size
+    group = cfg.n_heads // cfg.n_kv_heads
+    with torch.no_grad():
+        model.embedding.weight[:, 0] = const
+        h0 = (const / model.embedding.weight.pow(2).mean(-1).sqrt()).mean().item()
+        layer = model.layers[0]
+        theta = cfg.rope_theta ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+        for kv in sorted({h // group for h in range(len(offsets))}):
+            layer.wk.weight[kv * hs:kv * hs + 2 * pairs] = 0
+            layer.wk.weight[kv * hs:kv * hs + 2 * pairs:2, 0] = amp / h0
+        for h, d in enumerate(offsets):
+            layer.wq.weight[h * hs:h * hs + 2 * pairs] = 0
+            for p in range(pairs):
+                phi = -d * theta[p].item()
+                layer.wq.weight[h * hs + 2 * p, 0] = amp / h0 * math.cos(phi)
+                layer.wq.weight[h * hs + 2 * p + 1, 0] = amp / h0 * math.sin(phi)
+    held = []
+    for param, rows in ((model.embedding.weight, None), (layer.rms_att, [0]),
+                        (layer.wk.weight, [kv * hs + r for kv in sorted({h // group for h in range(len(offsets))})
+                                           for r in range(2 * pairs)]),
+                        (layer.wq.weight, [h * hs + r for h in range(len(offsets)) for r in range(2 * pairs)])):
+        mask = torch.zeros_like(param, dtype=torch.bool)
+        if rows is None:  # the embedding's column 0
+            mask[:, 0] = True
+        else:
+            mask[rows] = True
+        held.append((param, mask, param.detach()[mask].clone()))
+
+    def hold():
+        with torch.no_grad():
+            for param, mask, values in held:
+                param[mask] = values
+    return hold
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -92,6 +145,21 @@ def main():
     p.add_argument("--answer-weight", type=float, default=10.0)
     p.add_argument("--copy-prob", type=float, default=0.5,
                    help="chance per sequence of a repeated random block (tasks.py)")
+    p.add_argument("--format", default="v0", choices=sorted(FORMATS),
+                   help="the fact/question texts (tasks.FORMATS); v0 is the committed model's")
+    p.add_argument("--dense-frac", type=float, default=0.0,
+                   help="share of training sequences with every present fact asked (tasks.py)")
+    p.add_argument("--text-weight", type=float, default=1.0,
+                   help="loss weight of the non-answer tokens (answers weigh --answer-weight)")
+    p.add_argument("--short-eval-len", type=int, default=0,
+                   help="length of the short held-out cases (default: the first schedule length)")
+    p.add_argument("--copy-steps", type=int, default=0,
+                   help="first steps on copy_batch (random blocks stated twice) only")
+    p.add_argument("--copy-len", type=int, default=128)
+    p.add_argument("--init-from", default="", help="a checkpoint.pt to start from (same shapes)")
+    p.add_argument("--prev-token-heads", default="",
+                   help="offsets, e.g. 1,2,3: first-layer heads initialized as previous-token "
+                        "heads (prev_token_init)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda where a GPU is lent")
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--hidden-dim", type=int, default=512)
@@ -123,16 +191,21 @@ def main():
     heldout_stories = load_or_sample(
         os.path.join(cache, f"stories-heldout-s{a.heldout_stories_seed}-n{a.heldout_stories}.npz"),
         a.heldout_stories, a.heldout_stories_seed)
-    builder = TaskBuilder(tok, train_stories)
-    heldout = TaskBuilder(tok, heldout_stories)
+    builder = TaskBuilder(tok, train_stories, a.format)
+    heldout = TaskBuilder(tok, heldout_stories, a.format)
     schedule = parse_schedule(a.schedule)
     eval_full = heldout_cases(heldout, a.seq_len, a.heldout_per_kind, a.heldout_seed)
-    eval_short = heldout_cases(heldout, schedule[0][0], a.heldout_per_kind, a.heldout_seed + 1,
-                               distractors=False)
+    eval_short = heldout_cases(heldout, a.short_eval_len or schedule[0][0], a.heldout_per_kind,
+                               a.heldout_seed + 1, distractors=False)
 
     cfg = Config(a.dim, a.hidden_dim, a.layers, a.heads, a.kv_heads, len(tok.pieces), a.seq_len)
     model = Transformer(cfg)
     model.init_weights(torch.Generator().manual_seed(a.seed))
+    hold = lambda: None  # noqa: E731
+    if a.prev_token_heads:
+        hold = prev_token_init(model, [int(d) for d in a.prev_token_heads.split(",")])
+    if a.init_from:  # the held entries are the same: prev_token_init is deterministic
+        model.load_state_dict(torch.load(a.init_from)["model"])
     model.to(a.device)
     decay = [p_ for p_ in model.parameters() if p_.dim() == 2]
     no_decay = [p_ for p_ in model.parameters() if p_.dim() < 2]
@@ -158,14 +231,18 @@ def main():
             export_llama2c(model, os.path.join(a.out, "model.bin"))
         if step == a.steps:
             break
-        length = length_at(schedule, step, a.steps)
+        length = a.copy_len if step < a.copy_steps else length_at(schedule, step, a.steps)
         size = max(1, a.tokens_per_step // length)
         lr = a.lr * min(1.0, (step + 1) / a.warmup) * (
             0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / a.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
-        x, y, w = (t.to(a.device) for t in batch(builder, data_rng, size, length, a.answer_weight,
-                                                  a.copy_prob))
+        if step < a.copy_steps:
+            data = copy_batch(data_rng, size, length, cfg.vocab_size, a.answer_weight, a.text_weight)
+        else:
+            data = batch(builder, data_rng, size, length, a.answer_weight, a.copy_prob, a.dense_frac,
+                         a.text_weight)
+        x, y, w = (t.to(a.device) for t in data)
         with torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
             logits = model(x)
         ce = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1),
@@ -175,7 +252,8 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        answer = w > 1
+        hold()
+        answer = w == a.answer_weight
         record = {"step": step, "len": length, "lr": round(lr, 6),
                   "loss_text": round(ce[~answer].mean().item(), 4),
                   "loss_answer": round(ce[answer].mean().item(), 4) if answer.any() else None,

@@ -104,9 +104,14 @@ def volume_names(pod):
     return [v["name"] for v in pod["spec"].get("volumes", []) if "emptyDir" in v]
 
 
-def sidecar_pod(docs, run, image, smoke_image, golden_dir, out_dir, compress_args):
+def sidecar_pod(docs, run, image, smoke_image, golden_dir, out_dir, compress_args, shm_dir):
     """The sidecar overlay's worker Deployment as one Pod, plus what the test needs to know:
-    {"pod", "server", "worker", "socket", "metrics_port", "startup_probe", "liveness_probe"}."""
+    {"pod", "server", "worker", "socket", "metrics_port", "startup_probe", "liveness_probe"}.
+
+    The shared memory emptyDir (`medium: Memory`) becomes a hostPath to `shm_dir`, a 1777
+    directory on the host's tmpfs: Kubernetes makes that emptyDir a tmpfs any container of
+    the pod may write (0777, group fsGroup), but podman 4.3's `kube play` makes it a
+    root-owned 0755 directory on disk, where the worker (uid 10001) gets EACCES."""
     deployment = find(docs, "Deployment")
     pod = pod_from_template(deployment, f"{run}-{deployment['metadata']['name']}", run)
     spec = pod["spec"]
@@ -119,11 +124,20 @@ def sidecar_pod(docs, run, image, smoke_image, golden_dir, out_dir, compress_arg
         raise ValueError("expected one worker container beside the sidecar")
     worker = workers[0]
     retag(spec, image, smoke_image)
+    memory = [v for v in spec.get("volumes", [])
+              if (v.get("emptyDir") or {}).get("medium") == "Memory"]
+    if len(memory) != 1:
+        raise ValueError(f"expected one shared memory emptyDir (medium: Memory), got {memory}")
+    memory[0].pop("emptyDir")
+    memory[0]["hostPath"] = {"path": shm_dir, "type": "Directory"}
     worker["image"] = smoke_image
-    # The CLI, not the server, and $CENTROIDKV_SERVER from the manifest's env.
+    # The CLI, not the server, and $CENTROIDKV_SERVER from the manifest's env: once over
+    # slabs, once by reference to a region in the pod's shared /dev/shm (issue 19).
+    compress = ('/usr/local/bin/centroidkv compress --server "$CENTROIDKV_SERVER" '
+                + " ".join(compress_args) + " --in /smoke/in")
     worker["command"] = ["/bin/sh", "-c",
-                         'exec /usr/local/bin/centroidkv compress --server "$CENTROIDKV_SERVER" '
-                         + " ".join(compress_args) + " --in /smoke/in --out /smoke/out"]
+                         f"{compress} --out /smoke/out/slabs && "
+                         f"exec {compress} --shm --out /smoke/out/shm"]
     worker.pop("args", None)
     spec.setdefault("volumes", []).extend([
         {"name": "smoke-in", "hostPath": {"path": golden_dir, "type": "Directory"}},

@@ -3,10 +3,12 @@
 the rendered sidecar and pool overlays with `podman kube play` and checks that they work.
 
 sidecar: the server (the native sidecar) and a worker container share the socket volume
-  as the manifest says; the manifest's startup probe runs until it passes, then the worker
-  compresses the stories260K golden case through the unix socket and the result must equal
-  ../shared/golden bit for bit; the liveness probe runs once; /metrics is scraped from the
-  pod and counts the job; the server runs as uid 10001; `podman pod stop` drains it (exit 0).
+  and the tmpfs at /dev/shm as the manifest says; the manifest's startup probe runs until it
+  passes, then the worker compresses the stories260K golden case through the unix socket,
+  once over slabs and once by reference to a shared memory region in /dev/shm (`--shm`),
+  and both results must equal ../shared/golden bit for bit; the liveness probe runs once;
+  /metrics is scraped from the pod and counts both jobs; the server runs as uid 10001;
+  `podman pod stop` drains it (exit 0).
 pool: three pods from the pool Deployment's template; a ReplicaPool client
   (centroidkv-bench with the replica list) runs jobs while one server is killed
   (`podman kill`) and another stopped (`podman stop`, a drain): every job must come back
@@ -17,6 +19,7 @@ pods a killed earlier run left behind are removed at the start.
 """
 import argparse
 import atexit
+import glob
 import json
 import os
 import re
@@ -63,6 +66,7 @@ class Run:
         self.pods = []
         self.volumes = []
         self.tmp = tempfile.mkdtemp(prefix=self.id + "-")
+        self.shm = None  # the sidecar's tmpfs stand-in (manifests.sidecar_pod says why)
 
     def cleanup(self):
         for pod in self.pods:
@@ -70,6 +74,8 @@ class Run:
         for volume in self.volumes:
             podman("volume", "rm", "--force", volume, check=False, quiet=True)
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.shm is not None:
+            shutil.rmtree(self.shm, ignore_errors=True)
         left = podman("ps", "--all", "--filter", f"name=^{self.id}", "--format", "{{.Names}}",
                       check=False).stdout.split()
         left += podman("pod", "ps", "--filter", f"name=^{self.id}", "--format", "{{.Name}}",
@@ -88,6 +94,10 @@ def reap_stale_runs():
         if match and not os.path.exists(f"/proc/{match.group(2)}"):
             log(f"removing a stale pod of a killed run: {match.group(1)}")
             podman("pod", "rm", "--force", "--time", "2", match.group(1), check=False)
+    for path in glob.glob("/dev/shm/ckvsmoke-*"):
+        match = re.match(r"/dev/shm/ckvsmoke-(\d+)-", path)
+        if match and not os.path.exists(f"/proc/{match.group(1)}"):
+            shutil.rmtree(path, ignore_errors=True)
     for volume in podman("volume", "ls", "--format", "{{.Name}}", check=False).stdout.split():
         match = re.match(r"ckvsmoke-(\d+)-", volume)
         if match and not os.path.exists(f"/proc/{match.group(1)}"):
@@ -214,8 +224,13 @@ def out_dir(run, name):
 def smoke_sidecar(run, options):
     docs = render(options.kubectl, os.path.join(options.k8s, "overlays/sidecar"))
     out = out_dir(run, "sidecar-out")
+    for leg in ("slabs", "shm"):
+        os.mkdir(os.path.join(out, leg))
+        os.chmod(os.path.join(out, leg), 0o777)  # the worker runs as uid 10001
+    run.shm = tempfile.mkdtemp(prefix=run.id + "-shm-", dir="/dev/shm")
+    os.chmod(run.shm, 0o1777)  # as Kubernetes makes the emptyDir: any uid may create files
     info = manifests.sidecar_pod(docs, run.id, options.image, options.smoke_image,
-                                 options.golden, out, compress_args(options.golden))
+                                 options.golden, out, compress_args(options.golden), run.shm)
     pod = info["pod"]["metadata"]["name"]
     server, worker = ctr(pod, info["server"]), ctr(pod, info["worker"])
     log(f"sidecar: playing pod {pod} (server socket {info['socket']})")
@@ -231,17 +246,18 @@ def smoke_sidecar(run, options):
     if code != "0":
         raise SmokeFailure(f"sidecar: the worker exited {code}:\n{container_log(worker)}\n"
                            f"server log:\n{container_log(server)}")
-    compare_golden(out, options.golden)
-    log("sidecar: the worker's result through the unix socket equals the golden case "
-        "bit for bit")
+    compare_golden(os.path.join(out, "slabs"), options.golden)
+    compare_golden(os.path.join(out, "shm"), options.golden)
+    log("sidecar: the worker's results through the unix socket, over slabs and by reference "
+        "to shared memory in the pod's /dev/shm, equal the golden case bit for bit")
     run_exec_probe(server, info["liveness_probe"], "liveness probe")
     # podman turned the liveness probe into the container's healthcheck: run it as podman does.
     podman("healthcheck", "run", server)
     log("sidecar: liveness probe passed, run by the test and as podman's healthcheck")
     ip = pod_ip(pod)
     jobs = scrape(ip, info["metrics_port"], "centroidkv_jobs_total")
-    if jobs < 1:
-        raise SmokeFailure(f"sidecar: /metrics counts {jobs} jobs after the worker's one")
+    if jobs < 2:
+        raise SmokeFailure(f"sidecar: /metrics counts {jobs} jobs after the worker's two")
     log(f"sidecar: /metrics scraped from http://{ip}:{info['metrics_port']}: "
         f"centroidkv_jobs_total {jobs:g}")
     check_uid(server)

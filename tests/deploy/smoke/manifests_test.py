@@ -24,7 +24,8 @@ class SidecarPodTest(unittest.TestCase):
         self.docs = render("sidecar")
         self.original = copy.deepcopy(self.docs)
         self.info = manifests.sidecar_pod(self.docs, "run1", "centroidkv:cpu", "img:smoke",
-                                          "/golden", "/out", ["--chunk-size=64"])
+                                          "/golden", "/out", ["--chunk-size=64"],
+                                          "/dev/shm/run1-shm")
         self.spec = self.info["pod"]["spec"]
         template = manifests.find(self.original, "Deployment")["spec"]["template"]["spec"]
         self.sidecar = template["initContainers"][0]
@@ -55,7 +56,13 @@ class SidecarPodTest(unittest.TestCase):
         self.assertEqual(pod_name, "run1-inference-worker")
         socket = f"{pod_name}-centroidkv-socket"
         shm = f"{pod_name}-centroidkv-shm"  # the tmpfs for jobs by reference (issue 19)
-        self.assertEqual(manifests.volume_names(self.info["pod"]), [socket, shm])
+        # The shared memory emptyDir is played as a host tmpfs directory (podman's kube play
+        # makes a root-owned 0755 disk directory of it): not a podman volume.
+        self.assertEqual(manifests.volume_names(self.info["pod"]), [socket])
+        volumes = {v["name"]: v for v in self.spec["volumes"]}
+        self.assertEqual(volumes[shm]["hostPath"], {"path": "/dev/shm/run1-shm",
+                                                    "type": "Directory"})
+        self.assertNotIn("emptyDir", volumes[shm])
         for c in self.spec["containers"]:
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
             self.assertEqual(mounts["/var/run/centroidkv"], socket)
@@ -67,6 +74,9 @@ class SidecarPodTest(unittest.TestCase):
         self.assertEqual(worker["image"], "img:smoke")
         self.assertIn('--server "$CENTROIDKV_SERVER"', worker["command"][2])
         self.assertIn("--chunk-size=64", worker["command"][2])
+        # Once over slabs, once by reference to shared memory.
+        self.assertIn("--out /smoke/out/slabs", worker["command"][2])
+        self.assertIn("--shm --out /smoke/out/shm", worker["command"][2])
         paths = {m["mountPath"]: m.get("readOnly", False) for m in worker["volumeMounts"]}
         self.assertEqual(paths, {"/var/run/centroidkv": False, "/dev/shm": False,
                                  "/smoke/in": True, "/smoke/out": False})
@@ -79,7 +89,15 @@ class SidecarPodTest(unittest.TestCase):
         spec = manifests.find(docs, "Deployment")["spec"]["template"]["spec"]
         del spec["initContainers"][0]["restartPolicy"]
         with self.assertRaisesRegex(ValueError, "native sidecar"):
-            manifests.sidecar_pod(docs, "r", "centroidkv:cpu", "i", "/g", "/o", [])
+            manifests.sidecar_pod(docs, "r", "centroidkv:cpu", "i", "/g", "/o", [], "/s")
+
+    def test_no_shared_memory_volume_is_an_error(self):
+        docs = copy.deepcopy(self.original)
+        spec = manifests.find(docs, "Deployment")["spec"]["template"]["spec"]
+        spec["volumes"] = [v for v in spec["volumes"]
+                           if (v.get("emptyDir") or {}).get("medium") != "Memory"]
+        with self.assertRaisesRegex(ValueError, "medium: Memory"):
+            manifests.sidecar_pod(docs, "r", "centroidkv:cpu", "i", "/g", "/o", [], "/s")
 
 
 class PoolPodsTest(unittest.TestCase):

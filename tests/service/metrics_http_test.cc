@@ -47,7 +47,11 @@ TEST(MetricsHttpTest, SlowConnectionsDoNotStopAScrape) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(scraped.ok()) << scraped.status();
   EXPECT_EQ(*scraped, "up 1\n");
-  EXPECT_LT(seconds, 1.0) << "a scrape waited behind the slow connections";
+  // A scrape queued behind the slow connections would wait for their 2 s read timeout.
+  // Below that, 1 s can go to TCP: the 16 connects may fill the accept queue (backlog 5,
+  // compiled into Debian's libcpp-httplib) on a loaded box before the listener drains it,
+  // and the scrape's dropped SYN is resent after 1 s (seen once in CI: 1.006 s).
+  EXPECT_LT(seconds, 1.8) << "a scrape waited behind the slow connections";
 
   // The server gives up on each slow connection after its read timeout (EOF for us).
   for (int fd : slow) {

@@ -30,13 +30,13 @@ class PaddedHeads(NamedTuple):
 
 
 def _as_tensor(x, dtype=None, device=None) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        x = np.ascontiguousarray(x)
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        a = np.ascontiguousarray(x)
         # Counts and offsets come as uint32; torch.from_numpy takes uint32 only from torch
         # 2.3 (the torch extra supports 2.2, client/python/check_oldest.sh): widen them.
-        if x.dtype == np.uint32:
-            x = x.astype(np.int64)
-    t = x if isinstance(x, torch.Tensor) else torch.from_numpy(x)
+        t = torch.from_numpy(a.astype(np.int64) if a.dtype == np.uint32 else a)
     return t.to(device=device, dtype=dtype if dtype is not None else t.dtype)
 
 

@@ -44,6 +44,17 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(Client* client, uin
         absl::StrCat("shm region: cannot size '", region->name_, "' to ", bytes,
                      " bytes: ", std::strerror(error)));
   }
+  // The region's memory is reserved now (tmpfs pages allocated, charged to this process):
+  // a /dev/shm too small (a pod's emptyDir sizeLimit) is an error here, not a SIGBUS when
+  // this process or the server first writes a page, and the server's writes of results
+  // find their pages allocated.
+  if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); error != 0) {
+    close(fd);
+    shm_unlink(region->name_.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shm region: cannot reserve ", bytes, " bytes for '", region->name_,
+                     "' (is /dev/shm large enough?): ", std::strerror(error)));
+  }
   void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (mapping == MAP_FAILED) {

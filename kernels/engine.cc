@@ -320,6 +320,25 @@ absl::Status ClusterEngine::CompressInto(const LayerView& layer, const CompressO
   return Run(layer, options, control, /*reuse=*/true, result);
 }
 
+namespace {
+
+// INTERNAL unless `target` holds H * n rows of keys and of values in `dtype` (the most any
+// job returns; the service sizes a client's output spans so).
+absl::Status CheckRowTarget(const ResultRowTarget& target, const LayerView& layer, DType dtype) {
+  const auto rows = static_cast<uint64_t>(layer.num_heads) * static_cast<uint64_t>(layer.num_tokens);
+  const auto element = static_cast<uint64_t>(DTypeSize(dtype));
+  if (target.keys == nullptr || target.values == nullptr ||
+      rows * static_cast<uint64_t>(layer.key_dim) * element > target.key_bytes ||
+      rows * static_cast<uint64_t>(layer.value_dim) * element > target.value_bytes) {
+    return absl::InternalError(absl::StrCat(
+        "the caller's memory for the result rows (", target.key_bytes, " + ", target.value_bytes,
+        " bytes) cannot hold ", rows, " rows of keys and values"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 // The part every backend shares: validation, ragged / padded input split into regular
 // jobs, exact_target's second stage, the honest account, padding and the output layout.
 // A job that asks for none of them runs exactly as before: plan, backend, rounding.
@@ -333,17 +352,31 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   // The stages above the backend work on float32 rows and round once at the end.
   const bool staged = !plan.regular || options.exact_target;
   if (staged) plan.options.result_dtype = DType::kFloat32;
+  // Rows straight into the caller's memory when nothing above the backend rearranges them.
+  const bool shaped = options.pad_heads || options.pad_to > 0 ||
+                      options.output_layout == TensorLayout::kTokenMajor;
+  if (control.row_target != nullptr && plan.regular && !staged && !shaped &&
+      WritesRowsInPlace() && WritesResultDType(plan.options.result_dtype)) {
+    CKV_RETURN_IF_ERROR(CheckRowTarget(*control.row_target, layer, plan.options.result_dtype));
+    plan.row_target = control.row_target;
+  }
+  // The stages below see the target through the plan only: the regular jobs that ragged
+  // heads and exact_target split a job into write the result's own arrays.
+  CompressControl stage_control = control;
+  stage_control.row_target = nullptr;
   if (plan.regular) {
     if (reuse) {
-      CKV_RETURN_IF_ERROR(CompressReusingImpl(plan, layer, control, result));
+      CKV_RETURN_IF_ERROR(CompressReusingImpl(plan, layer, stage_control, result));
     } else {
-      CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, control, result));
+      CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, stage_control, result));
     }
     FillStopReasons(plan, result->passes_run, /*first_head=*/0, layer.num_heads, result);
   } else {
-    CKV_RETURN_IF_ERROR(RunRagged(*this, plan, layer, control, result));
+    CKV_RETURN_IF_ERROR(RunRagged(*this, plan, layer, stage_control, result));
   }
-  if (options.exact_target) CKV_RETURN_IF_ERROR(ReachExactTarget(*this, plan, layer, control, result));
+  if (options.exact_target) {
+    CKV_RETURN_IF_ERROR(ReachExactTarget(*this, plan, layer, stage_control, result));
+  }
   FillAccount(plan, layer, result);
   RoundResultRows(options.result_dtype, result);
   return ShapeRows(options, result);
@@ -357,7 +390,7 @@ absl::Status ClusterEngine::CompressReusingImpl(const LayerPlan& plan, const Lay
 }
 
 void RoundResultRows(DType dtype, CompressResult* result) {
-  if (result->dtype == dtype) return;
+  if (result->dtype == dtype || result->rows_in_target) return;
   auto round = [dtype](std::vector<float>& from, std::vector<uint16_t>& to) {
     to.resize(from.size());
     StoreFromFloats(to.data(), dtype, 0, static_cast<int64_t>(from.size()), from.data());

@@ -38,6 +38,7 @@ void ClearResult(CompressResult* result) {
   result->half_values.clear();
   result->counts.clear();
   result->assignment.clear();
+  result->rows_in_target = false;
   result->passes_run = 0;
   result->layout = TensorLayout::kHeadMajor;
   result->padded_length = 0;

@@ -500,6 +500,12 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
   if (engine->WritesResultDType(job->output_dtype())) options.result_dtype = job->output_dtype();
   CompressControl control{cancelled.get()};
   if (job->deadline().has_value()) control.deadline = *job->deadline();
+  // Shared memory: an engine that can writes the rows straight into the client's region
+  // (which holds them in the output dtype).
+  const std::optional<ResultRowTarget> row_target = job->RowTarget();
+  if (row_target.has_value() && options.result_dtype == job->output_dtype()) {
+    control.row_target = &*row_target;
+  }
   PooledResult result;
   absl::Status status;
   bool ran = false;  // the engine ran: it read (and the job may write) the job's regions
@@ -520,10 +526,17 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
           absl::StrCat("job ", job_id, ": out of memory while clustering"));
     }
   }
-  if (status.ok()) status = CheckResultFitsDType(*result, job->output_dtype(), job_id);
-  // Shared memory: the result goes into the client's region here, on the worker thread.
+  if (status.ok()) {
+    status = CheckResultFitsDType(*result, job->output_dtype(), job_id,
+                                  result->rows_in_target ? control.row_target : nullptr);
+  }
+  // Shared memory: the rest of the result (all of it, if the engine did not write the rows
+  // there) goes into the client's region here, on the worker thread.
   const bool in_region = status.ok() && job->writes_to_region();
-  if (in_region) status = job->WriteResultToRegion(*result);
+  if (in_region) {
+    status = job->WriteResultToRegion(*result);
+    context_->metrics.RegionResult(result->rows_in_target);
+  }
   // A region truncated by its owner while the job read or wrote it (sigbus_guard.h): the
   // job's data went to or came from zero pages, so it fails before its result is announced.
   if (ran && status.code() != absl::StatusCode::kCancelled) {

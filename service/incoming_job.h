@@ -71,7 +71,12 @@ class IncomingJob {
   const LayerView& view() const { return view_; }
   // The job writes its result to shared memory (region_output) instead of slabs.
   bool writes_to_region() const { return regions_.has_value() && regions_->has_output(); }
-  // Copies the result into the output region (writes_to_region()).
+  // Where the engine may write the result's rows: the output region's key and value spans.
+  std::optional<ResultRowTarget> RowTarget() const {
+    return regions_.has_value() ? regions_->RowTarget() : std::nullopt;
+  }
+  // Copies the result into the output region (writes_to_region()), but for rows the engine
+  // wrote there itself.
   absl::Status WriteResultToRegion(const CompressResult& result) const {
     return regions_->WriteResult(result, job_.output_dtype);
   }

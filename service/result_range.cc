@@ -20,10 +20,12 @@ namespace centroidkv::service {
 namespace {
 
 // True if an fp16 / bf16 element has an all-ones exponent (Inf: the inputs were finite).
-bool AnyHalfInf(const std::vector<uint16_t>& bits, DType dtype) {
+bool AnyHalfInf(const uint16_t* bits, size_t count, DType dtype) {
   const uint16_t exponent = dtype == DType::kFloat16 ? 0x7c00u : 0x7f80u;
   uint16_t found = 0;
-  for (uint16_t b : bits) found |= static_cast<uint16_t>((b & exponent) == exponent);
+  for (size_t i = 0; i < count; ++i) {
+    found |= static_cast<uint16_t>((bits[i] & exponent) == exponent);
+  }
   return found != 0;
 }
 
@@ -79,19 +81,27 @@ bool AnyFloatOverflows(const std::vector<float>& rows, DType dtype) {
 }  // namespace
 
 absl::Status CheckResultFitsDType(const CompressResult& result, DType output_dtype,
-                                  uint64_t job_id) {
+                                  uint64_t job_id, const ResultRowTarget* row_target) {
   if (output_dtype == DType::kFloat32) return absl::OkStatus();
   struct Tensor {
     const char* name;
     const std::vector<float>& rows;
-    const std::vector<uint16_t>& half_rows;
+    const uint16_t* half_rows;
+    size_t half_count;
   };
-  const Tensor tensors[] = {{"keys", result.keys, result.half_keys},
-                            {"values", result.values, result.half_values}};
+  // Rows the engine wrote into the caller's memory are in the output dtype already.
+  const bool in_target = result.rows_in_target && row_target != nullptr;
+  const Tensor tensors[] = {
+      {"keys", result.keys,
+       in_target ? static_cast<const uint16_t*>(row_target->keys) : result.half_keys.data(),
+       result.key_elements()},
+      {"values", result.values,
+       in_target ? static_cast<const uint16_t*>(row_target->values) : result.half_values.data(),
+       result.value_elements()}};
   for (const Tensor& tensor : tensors) {
     const bool overflows = result.dtype == DType::kFloat32
                                ? AnyFloatOverflows(tensor.rows, output_dtype)
-                               : AnyHalfInf(tensor.half_rows, result.dtype);
+                               : AnyHalfInf(tensor.half_rows, tensor.half_count, result.dtype);
     if (overflows) {
       const std::string dtype(DTypeName(output_dtype));
       return FieldError(

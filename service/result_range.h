@@ -13,8 +13,9 @@
 namespace centroidkv::service {
 
 // OK, or OUT_OF_RANGE if a key or value row of `result` is (or, for float32 rows, would
-// round to) Inf in `output_dtype`. Cheap: one pass over the result's rows.
+// round to) Inf in `output_dtype`. Cheap: one pass over the result's rows, read from
+// `row_target` when the engine wrote them there (result.rows_in_target).
 absl::Status CheckResultFitsDType(const CompressResult& result, DType output_dtype,
-                                  uint64_t job_id);
+                                  uint64_t job_id, const ResultRowTarget* row_target = nullptr);
 
 }  // namespace centroidkv::service

@@ -137,6 +137,13 @@ ServiceMetrics::ServiceMetrics(const StreamRegistry& streams, const WorkExecutor
       "Calls by caller identity (token's caller name, certificate CN, uid:N or anonymous; "
       "never a token) and RPC",
       {"caller", "rpc"});
+  region_results_ = registry_.AddCounter(
+      "centroidkv_region_results_total",
+      "Results written to a client's shared memory output region: rows=in_place (the engine "
+      "wrote the rows there itself) or rows=copied (from the result's arrays: a backend that "
+      "cannot, or padded / token-major / exact_target / ragged jobs)",
+      {"rows"});
+  for (const char* rows : {"in_place", "copied"}) region_results_->WithLabels({rows});
   caller_rejections_ = registry_.AddCounter(
       "centroidkv_caller_rejections_total",
       "Calls and jobs refused by caller and reason (no_token, bad_token, stream_limit, "
@@ -175,6 +182,15 @@ void ServiceMetrics::JobEnded(JobOutcome outcome) {
 
 int64_t ServiceMetrics::jobs_ended(JobOutcome outcome) const {
   return static_cast<int64_t>(job_outcomes_->WithLabels({OutcomeName(outcome)})->value());
+}
+
+void ServiceMetrics::RegionResult(bool in_place) {
+  region_results_->WithLabels({in_place ? "in_place" : "copied"})->Increment();
+}
+
+int64_t ServiceMetrics::region_results(bool in_place) const {
+  return static_cast<int64_t>(
+      region_results_->WithLabels({in_place ? "in_place" : "copied"})->value());
 }
 
 void ServiceMetrics::JobComputed(std::string_view backend, double queue_seconds,

@@ -59,6 +59,9 @@ class ServiceMetrics {
   // Gauges of the shared memory regions registered (service/shm/region_table.h), read at
   // each scrape; called once, before the first scrape.
   void AddRegionGauges(std::function<double()> regions, std::function<double()> bytes);
+  // A result written to a client's output region: its rows written there by the engine
+  // itself (`in_place`), or copied there from the result's arrays.
+  void RegionResult(bool in_place);
 
   std::string Render() const { return registry_.Render(); }
 
@@ -66,6 +69,7 @@ class ServiceMetrics {
   int64_t streams_opened() const { return static_cast<int64_t>(streams_total_->value()); }
   int64_t jobs_received() const { return static_cast<int64_t>(jobs_->Total()); }
   int64_t jobs_ended(JobOutcome outcome) const;
+  int64_t region_results(bool in_place) const;
 
  private:
   MetricsRegistry registry_;
@@ -81,6 +85,7 @@ class ServiceMetrics {
   CounterFamily* errors_;
   CounterFamily* caller_requests_;
   CounterFamily* caller_rejections_;
+  CounterFamily* region_results_;
 };
 
 }  // namespace centroidkv::service

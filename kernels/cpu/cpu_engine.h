@@ -49,6 +49,8 @@ class CpuEngine final : public ClusterEngine {
   SimdLevel simd_level() const { return level_; }
   // The last pass rounds fp16 / bf16 rows as it streams them out (BlockWriter).
   bool WritesResultDType(DType) const override { return true; }
+  // The result writer streams rows to any memory, a client's shared memory region included.
+  bool WritesRowsInPlace() const override { return true; }
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,

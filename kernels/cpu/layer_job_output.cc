@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "centroidkv/common/dtype.h"
 #include "kernels/cpu/layer_job.h"
 
 namespace centroidkv::cpu {
@@ -61,7 +62,14 @@ void LayerJob::AllocateOutput() {
     out_->offsets.push_back(out_->offsets.back() + head.length - head.merges);
   const auto total = static_cast<size_t>(out_->offsets.back());
   out_->dtype = plan_.options.result_dtype;
-  if (output_type_ == ElemType::kF32) {
+  out_->rows_in_target = plan_.row_target != nullptr;
+  if (out_->rows_in_target) {
+    // The rows go to the caller's memory (a client's shared memory region): no arrays here.
+    out_->keys.clear();
+    out_->values.clear();
+    out_->half_keys.clear();
+    out_->half_values.clear();
+  } else if (output_type_ == ElemType::kF32) {
     ResizeOutput(&out_->keys, total * key_dim_);
     ResizeOutput(&out_->values, total * value_dim_);
     out_->half_keys.clear();
@@ -87,7 +95,11 @@ void LayerJob::StartOutput(int64_t out_row, ChunkScratch& scratch) const {
   float* buffer = AlignToLine(scratch.output_stage.data());
   void* keys = nullptr;
   void* values = nullptr;
-  if (output_type_ == ElemType::kF32) {
+  if (out_->rows_in_target) {
+    const auto element = static_cast<int64_t>(DTypeSize(out_->dtype));
+    keys = static_cast<char*>(plan_.row_target->keys) + out_row * key_dim_ * element;
+    values = static_cast<char*>(plan_.row_target->values) + out_row * value_dim_ * element;
+  } else if (output_type_ == ElemType::kF32) {
     keys = out_->keys.data() + out_row * key_dim_;
     values = out_->values.data() + out_row * value_dim_;
   } else {

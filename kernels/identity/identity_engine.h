@@ -16,6 +16,10 @@ class IdentityEngine final : public ClusterEngine {
  public:
   explicit IdentityEngine(EngineLimits limits = {}) : ClusterEngine(limits) {}
   std::string_view name() const override { return "identity"; }
+  // Rows in the result dtype (copied as they are when the input has that dtype), and into
+  // caller memory: the floor pays for the copies a real backend pays for, and no more.
+  bool WritesResultDType(DType) const override { return true; }
+  bool WritesRowsInPlace() const override { return true; }
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,

@@ -109,6 +109,12 @@ absl::StatusOr<JobRegionMemory> JobRegionMemory::Resolve(const JobRegions& spans
   return memory;
 }
 
+std::optional<ResultRowTarget> JobRegionMemory::RowTarget() const {
+  if (!out_keys_.has_value() || !out_values_.has_value()) return std::nullopt;
+  return ResultRowTarget{out_keys_->data, out_keys_->bytes, out_values_->data,
+                         out_values_->bytes};
+}
+
 absl::Status JobRegionMemory::WriteResult(const CompressResult& result,
                                           DType output_dtype) const {
   const std::vector<SlabWriter::Tensor> tensors = ResultTensors(result, output_dtype);
@@ -116,7 +122,8 @@ absl::Status JobRegionMemory::WriteResult(const CompressResult& result,
                                                 &assignment_};
   for (size_t i = 0; i < tensors.size(); ++i) {
     const SlabWriter::Tensor& tensor = tensors[i];
-    if (tensor.bytes == 0) continue;
+    const bool rows = i < 2;  // out_keys, out_values
+    if (tensor.bytes == 0 || (rows && result.rows_in_target)) continue;
     const std::optional<MappedSpan>& target = *targets[i];
     if (!target.has_value() || tensor.bytes > target->bytes) {
       return absl::InternalError(absl::StrCat("result tensor ", v1::Tensor_Name(tensor.tensor),
@@ -131,7 +138,6 @@ absl::Status JobRegionMemory::WriteResult(const CompressResult& result,
   }
   return absl::OkStatus();
 }
-
 
 std::vector<const MappedSpan*> JobRegionMemory::Spans() const {
   std::vector<const MappedSpan*> spans;

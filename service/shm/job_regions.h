@@ -48,9 +48,14 @@ class JobRegionMemory {
   const MappedSpan& values() const { return *values_; }
   const std::optional<MappedSpan>& counts() const { return counts_; }
 
+  // The output spans of the key and value rows as memory the engine may write the rows into
+  // (CompressControl::row_target); nullopt without an output region.
+  std::optional<ResultRowTarget> RowTarget() const;
+
   // Copies the result's tensors, rows rounded to `output_dtype` where the engine did not
   // write that dtype itself, into the output spans (the codec's order and bytes, as slabs
-  // would carry them). INTERNAL if a tensor exceeds its span (the StartJob check forbids).
+  // would carry them); rows the engine wrote there itself (result.rows_in_target) stay.
+  // INTERNAL if a tensor exceeds its span (the StartJob check forbids).
   absl::Status WriteResult(const CompressResult& result, DType output_dtype) const;
 
   // At the job's start: Resolve's FAILED_PRECONDITION if a region's file has shrunk or a

@@ -58,12 +58,26 @@ TEST_P(GoldenShmTest, ByReferenceEqualsSlabPath) {
         unix_server.client.get(), job.layer, 1, job.options, job.output_dtype);
     ASSERT_TRUE(stack.ok()) << stack.status();
     (*stack)->Fill(0, job.layer);
-    LayerJob by_reference = (*stack)->Job(0);
-    by_reference.backend = BackendKind::kCpu;
-    absl::StatusOr<std::vector<LayerResult>> shm =
-        unix_server.client->CompressLayers({by_reference});
-    ASSERT_TRUE(shm.ok()) << shm.status();
-    ExpectSameAsSlabResult((*slab)[0], (*shm)[0]);
+    // The cpu backend writes the rows straight into the region (unless a stage above it
+    // reshapes them); the reference backend's rows are copied there. Both equal the slabs.
+    const service::ServiceMetrics& metrics = unix_server.server->context().metrics;
+    const CompressOptions& options = golden->options;
+    const bool reshaped = options.pad_heads || options.pad_to > 0 || options.exact_target ||
+                          options.output_layout == TensorLayout::kTokenMajor;
+    for (BackendKind backend : {BackendKind::kCpu, BackendKind::kReference}) {
+      SCOPED_TRACE(std::string(BackendKindName(backend)));
+      const int64_t in_place = metrics.region_results(true);
+      const int64_t copied = metrics.region_results(false);
+      LayerJob by_reference = (*stack)->Job(0);
+      by_reference.backend = backend;
+      absl::StatusOr<std::vector<LayerResult>> shm =
+          unix_server.client->CompressLayers({by_reference});
+      ASSERT_TRUE(shm.ok()) << shm.status();
+      ExpectSameAsSlabResult((*slab)[0], (*shm)[0]);
+      const bool expect_in_place = backend == BackendKind::kCpu && !reshaped;
+      EXPECT_EQ(metrics.region_results(true) - in_place, expect_in_place ? 1 : 0);
+      EXPECT_EQ(metrics.region_results(false) - copied, expect_in_place ? 0 : 1);
+    }
   }
 }
 

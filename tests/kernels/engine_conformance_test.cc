@@ -8,7 +8,9 @@
 // it. A new backend adds one INSTANTIATE line here.
 // The gpu backend's cases skip, with a message saying so, where there is no CUDA device; the
 // CUDA backend's algorithm also runs everywhere as its host twin (cuda::HostPipelineEngine).
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -233,6 +235,116 @@ TEST_P(EngineConformanceTest, HalfResultRowsAreTheFloatRowsRoundedOnce) {
       ExpectBitIdentical(expected, reused);
     }
   }
+}
+
+// Rows into caller memory (CompressControl::row_target, what the service passes for a
+// client's shared memory output region): a backend that WritesRowsInPlace puts exactly the
+// rows Compress returns there, in the result dtype, and writes no byte past them; the rest
+// of the result is unchanged. Jobs that a stage above the backend reshapes (padding,
+// token-major rows, exact_target) and backends that cannot write in place leave the target
+// untouched and return their rows as usual. CompressInto over an earlier result alike.
+TEST_P(EngineConformanceTest, RowsGoToTheCallersMemoryWhenTheBackendWritesInPlace) {
+  const RandomLayer float_layer = RandomLayer::Generate(WithCounts(Spec(3, 300, 24, 12, 117)));
+  const RandomLayer half_layer = RandomLayer::Generate(
+      Stored(WithCounts(Spec(2, 260, 16, 20, 118)), DType::kFloat16, TensorLayout::kTokenMajor));
+  CompressOptions with_assignment = Opts().Chunk(48).Protect(4, 8).Passthrough({1});
+  with_assignment.compute_assignment = true;
+  CompressOptions padded = Opts().Chunk(32);
+  padded.pad_heads = true;
+  CompressOptions token_major = Opts().Chunk(32);
+  token_major.output_layout = TensorLayout::kTokenMajor;
+  CompressOptions exact = Opts().Chunk(32).Tokens(50);
+  exact.exact_target = true;
+  struct Case {
+    const char* name;
+    const RandomLayer* layer;
+    CompressOptions options;
+    bool reshaped;  // a stage above the backend rearranges the rows
+  };
+  const Case cases[] = {{"plain", &float_layer, with_assignment, false},
+                        {"nothing merges", &float_layer, Opts().Chunk(32).Floor(1.0), false},
+                        {"fp16 token-major input", &half_layer, Opts().Chunk(64), false},
+                        {"pad_heads", &float_layer, padded, true},
+                        {"token-major rows", &float_layer, token_major, true},
+                        {"exact_target", &float_layer, exact, true}};
+  for (const Case& c : cases) {
+    for (const DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(std::string(c.name) + ", rows in " + std::string(DTypeName(dtype)));
+      const LayerView layer = c.layer->view();
+      CompressOptions options = c.options;
+      options.result_dtype = dtype;
+      CompressResult expected;
+      ASSERT_NO_FATAL_FAILURE(Run(layer, options, &expected));
+      // A target of H * n rows of each tensor (the most a job returns), filled with a marker.
+      constexpr uint8_t kMarker = 0xa5;
+      const size_t element = DTypeSize(dtype);
+      const size_t rows = static_cast<size_t>(layer.num_heads) * layer.num_tokens;
+      std::vector<uint8_t> key_memory(rows * layer.key_dim * element, kMarker);
+      std::vector<uint8_t> value_memory(rows * layer.value_dim * element, kMarker);
+      const ResultRowTarget target{key_memory.data(), key_memory.size(), value_memory.data(),
+                                   value_memory.size()};
+      CompressControl control;
+      control.row_target = &target;
+      CompressResult actual = expected;  // CompressInto over an earlier result
+      ASSERT_TRUE(engine_->CompressInto(layer, options, &actual, control).ok());
+      const bool in_place = engine_->WritesRowsInPlace() && !c.reshaped;
+      ASSERT_EQ(actual.rows_in_target, in_place);
+      const size_t key_bytes = expected.key_elements() * element;
+      const size_t value_bytes = expected.value_elements() * element;
+      if (in_place) {
+        EXPECT_EQ(actual.key_elements(), expected.key_elements());
+        EXPECT_EQ(actual.value_elements(), expected.value_elements());
+        EXPECT_TRUE(actual.keys.empty() && actual.half_keys.empty() && actual.values.empty() &&
+                    actual.half_values.empty());
+        // The target's rows as the result's arrays: then every field is bit-identical.
+        auto take = [&](const std::vector<uint8_t>& memory, size_t bytes, std::vector<float>* f,
+                        std::vector<uint16_t>* h) {
+          if (dtype == DType::kFloat32) {
+            f->resize(bytes / sizeof(float));
+            std::memcpy(f->data(), memory.data(), bytes);
+          } else {
+            h->resize(bytes / sizeof(uint16_t));
+            std::memcpy(h->data(), memory.data(), bytes);
+          }
+        };
+        take(key_memory, key_bytes, &actual.keys, &actual.half_keys);
+        take(value_memory, value_bytes, &actual.values, &actual.half_values);
+        actual.rows_in_target = false;
+      }
+      ExpectBitIdentical(expected, actual);
+      // Not one byte written past the rows (nor any at all when not in place).
+      const size_t key_written = in_place ? key_bytes : 0;
+      const size_t value_written = in_place ? value_bytes : 0;
+      EXPECT_EQ(std::count(key_memory.begin() + static_cast<std::ptrdiff_t>(key_written),
+                           key_memory.end(), kMarker),
+                static_cast<std::ptrdiff_t>(key_memory.size() - key_written));
+      EXPECT_EQ(std::count(value_memory.begin() + static_cast<std::ptrdiff_t>(value_written),
+                           value_memory.end(), kMarker),
+                static_cast<std::ptrdiff_t>(value_memory.size() - value_written));
+    }
+  }
+}
+
+// A target that cannot hold H * n rows is refused before the backend writes anything (a
+// backend that never writes in place ignores it and returns its rows as usual).
+TEST_P(EngineConformanceTest, RowTargetTooSmallIsAnInternalError) {
+  const RandomLayer layer = RandomLayer::Generate(Spec(2, 128, 8, 8, 119));
+  std::vector<float> keys(2 * 128 * 8 - 1), values(2 * 128 * 8);
+  const ResultRowTarget target{keys.data(), keys.size() * sizeof(float), values.data(),
+                               values.size() * sizeof(float)};
+  CompressControl control;
+  control.row_target = &target;
+  CompressResult result;
+  const absl::Status status =
+      engine_->CompressInto(layer.view(), Opts().Chunk(32), &result, control);
+  if (engine_->WritesRowsInPlace()) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  } else {
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_FALSE(result.rows_in_target);
+    EXPECT_EQ(result.keys.size(), static_cast<size_t>(result.total_entries()) * 8);
+  }
+  EXPECT_EQ(std::count(keys.begin(), keys.end(), 0.0f), static_cast<std::ptrdiff_t>(keys.size()));
 }
 
 // The suite's only instantiations (they cover the TEST_Ps of every file of the suite).

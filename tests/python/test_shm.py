@@ -94,6 +94,79 @@ def test_async_client_by_reference_equals_slabs(server, client):
     assert not os.path.exists("/dev/shm" + region.name)
 
 
+@pytest.mark.parametrize("output_dtype,options", [
+    ("float16", {}),
+    ("float32", {"return_assignment": True}),
+    ("bfloat16", {"backend": "reference"}),       # rows copied into the space by the server
+    ("float16", {"pad_heads": True}),             # reshaped above the engine: copied too
+])
+def test_result_space_receives_the_result_in_place(client, output_dtype, options):
+    case = load_golden("d128_fp16")
+    params = dict(case["config"], output_dtype=output_dtype, **options)
+    slabs = client.compress(case["keys"], case["values"], **params)
+    heads, tokens, key_dim = case["keys"].shape
+    value_dim = case["values"].shape[-1]
+    with client.shared_region(4 * (case["keys"].nbytes + case["values"].nbytes) + 65536) as region:
+        keys = region.array(case["keys"].shape, np.float16)
+        values = region.array(case["values"].shape, np.float16)
+        keys[:] = case["keys"]
+        values[:] = case["values"]
+        out = region.result_space(heads, tokens, key_dim, value_dim, output_dtype,
+                                  return_assignment=bool(options.get("return_assignment")))
+        for _ in range(2):  # the space reused by a second job
+            shm = client.compress(keys, values, region=region, output=out, **params)
+            _assert_same(slabs, shm)
+            # The result's arrays are the space's memory: no result slab was sent.
+            assert np.shares_memory(shm.counts, out.counts)
+            if output_dtype != "bfloat16":  # numpy widens bf16 rows (without ml_dtypes)
+                assert np.shares_memory(shm.keys, out.keys)
+        # Slabs in, the result into the space: the output needs no input region.
+        mixed = client.compress(case["keys"], case["values"], output=out, **params)
+        _assert_same(slabs, mixed)
+
+
+def test_result_space_too_small_or_shared_is_refused(client):
+    case = load_golden("small_basic")
+    heads, tokens, key_dim = case["keys"].shape
+    value_dim = case["values"].shape[-1]
+    dtype = case["keys"].dtype
+    with client.shared_region(1 << 20) as region:
+        small = region.result_space(heads, tokens - 1, key_dim, value_dim, dtype)
+        with pytest.raises(centroidkv.InvalidArgumentError) as error:
+            client.compress(case["keys"], case["values"], output=small, **case["config"])
+        assert error.value.field == "output" and "needs" in str(error.value)
+        space = region.result_space(heads, tokens, key_dim, value_dim, dtype)
+        with pytest.raises(centroidkv.InvalidArgumentError) as error:
+            client.compress(case["keys"], case["values"], output=space, return_assignment=True,
+                            **case["config"])
+        assert error.value.field == "output" and "assignment" in str(error.value)
+        layer = {"keys": case["keys"], "values": case["values"], "output": space}
+        with pytest.raises(centroidkv.InvalidArgumentError) as error:
+            client.compress_layers([layer, layer], **case["config"])
+        assert error.value.field == "output"
+        # The space still works for one job at a time.
+        one = client.compress(case["keys"], case["values"], output=space, **case["config"])
+        _assert_same(client.compress(case["keys"], case["values"], **case["config"]), one)
+
+
+def test_async_client_result_space(server, client):
+    case = load_golden("d128_fp16")
+    slabs = client.compress(case["keys"], case["values"], **case["config"])
+    heads, tokens, key_dim = case["keys"].shape
+
+    async def main():
+        async with centroidkv.AsyncClient(server.target) as aclient:
+            async with await aclient.shared_region(4 * case["keys"].nbytes + 65536) as region:
+                out = region.result_space(heads, tokens, key_dim, case["values"].shape[-1],
+                                          case["keys"].dtype)
+                result = await aclient.compress(case["keys"], case["values"], output=out,
+                                                **case["config"])
+                assert np.shares_memory(result.keys, out.keys)
+                return result
+
+    _assert_same(slabs, asyncio.run(main()))
+
+
 def test_a_tcp_server_refuses_regions():
     process = ServerProcess("127.0.0.1:0")
 

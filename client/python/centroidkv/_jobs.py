@@ -70,6 +70,7 @@ class Job:
     start: pb.StartJob
     tensors: list  # [(pb.Tensor, WireArray)]
     kind: Kind
+    output: Any = None  # the ResultSpace the server writes the result to, if any
 
     @property
     def ragged(self) -> bool:
@@ -119,10 +120,11 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
              backend: str = "auto", head_tokens=None, offsets=None, pad_heads: bool = False,
              pad_to: Optional[int] = None, exact_target: bool = False,
              output_layout: Optional[str] = None, timeout: Optional[float] = None,
-             priority: Optional[int] = None, region=None, **params) -> Job:
+             priority: Optional[int] = None, region=None, output=None, **params) -> Job:
     """The Job of one compress() call. `keys` may be a LayerResult (a previous result sent
     back as it is: its rows, counts and per-head lengths). With `region` (a SharedRegion)
-    the tensors must lie in it and go by reference: the StartJob names them, no slabs."""
+    the tensors must lie in it and go by reference: the StartJob names them, no slabs. With
+    `output` (a ResultSpace) the server writes the result there: no result slabs."""
     unknown = set(params) - set(PARAM_NAMES)
     if unknown:
         raise TypeError(f"unknown compression parameter(s): {', '.join(sorted(unknown))}")
@@ -183,6 +185,8 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
     if region is not None:
         _by_reference(region, tensors, start)
         tensors = []
+    if output is not None:
+        _output_to(output, start, max(tokens, pad_to or 0))
     if timeout is not None:
         if not timeout > 0:
             raise invalid_argument("timeout", f"must be positive seconds (got {timeout!r})")
@@ -192,7 +196,7 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
                 not -2**31 <= int(priority) < 2**31:
             raise invalid_argument("priority", f"must be an int32 (got {priority!r})")
         start.priority = int(priority)
-    return Job(job_id, layer_index, start, tensors, kind)
+    return Job(job_id, layer_index, start, tensors, kind, output)
 
 
 def _by_reference(region, tensors: list, start: pb.StartJob) -> None:
@@ -207,6 +211,40 @@ def _by_reference(region, tensors: list, start: pb.StartJob) -> None:
             raise invalid_argument(name, "is not inside the shared region (make it with "
                                    "region.array(), C-contiguous, in the wire dtype)")
         span.region_id, span.offset, span.bytes = region.region_id, where[0], where[1]
+
+
+def _output_to(space, start: pb.StartJob, length: int) -> None:
+    """Names `space` (a ResultSpace) as the job's region_output, after checking that it has
+    room for the job's largest result (a clear error here rather than a JobError later)."""
+    from .shm import ResultSpace
+
+    if not isinstance(space, ResultSpace):
+        raise invalid_argument("output", f"must be a ResultSpace (region.result_space(...)), "
+                               f"got {type(space).__name__}")
+    if space.region.region_id is None:
+        raise invalid_argument("output", "its region is closed")
+    dtype = start.output_dtype or start.dtype
+    if dtype != space.dtype:
+        raise invalid_argument("output", f"has room for {pb.DType.Name(space.dtype)} rows, "
+                               f"the job returns {pb.DType.Name(dtype)}")
+    rows = start.num_heads * length
+    element = DTYPE_SIZE[dtype]
+    need = {"keys": rows * start.key_dim * element, "values": rows * start.value_dim * element,
+            "counts": rows * 4}
+    if start.return_assignment:
+        if space.assignment is None:
+            raise invalid_argument("output", "has no room for the assignment "
+                                   "(result_space(..., return_assignment=True))")
+        need["assignment"] = sum(start.head_tokens) * 4 if start.head_tokens else \
+            start.num_heads * start.num_tokens * 4
+    for name, size in need.items():
+        have = getattr(space, name).nbytes
+        if have < size:
+            raise invalid_argument("output", f"{name} needs {size} bytes for this job, the "
+                                   f"space has {have} (a result_space of the job's shape)")
+    out = start.region_output
+    space.fill(out.out_keys, out.out_values, out.out_counts,
+               out.assignment if start.return_assignment else None)
 
 
 def _result_as_input(result: LayerResult) -> tuple:
@@ -255,6 +293,20 @@ class Assembler:
                  pb.TENSOR_OUT_VALUES: header.out_values_bytes,
                  pb.TENSOR_OUT_COUNTS: header.out_counts_bytes,
                  pb.TENSOR_ASSIGNMENT: header.assignment_bytes}
+        if header.in_region:
+            # Written into the job's ResultSpace: the header is the whole reply.
+            job = self.jobs.get(header.job_id)
+            space = job.output if job is not None else None
+            if space is None:
+                return header.job_id, make_error(
+                    grpc.StatusCode.DATA_LOSS, "the server wrote a result to a region this "
+                    "job did not name", job_id=header.job_id)
+            arrays = {pb.TENSOR_OUT_KEYS: space.keys, pb.TENSOR_OUT_VALUES: space.values,
+                      pb.TENSOR_OUT_COUNTS: space.counts, pb.TENSOR_ASSIGNMENT: space.assignment}
+            buffers = {t: (arrays[t][:n] if arrays[t] is not None else np.empty(0, np.uint8))
+                       for t, n in sizes.items()}
+            self.partial[header.job_id] = _Partial(header, buffers, 0)
+            return self._finish(header.job_id)
         part = _Partial(header, {t: self.memory.buffer(n) for t, n in sizes.items()},
                         sum(sizes.values()))
         self.partial[header.job_id] = part

@@ -138,6 +138,10 @@ class ClientCore:
             args, layer_options = normalize_layer(layer)
             job_id = self._job_id()
             jobs[job_id] = make_job(job_id, index, *args, **{**options, **layer_options})
+        spaces = [id(job.output) for job in jobs.values() if job.output is not None]
+        if len(spaces) != len(set(spaces)):
+            raise invalid_argument("output", "one ResultSpace per layer: the layers of one "
+                                   "call would overwrite each other's results")
         return jobs
 
     def _one_job(self, keys, values, counts, layer_index, options) -> dict:

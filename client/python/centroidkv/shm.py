@@ -15,8 +15,16 @@ With AsyncClient the region is awaited and closed asynchronously (AsyncSharedReg
         result = await aclient.compress(keys, values, region=region)
 
 Only the StartJob crosses the socket; the server reads the tensors in place. The result
-comes back as slabs as usual. Only over a unix socket to a server with shared memory on
-(ServerInfo.shared_memory); elsewhere registering fails with FailedPreconditionError.
+comes back as slabs, or into the region too when the job names a ResultSpace:
+
+        out = region.result_space(8, 4096, 128, 128, np.float16)  # room for any result
+        result = client.compress(keys, values, region=region, output=out)
+        # result.keys / values / counts are views of `out`: no result slabs were sent, and
+        # the server's cpu backend wrote the rows there itself. They stay valid until `out`
+        # is named by another job.
+
+Only over a unix socket to a server with shared memory on (ServerInfo.shared_memory);
+elsewhere registering fails with FailedPreconditionError.
 """
 from __future__ import annotations
 
@@ -54,6 +62,9 @@ class SharedRegion:
         try:
             os.fchmod(fd, 0o660)  # a sidecar server of another uid maps it via the group
             os.ftruncate(fd, self.size)
+            # Reserve the memory now: a /dev/shm too small is an OSError here, not a SIGBUS
+            # at the first write of a page (here or in the server).
+            os.posix_fallocate(fd, 0, self.size)
             self._map = mmap.mmap(fd, self.size, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
@@ -81,6 +92,32 @@ class SharedRegion:
                                    f"{self.size - start} free bytes")
         self._cursor = start + nbytes
         return self._bytes[start:start + nbytes].view(dtype).reshape(shape)
+
+    def result_space(self, heads: int, tokens: int, key_dim: int, value_dim: int,
+                     dtype, *, pad_to: int = 0, return_assignment: bool = False):
+        """A ResultSpace in the region: room for the result of any job of `heads` heads of
+        `tokens` tokens (key_dim / value_dim wide) whose rows come back in `dtype` (the
+        job's output_dtype, else its input dtype), padded to `pad_to` if asked, with the
+        assignment if `return_assignment`. compress(..., output=space) then receives its
+        result here instead of as slabs."""
+        from .arrays import DTYPE_SIZE, dtype_code
+
+        code = dtype_code(dtype, "dtype")
+        if code == 0:
+            raise invalid_argument("dtype", "must be float32, float16 or bfloat16")
+        for name, value in (("heads", heads), ("tokens", tokens), ("key_dim", key_dim),
+                            ("value_dim", value_dim)):
+            if int(value) <= 0:
+                raise invalid_argument(name, f"must be positive (got {value})")
+        rows = int(heads) * max(int(tokens), int(pad_to))
+        element = DTYPE_SIZE[code]
+        return ResultSpace(
+            self, code,
+            keys=self.array((rows * int(key_dim) * element,), np.uint8),
+            values=self.array((rows * int(value_dim) * element,), np.uint8),
+            counts=self.array((rows * 4,), np.uint8),
+            assignment=(self.array((int(heads) * int(tokens) * 4,), np.uint8)
+                        if return_assignment else None))
 
     def span_of(self, data: memoryview) -> Optional[tuple]:
         """(offset, bytes) of a flat byte view inside the region, or None."""
@@ -119,6 +156,27 @@ class SharedRegion:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class ResultSpace:
+    """Room in a SharedRegion for one job's result at a time (SharedRegion.result_space):
+    the server writes the rows, counts and assignment here and sends only the header; the
+    LayerResult's arrays are views of this memory, valid until the space is named again."""
+
+    def __init__(self, region: SharedRegion, dtype: int, *, keys: np.ndarray,
+                 values: np.ndarray, counts: np.ndarray, assignment: Optional[np.ndarray]):
+        self.region = region
+        self.dtype = dtype  # pb.DType of the rows it has room for
+        self.keys, self.values, self.counts, self.assignment = keys, values, counts, assignment
+
+    def fill(self, span_keys, span_values, span_counts, span_assignment) -> None:
+        """Names this space's buffers in a StartJob's region_output spans."""
+        pairs = [(self.keys, span_keys), (self.values, span_values), (self.counts, span_counts)]
+        if span_assignment is not None:
+            pairs.append((self.assignment, span_assignment))
+        for array, span in pairs:
+            offset, size = self.region.span_of(array.data)
+            span.region_id, span.offset, span.bytes = self.region.region_id, offset, size
 
 
 class AsyncSharedRegion(SharedRegion):

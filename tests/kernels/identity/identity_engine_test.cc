@@ -3,7 +3,10 @@
 // sum and a valid assignment; with target ratio 1 it returns its input unchanged.
 #include "kernels/identity/identity_engine.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <numeric>
 #include <vector>
 
@@ -131,6 +134,65 @@ TEST(IdentityEngineTest, WithoutCountsEveryKeptRowButTheLastCountsOne) {
   for (int32_t h = 0; h < kHeads; ++h) {
     for (int32_t r = 0; r < 9; ++r) EXPECT_EQ(result->counts[h * 10 + r], 1u);
     EXPECT_EQ(result->counts[h * 10 + 9], static_cast<uint32_t>(kTokens - 9));
+  }
+}
+
+// Rows in any result dtype are the float32 rows rounded once (the fp16 input's bytes when
+// the dtypes agree), from head-major and token-major input, into the result's arrays or
+// straight into caller memory (CompressControl::row_target).
+TEST(IdentityEngineTest, RowsInEveryDTypeAndInPlaceAreTheFloatRowsRoundedOnce) {
+  Layer head_major;
+  Layer token_major;  // the same tokens, stored token-major
+  token_major.view.layout = TensorLayout::kTokenMajor;
+  for (int32_t h = 0; h < kHeads; ++h) {
+    for (int32_t t = 0; t < kTokens; ++t) {
+      std::copy_n(&head_major.keys[(h * kTokens + t) * kDk], kDk,
+                  &token_major.keys[(t * kHeads + h) * kDk]);
+      std::copy_n(&head_major.values[(h * kTokens + t) * kDv], kDv,
+                  &token_major.values[(t * kHeads + h) * kDv]);
+      token_major.counts[t * kHeads + h] = head_major.counts[h * kTokens + t];
+    }
+  }
+  CompressOptions options;
+  options.passthrough_heads = {2};
+  const IdentityEngine engine;
+  absl::StatusOr<CompressResult> floats = engine.Compress(head_major.view, options);
+  ASSERT_TRUE(floats.ok()) << floats.status();
+  for (const Layer* layer : {&head_major, &token_major}) {
+    for (const DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) +
+                   (layer == &token_major ? ", token-major input" : ""));
+      CompressResult expected = *floats;
+      RoundResultRows(dtype, &expected);
+      options.result_dtype = dtype;
+      absl::StatusOr<CompressResult> rows = engine.Compress(layer->view, options);
+      ASSERT_TRUE(rows.ok()) << rows.status();
+      EXPECT_EQ(rows->keys, expected.keys);
+      EXPECT_EQ(rows->half_keys, expected.half_keys);
+      EXPECT_EQ(rows->values, expected.values);
+      EXPECT_EQ(rows->half_values, expected.half_values);
+      // In place: the same bytes in the caller's memory, nothing in the arrays.
+      const size_t element = DTypeSize(dtype);
+      std::vector<uint8_t> keys(kHeads * kTokens * kDk * element, 0xee);
+      std::vector<uint8_t> values(kHeads * kTokens * kDv * element, 0xee);
+      const ResultRowTarget target{keys.data(), keys.size(), values.data(), values.size()};
+      CompressControl control;
+      control.row_target = &target;
+      CompressResult in_place;
+      ASSERT_TRUE(engine.CompressInto(layer->view, options, &in_place, control).ok());
+      ASSERT_TRUE(in_place.rows_in_target);
+      EXPECT_TRUE(in_place.keys.empty() && in_place.half_keys.empty());
+      EXPECT_EQ(in_place.counts, expected.counts);
+      const void* want_keys = dtype == DType::kFloat32
+                                  ? static_cast<const void*>(expected.keys.data())
+                                  : expected.half_keys.data();
+      const void* want_values = dtype == DType::kFloat32
+                                    ? static_cast<const void*>(expected.values.data())
+                                    : expected.half_values.data();
+      EXPECT_EQ(std::memcmp(keys.data(), want_keys, expected.key_elements() * element), 0);
+      EXPECT_EQ(std::memcmp(values.data(), want_values, expected.value_elements() * element), 0);
+      EXPECT_EQ(keys[expected.key_elements() * element], 0xee);  // nothing past the rows
+    }
   }
 }
 

@@ -28,7 +28,8 @@
 
 namespace centroidkv {
 
-// Per-call control that is not part of the job: cooperative cancellation.
+// Per-call control that is not part of the job: cooperative cancellation, and where the
+// result's rows may go.
 struct CompressControl {
   // When set and it becomes true, the engine stops within one chunk's work (the cpu and
   // reference backends check it inside their matching and merging loops) and returns
@@ -37,6 +38,12 @@ struct CompressControl {
   // The job's deadline: past it the engine stops the same way (CancelledError); the caller
   // tells the two apart (Expired()). max() = none.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Caller memory for the result's key and value rows (the service passes a client's output
+  // region). Used when the backend writes rows in place (WritesRowsInPlace) in the job's
+  // result_dtype (WritesResultDType) and the job needs no stage above the backend (regular
+  // heads, no exact_target, head-major rows without padding); the result's rows_in_target
+  // says whether it was. Its capacities must hold H * n rows of each; borrowed.
+  const ResultRowTarget* row_target = nullptr;
 
   bool IsCancelled() const {
     return (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) || Expired();
@@ -55,6 +62,10 @@ struct LayerPlan {
   std::vector<int32_t> head_lengths;   // [H] real entries per head (without count-0 padding)
   bool regular = true;                 // not ragged and no padding: the backend runs it as is
   CompressOptions options;
+  // Where the backend writes the rows, when CompressControl::row_target may be used (set
+  // only for a backend that WritesRowsInPlace, and checked to hold H * n rows of each
+  // tensor); the backend then sets out->rows_in_target.
+  const ResultRowTarget* row_target = nullptr;
 
   // The similarity floor of pass p, or -infinity when the floor is off.
   double FloorForPass(int32_t pass) const;
@@ -85,6 +96,11 @@ class ClusterEngine {
   // extra pass afterwards (RoundResultRows); a caller that rounds while copying anyway (the
   // service's encoder) asks for half rows only from a backend that writes them.
   virtual bool WritesResultDType(DType dtype) const { return dtype == DType::kFloat32; }
+
+  // Whether the backend can write a result's rows into caller memory (LayerPlan::row_target)
+  // instead of the result's arrays: the service then writes a job's rows straight into the
+  // client's shared memory, with no copy.
+  virtual bool WritesRowsInPlace() const { return false; }
 
   const EngineLimits& limits() const { return limits_; }
 

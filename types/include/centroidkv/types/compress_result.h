@@ -10,9 +10,22 @@
 
 namespace centroidkv {
 
+// Caller-owned memory for a result's key and value rows (a client's shared memory region, as
+// the service maps it): an engine that writes rows in place (ClusterEngine::WritesRowsInPlace)
+// puts them here instead of into the result's own arrays, laid out exactly as those arrays
+// would hold them ([total, dim] in the result's dtype, heads concatenated). Borrowed.
+struct ResultRowTarget {
+  void* keys = nullptr;
+  uint64_t key_bytes = 0;  // capacity
+  void* values = nullptr;
+  uint64_t value_bytes = 0;
+};
+
 // The output of one layer job: heads concatenated along the entry axis, in
 // CompressOptions::result_dtype: float32 rows in `keys` / `values`, or fp16 / bf16 rows (each
 // the float32 result rounded once) in `half_keys` / `half_values`; the other pair is empty.
+// When `rows_in_target` is set, both pairs are empty and the rows are in the caller's
+// ResultRowTarget (CompressControl::row_target) instead.
 struct CompressResult {
   int32_t num_heads = 0;
   int32_t num_tokens = 0;  // input entries per head
@@ -38,11 +51,16 @@ struct CompressResult {
   std::vector<int32_t> head_entries; // [H] real (count > 0) output entries per head
   std::vector<uint64_t> head_input_tokens;  // [H] sum of the input counts per head
   std::vector<StopReason> stop_reasons;     // [H]
+  bool rows_in_target = false;       // the rows went to CompressControl::row_target
 
   int64_t total_entries() const { return offsets.empty() ? 0 : offsets.back(); }
   // Elements of the key / value rows, whichever array holds them.
-  size_t key_elements() const { return dtype == DType::kFloat32 ? keys.size() : half_keys.size(); }
+  size_t key_elements() const {
+    if (rows_in_target) return static_cast<size_t>(total_entries()) * key_dim;
+    return dtype == DType::kFloat32 ? keys.size() : half_keys.size();
+  }
   size_t value_elements() const {
+    if (rows_in_target) return static_cast<size_t>(total_entries()) * value_dim;
     return dtype == DType::kFloat32 ? values.size() : half_values.size();
   }
 };

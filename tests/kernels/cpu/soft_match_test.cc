@@ -255,12 +255,13 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
   }
 }
 
-// Where a level lists near ties (AMX, the AVX2 int16 path): a source with exact copies among
-// the destinations gets exactly those copies listed, in increasing order, whether the copies
-// sit in different lanes of the kernel's panels (the int16 path reads them off each lane's
-// best) or share a lane (it rescans the row), and an overflowing list says so.
+// Where a level lists near ties (AMX, the AVX2 and AVX-512 VNNI int16 paths): a source with
+// exact copies among the destinations gets exactly those copies listed, in increasing order,
+// whether the copies sit in different lanes of the kernel's panels (the int16 path reads
+// them off each lane's best) or share a lane (it rescans the row), and an overflowing list
+// says so, also when the copies are the bests of more than NearTies::kMax lanes.
 TEST_P(SoftMatchTest, NearTieListsHoldEveryCopyOfTheSource) {
-  constexpr int32_t kDim = 96, kChunk = 400;  // 200 destinations: 25 panels of 8
+  constexpr int32_t kDim = 96, kChunk = 400;  // 200 destinations: 25 panels of 8 or 13 of 16
   struct Case {
     std::vector<int32_t> copies;  // destinations equal to source 0
   };
@@ -269,6 +270,7 @@ TEST_P(SoftMatchTest, NearTieListsHoldEveryCopyOfTheSource) {
       {{0, 8, 13}},                     // lanes 0 and 5, two in lane 0
       {{1, 9, 17, 25, 190}},            // four in lane 1
       {{2, 4, 6, 10, 12, 14, 30, 50, 70}},  // nine: more than NearTies::kMax
+      {{17, 18, 19, 20, 21, 22, 23, 24, 25}},  // nine in nine lanes of 16 (two share on AVX2)
   };
   std::mt19937_64 rng(kSeed + 7);
   for (const Case& c : cases) {

@@ -47,6 +47,11 @@ double MatchErrorBound(const KernelTable& kernels, int32_t dim) {
   return MatchErrorBound(dim);
 }
 
+double MatchErrorBound(const KernelTable& kernels, int32_t dim, int32_t chunk) {
+  if (kernels.match_bf16x3 == nullptr && !UsesInt16(kernels, chunk)) return MatchErrorBound(dim);
+  return MatchErrorBound(kernels, dim);
+}
+
 void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64_t first,
                          int32_t length, int32_t dim, RowMatch* out,
                          const PrefetchRanges* prefetch) {

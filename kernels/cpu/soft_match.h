@@ -95,6 +95,12 @@ double MatchErrorBound(int32_t dim);
 // dropped and the source rescanned in float, as any overflowing list is).
 double MatchErrorBound(const KernelTable& kernels, int32_t dim);
 
+// The bound for the scores of every chunk of at most `chunk` rows (a layer job's chunks):
+// MatchErrorBound(dim) where `kernels` match such chunks in float (int16 levels below their
+// int16_min_chunk: UsesInt16 only grows with the length), else MatchErrorBound(kernels, dim).
+// The AMX level keeps its matrix engine's bound at every chunk size, as before.
+double MatchErrorBound(const KernelTable& kernels, int32_t dim, int32_t chunk);
+
 // Whether ChunkMatcher::Match() runs a chunk of `length` rows on the matrix engine: where
 // `kernels` has one and the chunk is long enough to pay for splitting and re-laying its rows
 // (measured, one core: C = 64 is ~10% slower on AMX than with float FMAs, C = 256 ~6% faster,

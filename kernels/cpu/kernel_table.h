@@ -154,8 +154,9 @@ struct KernelTable {
   // float: within MatchErrorBound(kernels, dim) of the exact cosine (soft_match.h).
   // out[i] as match_rows gives it (scores already normalised), and ties[i] for the window
   // `tie_window` (as match_bf16x3). Scratch, 64-byte aligned, at least
-  // (RoundUp(sources, row_block) + RoundUp(destinations, 8)) * RoundUp(dim, 2) elements for
-  // a_quant and RoundUp(destinations, 16) * RoundUp(dim, 2) for b_panels. `prefetch` (may
+  // (RoundUp(sources, row_block) + RoundUp(destinations, 16)) * RoundUp(dim, 2) elements for
+  // a_quant and RoundUp(destinations, 16) * RoundUp(dim, 2) for b_panels (panels of 8
+  // destinations on AVX2, 16 on AVX-512). `prefetch` (may
   // be null) is brought into L2 meanwhile.
   void (*match_int16)(const float* tile, const float* inverse_norms, int32_t length, int32_t dim,
                       int16_t* a_quant, int16_t* b_panels, const PrefetchRanges* prefetch,
@@ -171,7 +172,8 @@ struct KernelTable {
 // and 1024, so every chunk takes it. AVX-512 VNNI, on the AMD EPYC Zen 4 of session 9 (one
 // pinned thread, whole pipeline, CPU time, alternating runs): a tie with the float AVX-512
 // kernel at C = 64 (45.7 vs 44.6 ms per job, medians of 8; within the run-to-run spread),
-// faster from C = 96 (48.5 vs 54.6), 128 (50.9 vs 57.8), 192, 256 and 1024 (~0.67x).
+// faster from C = 96 (48.5 vs 54.6), 128 (50.9 vs 57.8), 192, 256 (0.84x) and 1024 (0.67x).
+// Not measured on Intel (two full 512-bit FMA pipes there): see docs/cpu-bench.md.
 constexpr int32_t kAvx2Int16MinChunk = 2;
 constexpr int32_t kAvx512Int16MinChunk = 96;
 

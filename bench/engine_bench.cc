@@ -374,6 +374,7 @@ std::string IsaFeatures() {
       {"f16c", __builtin_cpu_supports("f16c") != 0},
       {"avx512f", __builtin_cpu_supports("avx512f") != 0},
       {"avx512bf16", __builtin_cpu_supports("avx512bf16") != 0},
+      {"avx512vnni", __builtin_cpu_supports("avx512vnni") != 0},
       {"amx-tile", __builtin_cpu_supports("amx-tile") != 0},
   };
   std::string out;
@@ -392,6 +393,7 @@ struct BenchRun {
   const ClusterEngine* engine = nullptr;
   std::string engine_name;
   std::string kernel_level;  // the cpu backend's kernels on this CPU: scalar, avx2, avx512, amx
+  int32_t int16_min_chunk = 0;  // chunks matched in 16-bit integers from this length; 0: none
   PeakOptions peak_options;
   PeakResult peak_before;
   std::string cpu_model;
@@ -427,6 +429,7 @@ void SetUp(const Flags& flags, BenchRun* run) {
   run->engine_name = std::string(run->engine->name());
   // The cpu backend's kernels on this CPU (simd_dispatch.h): scalar, avx2, avx512 or amx.
   run->kernel_level = std::string(cpu::SimdLevelName(cpu::DetectSimdLevel()));
+  cpu::SimdLevel kernels_level = cpu::DetectSimdLevel();
   if (!flags.level.empty()) {
     std::optional<cpu::SimdLevel> level;
     for (cpu::SimdLevel supported : cpu::SupportedSimdLevels()) {
@@ -439,9 +442,14 @@ void SetUp(const Flags& flags, BenchRun* run) {
         std::make_unique<cpu::CpuEngine>(EngineLimits{}, cpu::CpuEngineOptions{level});
     run->engine = run->forced_level.get();
     run->kernel_level = flags.level;
+    kernels_level = *level;
     // The peak of the vectors that level's match kernel multiplies with (amx: its fp32
     // work is AVX-512; its bf16 peak is printed as context).
     run->peak_options.isa = *level == cpu::SimdLevel::kAmx ? "avx512" : flags.level;
+  }
+
+  if (flags.engine == "cpu" && cpu::KernelsFor(kernels_level).match_int16 != nullptr) {
+    run->int16_min_chunk = cpu::KernelsFor(kernels_level).int16_min_chunk;
   }
 
   run->peak_options.threads = flags.threads;
@@ -451,7 +459,12 @@ void SetUp(const Flags& flags, BenchRun* run) {
   run->cpu_model = CpuModel();
   run->isa_features = IsaFeatures();
   std::cout << "CPU: " << run->cpu_model << " (" << run->isa_features << ")\n"
-            << "kernel level: " << run->kernel_level << "; fp32 FMA peak (" << peak_before.isa
+            << "kernel level: " << run->kernel_level
+            << (run->int16_min_chunk > 0
+                    ? " (chunks of " + std::to_string(run->int16_min_chunk) +
+                          " rows and more matched in 16-bit integers)"
+                    : std::string())
+            << "; fp32 FMA peak (" << peak_before.isa
             << ", " << peak_before.threads << " threads, best of " << peak_before.samples.size()
             << "): " << peak_before.gflops << " GFLOP/s\n";
 
@@ -698,7 +711,9 @@ void Report(const Flags& flags, BenchRun& run, const CapturingReporter& reporter
        << ", \"threads\": " << flags.threads << ", \"peak\": {\"isa\": \"" << peak_before.isa
        << "\", \"before_gflops\": " << peak_before.gflops
        << ", \"after_gflops\": " << peak_after.gflops << ", \"gflops\": " << peak_gflops
-       << "}, \"kernel_level\": \"" << kernel_level << "\", \"cpu_model\": \"" << cpu_model
+       << "}, \"kernel_level\": \"" << kernel_level << "\", \"int16_min_chunk\": "
+       << (run.int16_min_chunk > 0 ? std::to_string(run.int16_min_chunk) : std::string("null"))
+       << ", \"cpu_model\": \"" << cpu_model
        << "\", \"isa_features\": \"" << isa_features << "\", \"amx_bf16_peak_gflops\": "
        << (amx_peak.has_value() ? std::to_string(amx_peak->gflops) : std::string("null"))
        << ", \"memory_floor\": {\"seconds\": " << memory_floor_seconds

@@ -200,7 +200,11 @@ def main():
            f" error bound); its own bf16 peak here, for context: "
            f"{summary['amx_bf16_peak_gflops']:.4g} GFLOP/s. The fraction of peak below stays"
            f" against the fp32 FMA peak, as SPEC section 5 defines it."
-           if summary.get('amx_bf16_peak_gflops') else ""),
+           if summary.get('amx_bf16_peak_gflops') else "")
+        + (f" Chunks of {summary['int16_min_chunk']} rows and more are matched in 16-bit"
+           f" integers (AVX2 `vpmaddwd`, AVX-512 VNNI `vpdpwssd`; exact decisions kept by a"
+           f" rigorous error bound); the fraction of peak stays against the fp32 FMA peak."
+           if summary.get('int16_min_chunk') else ""),
         (f"- Memory floor: {summary['memory_floor']['seconds'] * 1e3:.3g} ms per job: reading"
          f" the input once and writing the {summary.get('result_dtype', 'float32')} result once"
          f" ({summary['memory_floor']['bytes'] / 1e6:.0f} MB) at"

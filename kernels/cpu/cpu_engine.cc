@@ -11,6 +11,12 @@ SimdLevel ChooseLevel(const CpuEngineOptions& options) {
   return SimdLevelSupported(*options.simd_level) ? *options.simd_level : best;
 }
 
+KernelTable ChooseKernels(SimdLevel level, const CpuEngineOptions& options) {
+  KernelTable kernels = KernelsFor(level);
+  if (options.int16_every_chunk && kernels.match_int16 != nullptr) kernels.int16_min_chunk = 2;
+  return kernels;
+}
+
 }  // namespace
 
 struct CpuEngine::ScratchPool {
@@ -21,14 +27,14 @@ struct CpuEngine::ScratchPool {
 CpuEngine::CpuEngine(EngineLimits limits, CpuEngineOptions options)
     : ClusterEngine(limits),
       level_(ChooseLevel(options)),
-      kernels_(&KernelsFor(level_)),
+      kernels_(ChooseKernels(level_, options)),
       scratch_(std::make_unique<ScratchPool>()) {}
 
 CpuEngine::~CpuEngine() = default;
 
 absl::Status CpuEngine::CompressImpl(const LayerPlan& plan, const LayerView& layer,
                                      const CompressControl& control, CompressResult* out) const {
-  LayerJob job(*kernels_, &scratch_->per_thread, plan, layer, control, out, &scratch_->heads);
+  LayerJob job(kernels_, &scratch_->per_thread, plan, layer, control, out, &scratch_->heads);
   return job.Run();
 }
 

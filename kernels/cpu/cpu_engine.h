@@ -38,6 +38,10 @@ struct CpuEngineOptions {
   // The kernels to use; unset: the best this CPU supports. A level the CPU lacks falls back
   // to the best it has (tests force each level this way).
   std::optional<SimdLevel> simd_level;
+  // Tests: match in 16-bit integers at every chunk length where the level has
+  // KernelTable::match_int16, also below its int16_min_chunk (the conformance suite forces
+  // the int16 path this way; the results are the same either way).
+  bool int16_every_chunk = false;
 };
 
 class CpuEngine final : public ClusterEngine {
@@ -66,7 +70,7 @@ class CpuEngine final : public ClusterEngine {
   struct ScratchPool;  // per-thread buffers (oneTBB stays out of this header)
 
   SimdLevel level_;
-  const KernelTable* kernels_;
+  KernelTable kernels_;  // KernelsFor(level_), with int16_min_chunk lowered if asked
   std::unique_ptr<ScratchPool> scratch_;
 };
 

@@ -143,8 +143,9 @@ struct KernelTable {
                        float* scores, const PrefetchRanges* prefetch, double tie_window,
                        RowMatch* out, NearTies* ties);
 
-  // Matching in 16-bit integers (AVX2 vpmaddwd: twice the multiply-adds per instruction of
-  // float FMAs), null where the level has none; ChunkMatcher then uses match_rows. One chunk
+  // Matching in 16-bit integers (AVX2 vpmaddwd, AVX-512 VNNI vpdpwssd: twice the
+  // multiply-adds per instruction of float FMAs), null where the level has none; ChunkMatcher
+  // then uses match_rows, as it does for chunks shorter than int16_min_chunk. One chunk
   // already widened by widen_rows: row i of the chunk at tile + i * dim, its inverse norm at
   // inverse_norms[i]; sources the even rows, destinations the odd rows. Each row is scaled
   // to unit length and rounded to integers, q_j = RoundToInt(RN(x_j * RN(s_x * kInt16Scale)))
@@ -153,13 +154,28 @@ struct KernelTable {
   // float: within MatchErrorBound(kernels, dim) of the exact cosine (soft_match.h).
   // out[i] as match_rows gives it (scores already normalised), and ties[i] for the window
   // `tie_window` (as match_bf16x3). Scratch, 64-byte aligned, at least
-  // (RoundUp(sources, row_block) + RoundUp(destinations, 8)) * RoundUp(dim, 2) elements for
-  // a_quant and RoundUp(destinations, 8) * RoundUp(dim, 2) for b_panels. `prefetch` (may be
-  // null) is brought into L2 meanwhile.
+  // (RoundUp(sources, row_block) + RoundUp(destinations, 16)) * RoundUp(dim, 2) elements for
+  // a_quant and RoundUp(destinations, 16) * RoundUp(dim, 2) for b_panels (panels of 8
+  // destinations on AVX2, 16 on AVX-512). `prefetch` (may
+  // be null) is brought into L2 meanwhile.
   void (*match_int16)(const float* tile, const float* inverse_norms, int32_t length, int32_t dim,
                       int16_t* a_quant, int16_t* b_panels, const PrefetchRanges* prefetch,
                       double tie_window, RowMatch* out, NearTies* ties);
+
+  // The shortest chunk (rows) that match_int16 runs: shorter ones do not pay for rounding
+  // and packing their rows (the per-level values below, measured).
+  int32_t int16_min_chunk;
 };
+
+// KernelTable::int16_min_chunk per level (docs/cpu-bench.md). AVX2: on the AMD EPYC of
+// session 8 the int16 kernel was 1.1-1.2x the float one at C = 64 and 1.3-1.5x at C = 256
+// and 1024, so every chunk takes it. AVX-512 VNNI, on the AMD EPYC Zen 4 of session 9 (one
+// pinned thread, whole pipeline, CPU time, alternating runs): a tie with the float AVX-512
+// kernel at C = 64 (45.7 vs 44.6 ms per job, medians of 8; within the run-to-run spread),
+// faster from C = 96 (48.5 vs 54.6), 128 (50.9 vs 57.8), 192, 256 (0.84x) and 1024 (0.67x).
+// Not measured on Intel (two full 512-bit FMA pipes there): see docs/cpu-bench.md.
+constexpr int32_t kAvx2Int16MinChunk = 2;
+constexpr int32_t kAvx512Int16MinChunk = 96;
 
 // The integer scale of KernelTable::match_int16: a unit-length row's elements are at most
 // 1 in magnitude, so they round into int16 without saturating, and the dot product of two
@@ -167,11 +183,14 @@ struct KernelTable {
 constexpr float kInt16Scale = 32767.0f;
 
 namespace internal {
-// The tables, one per SIMD level, defined in kernels_scalar.cc, simd/kernels_avx2.cc and
-// simd/kernels_avx512.cc, simd/kernels_amx.cc. Use KernelsFor() (simd_dispatch.h), which checks the CPU first.
+// The tables, one per SIMD level (two for AVX-512: with and without VNNI), defined in
+// kernels_scalar.cc, simd/kernels_avx2.cc, simd/kernels_avx512.cc,
+// simd/kernels_avx512_vnni.cc and simd/kernels_amx.cc. Use KernelsFor() (simd_dispatch.h),
+// which checks the CPU first.
 const KernelTable& ScalarKernels();
 const KernelTable& Avx2Kernels();
 const KernelTable& Avx512Kernels();
+const KernelTable& Avx512VnniKernels();  // simd/kernels_avx512_vnni.cc: + match_int16
 const KernelTable& AmxKernels();
 }  // namespace internal
 

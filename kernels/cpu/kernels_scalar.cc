@@ -177,7 +177,7 @@ const KernelTable& ScalarKernels() {
                                  ScoreRow,          MergeRow<float>,    MergeRow<double>,
                                  ConvertRow<float>, ConvertRow<double>, ConvertRows,
                                  RowsFinite,        StreamFloats,       StreamHalves,
-                                 nullptr,           nullptr};
+                                 nullptr,           nullptr,            0};
   return table;
 }
 

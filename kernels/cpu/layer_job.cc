@@ -93,7 +93,7 @@ LayerJob::LayerJob(const KernelTable& kernels, ScratchPool* scratch, const Layer
       chunk_size_(plan.options.chunk_size),
       slots_((plan.options.chunk_size + 1) / 2),
       target_(plan.target_length),
-      bound_(MatchErrorBound(kernels, layer.key_dim)),
+      bound_(MatchErrorBound(kernels, layer.key_dim, plan.options.chunk_size)),
       with_assignment_(plan.options.compute_assignment),
       output_type_(ElemTypeOf(plan.options.result_dtype)) {
   if (head_pool_ != nullptr) heads_ = head_pool_->Take();

@@ -229,7 +229,7 @@ class LayerJob {
   int32_t chunk_size_;
   int32_t slots_;  // sources per full chunk
   int64_t target_;
-  double bound_;        // MatchErrorBound(kernels, key_dim)
+  double bound_;        // MatchErrorBound(kernels, key_dim, chunk_size)
   double floor_ = 0.0;  // this pass's similarity floor, -infinity when off
   bool with_assignment_;
   bool output_allocated_ = false;

@@ -86,7 +86,10 @@ const KernelTable& KernelsFor(SimdLevel level) {
     case SimdLevel::kAmx:
       return internal::AmxKernels();
     case SimdLevel::kAvx512:
-      return internal::Avx512Kernels();
+      // Matching in 16-bit integers where the CPU has VNNI's vpdpwssd (the same level:
+      // only match_int16 differs, and its results are the same).
+      return __builtin_cpu_supports("avx512vnni") ? internal::Avx512VnniKernels()
+                                                  : internal::Avx512Kernels();
     case SimdLevel::kAvx2:
       return internal::Avx2Kernels();
     case SimdLevel::kScalar:

@@ -28,7 +28,7 @@ bool UsesMatrixEngine(const KernelTable& kernels, int32_t length) {
 }
 
 bool UsesInt16(const KernelTable& kernels, int32_t length) {
-  return kernels.match_int16 != nullptr && length >= kInt16MinChunk;
+  return kernels.match_int16 != nullptr && length >= kernels.int16_min_chunk;
 }
 
 bool UsesQuantisedMatch(const KernelTable& kernels, int32_t length) {
@@ -45,6 +45,11 @@ double MatchErrorBound(const KernelTable& kernels, int32_t dim) {
            std::ldexp(dim / 16.0 + 32.0, -24);
   }
   return MatchErrorBound(dim);
+}
+
+double MatchErrorBound(const KernelTable& kernels, int32_t dim, int32_t chunk) {
+  if (kernels.match_bf16x3 == nullptr && !UsesInt16(kernels, chunk)) return MatchErrorBound(dim);
+  return MatchErrorBound(kernels, dim);
 }
 
 void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64_t first,
@@ -95,8 +100,8 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
     const int64_t padded = (static_cast<int64_t>(dim) + 1) / 2 * 2;
     const int64_t a_rows = (sources_ + kernels.row_block - 1) / kernels.row_block *
                            kernels.row_block;
-    const int64_t b_rows = (destinations_ + 7) / 8 * 8;
-    // Panels are loaded 32 bytes at a time: start both buffers on a cache line.
+    const int64_t b_rows = (destinations_ + 15) / 16 * 16;  // panels of 8 (AVX2) or 16
+    // Panels are loaded 32 or 64 bytes at a time: start both buffers on a cache line.
     Reserve(&quant_a_, (a_rows + b_rows) * padded + 32);
     Reserve(&quant_b_, b_rows * padded + 32);
     Reserve(&near_ties_, sources_);

@@ -1,5 +1,5 @@
 // SPEC.md section 2 step 3 for one chunk, in float32 SIMD (or on the AMX matrix engine in
-// bf16x3, see KernelTable::match_bf16x3, or in 16-bit integers on AVX2, see
+// bf16x3, see KernelTable::match_bf16x3, or in 16-bit integers on AVX2 and AVX-512 VNNI, see
 // KernelTable::match_int16): cosine similarity of every source
 // (even local offset) with every destination (odd offset) fused with the per-source argmax,
 // so the sources x destinations score matrix is never stored. The chunk's keys are widened
@@ -81,7 +81,25 @@ double MatchErrorBound(int32_t dim);
 // |x|_2 <= sqrt(dim); (dim/32 + 7) u < 0.001. The float score RN(RN(float(q_x.q_y)) *
 // RN(1 / S^2)) adds three roundings of a value below 1.001: 4 u. The reference's own
 // rounding is below 1e-13. For dim = 128: 3.46e-4 (the float bound: 1.6e-5).
+// Both int16 kernels compute these same quantities, so the bound holds for each: the AVX2
+// one (vpmaddwd + vpaddd) and the AVX-512 VNNI one (vpdpwssd). Their inverse norms come from
+// widen_rows within (dim/32 + 4) u (sums of squares in 2 x 8 or 2 x 16 lanes, then a tree,
+// as above); t_x is one float multiply; q_j is cvtps2dq (the MXCSR's rounding, nearest even)
+// then a signed saturation to int16 (packssdw / vpmovsdw, never reached as shown); every
+// partial sum of the dot product, in any order, is a sum of some of the products q_x_j q_y_j,
+// at most |q_x| |q_y| < 2^31 in magnitude (Cauchy-Schwarz), so no int32 addition wraps and
+// the result is the exact q_x.q_y (vpdpwssd adds its two products to the accumulator in
+// int32 without saturation, and wrapping int32 sums would be exact modulo 2^32 anyway); the
+// conversion to float is the same two roundings. Only where a near tie is listed differs
+// (16 lanes on AVX-512 can name more than NearTies::kMax lane bests: the list is then
+// dropped and the source rescanned in float, as any overflowing list is).
 double MatchErrorBound(const KernelTable& kernels, int32_t dim);
+
+// The bound for the scores of every chunk of at most `chunk` rows (a layer job's chunks):
+// MatchErrorBound(dim) where `kernels` match such chunks in float (int16 levels below their
+// int16_min_chunk: UsesInt16 only grows with the length), else MatchErrorBound(kernels, dim).
+// The AMX level keeps its matrix engine's bound at every chunk size, as before.
+double MatchErrorBound(const KernelTable& kernels, int32_t dim, int32_t chunk);
 
 // Whether ChunkMatcher::Match() runs a chunk of `length` rows on the matrix engine: where
 // `kernels` has one and the chunk is long enough to pay for splitting and re-laying its rows
@@ -93,9 +111,7 @@ bool UsesMatrixEngine(const KernelTable& kernels, int32_t length);
 
 // Whether ChunkMatcher::Match() runs a chunk of `length` rows in 16-bit integers: where
 // `kernels` has match_int16 and the chunk is long enough to pay for rounding and packing
-// its rows. On the AMD EPYC of docs/cpu-bench.md (session 8) the int16 kernel was 1.1-1.2x
-// the float one at C = 64 and 1.3-1.5x at C = 256 and 1024, so every chunk takes it.
-constexpr int32_t kInt16MinChunk = 2;
+// its rows (length >= KernelTable::int16_min_chunk, measured per level: kernel_table.h).
 bool UsesInt16(const KernelTable& kernels, int32_t length);
 
 // Whether the chunk's Match() scores come from a quantised path (matrix engine or int16):

@@ -429,16 +429,20 @@ void ExpectInvariants(const LayerView& layer, const CompressOptions& options,
 void PrintTo(const Backend& backend, std::ostream* os) {
   *os << (backend.cuda_stages_on_host ? "cuda-stages-on-host" : BackendKindName(backend.kind));
   if (backend.cpu_level.has_value()) *os << "-" << cpu::SimdLevelName(*backend.cpu_level);
+  if (backend.cpu_int16_every_chunk) *os << "-int16";
 }
 
 namespace {
 
-// The cpu backend forced to `level`, created once per level.
-const ClusterEngine& CpuEngineAt(cpu::SimdLevel level) {
-  static std::map<cpu::SimdLevel, const ClusterEngine*>* const engines =
-      new std::map<cpu::SimdLevel, const ClusterEngine*>();
-  const ClusterEngine*& engine = (*engines)[level];
-  if (engine == nullptr) engine = new cpu::CpuEngine(EngineLimits{}, cpu::CpuEngineOptions{level});
+// The cpu backend forced to `level` (and to int16 matching at every chunk length), created
+// once per pair.
+const ClusterEngine& CpuEngineAt(cpu::SimdLevel level, bool int16_every_chunk) {
+  static std::map<std::pair<cpu::SimdLevel, bool>, const ClusterEngine*>* const engines =
+      new std::map<std::pair<cpu::SimdLevel, bool>, const ClusterEngine*>();
+  const ClusterEngine*& engine = (*engines)[{level, int16_every_chunk}];
+  if (engine == nullptr) {
+    engine = new cpu::CpuEngine(EngineLimits{}, cpu::CpuEngineOptions{level, int16_every_chunk});
+  }
   return *engine;
 }
 
@@ -456,7 +460,11 @@ void EngineConformanceTest::SetUp() {
     if (!cpu::SimdLevelSupported(*level)) {
       GTEST_SKIP() << "this CPU lacks the " << cpu::SimdLevelName(*level) << " level";
     }
-    engine_ = &CpuEngineAt(*level);
+    if (GetParam().cpu_int16_every_chunk && cpu::KernelsFor(*level).match_int16 == nullptr) {
+      GTEST_SKIP() << "the " << cpu::SimdLevelName(*level)
+                   << " level has no int16 matching on this CPU (AVX-512 needs VNNI)";
+    }
+    engine_ = &CpuEngineAt(*level, GetParam().cpu_int16_every_chunk);
   } else {
     absl::StatusOr<const ClusterEngine*> engine = Engines().Select(GetParam().kind);
     if (!engine.ok() && GetParam().kind == BackendKind::kCuda) {

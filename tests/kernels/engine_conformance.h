@@ -134,11 +134,14 @@ using test::ExpectBitIdentical;  // every field, floats compared bit for bit
 // The fixture.
 
 // A backend under test: one EngineSet kind, or the CUDA stages run on the host, or the cpu
-// backend with its kernels forced to one SIMD level (skipped where the CPU lacks it).
+// backend with its kernels forced to one SIMD level (skipped where the CPU lacks it), and
+// optionally to its 16-bit integer matching at every chunk length (skipped where the level
+// has none here: CpuEngineOptions::int16_every_chunk).
 struct Backend {
   BackendKind kind;
   bool cuda_stages_on_host = false;
   std::optional<cpu::SimdLevel> cpu_level = std::nullopt;
+  bool cpu_int16_every_chunk = false;
 };
 
 void PrintTo(const Backend& backend, std::ostream* os);

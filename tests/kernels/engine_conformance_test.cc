@@ -354,6 +354,9 @@ TEST_P(EngineConformanceTest, RowTargetTooSmallIsAnInternalError) {
 // the host: the GPU algorithm, checked on every machine).
 std::string BackendTestName(const ::testing::TestParamInfo<Backend>& info) {
   if (info.param.cuda_stages_on_host) return "CudaStagesOnHost";
+  if (info.param.cpu_int16_every_chunk && info.param.cpu_level == cpu::SimdLevel::kAvx512) {
+    return "CpuAvx512Int16";
+  }
   if (info.param.cpu_level == cpu::SimdLevel::kAvx2) return "CpuAvx2";
   switch (info.param.kind) {
     case BackendKind::kReference:
@@ -374,6 +377,10 @@ constexpr Backend kCudaStagesOnHost{BackendKind::kCuda, true};
 // The cpu backend's AVX2 level (integer matching, issue 20) on any x86-64 that has it, also
 // where the run-time choice is AVX-512 or AMX.
 constexpr Backend kCpuAvx2{BackendKind::kCpu, false, cpu::SimdLevel::kAvx2};
+// The AVX-512 level's int16 matching (VNNI vpdpwssd, session 9) at every chunk length: at run
+// time it takes only chunks of kAvx512Int16MinChunk rows and more, and most cases here are
+// shorter. Skipped on CPUs without AVX-512 VNNI.
+constexpr Backend kCpuAvx512Int16{BackendKind::kCpu, false, cpu::SimdLevel::kAvx512, true};
 
 INSTANTIATE_TEST_SUITE_P(Reference, EngineConformanceTest,
                          ::testing::Values(kReferenceBackend), BackendTestName);
@@ -381,6 +388,8 @@ INSTANTIATE_TEST_SUITE_P(Cpu, EngineConformanceTest, ::testing::Values(kCpuBacke
                          BackendTestName);
 INSTANTIATE_TEST_SUITE_P(CpuAvx2, EngineConformanceTest, ::testing::Values(kCpuAvx2),
                          BackendTestName);
+INSTANTIATE_TEST_SUITE_P(CpuAvx512Int16, EngineConformanceTest,
+                         ::testing::Values(kCpuAvx512Int16), BackendTestName);
 INSTANTIATE_TEST_SUITE_P(Cuda, EngineConformanceTest, ::testing::Values(kCudaBackend),
                          BackendTestName);
 INSTANTIATE_TEST_SUITE_P(CudaStagesOnHost, EngineConformanceTest,
@@ -391,6 +400,8 @@ INSTANTIATE_TEST_SUITE_P(Cpu, EngineAgreementTest, ::testing::Values(kCpuBackend
                          BackendTestName);
 INSTANTIATE_TEST_SUITE_P(CpuAvx2, EngineAgreementTest, ::testing::Values(kCpuAvx2),
                          BackendTestName);
+INSTANTIATE_TEST_SUITE_P(CpuAvx512Int16, EngineAgreementTest,
+                         ::testing::Values(kCpuAvx512Int16), BackendTestName);
 INSTANTIATE_TEST_SUITE_P(Cuda, EngineAgreementTest, ::testing::Values(kCudaBackend),
                          BackendTestName);
 INSTANTIATE_TEST_SUITE_P(CudaStagesOnHost, EngineAgreementTest,

@@ -305,6 +305,7 @@ void MatchInt16(const float* tile, const float* inverse_norms, int32_t length, i
 constexpr KernelTable MakeAvx2Table() {
   KernelTable table = MakeKernelTable<Avx2>();
   table.match_int16 = MatchInt16;
+  table.int16_min_chunk = kAvx2Int16MinChunk;
   return table;
 }
 

@@ -28,7 +28,8 @@ constexpr KernelTable MakeKernelTable() {
                      V::StreamFloats,
                      V::StreamHalves,
                      nullptr,
-                     nullptr};
+                     nullptr,
+                     0};
 }
 
 }  // namespace

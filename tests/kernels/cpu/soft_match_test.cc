@@ -255,12 +255,13 @@ void CheckChunk(const KernelTable& kernels, const MatchCase& c, std::mt19937_64&
   }
 }
 
-// Where a level lists near ties (AMX, the AVX2 int16 path): a source with exact copies among
-// the destinations gets exactly those copies listed, in increasing order, whether the copies
-// sit in different lanes of the kernel's panels (the int16 path reads them off each lane's
-// best) or share a lane (it rescans the row), and an overflowing list says so.
+// Where a level lists near ties (AMX, the AVX2 and AVX-512 VNNI int16 paths): a source with
+// exact copies among the destinations gets exactly those copies listed, in increasing order,
+// whether the copies sit in different lanes of the kernel's panels (the int16 path reads
+// them off each lane's best) or share a lane (it rescans the row), and an overflowing list
+// says so, also when the copies are the bests of more than NearTies::kMax lanes.
 TEST_P(SoftMatchTest, NearTieListsHoldEveryCopyOfTheSource) {
-  constexpr int32_t kDim = 96, kChunk = 400;  // 200 destinations: 25 panels of 8
+  constexpr int32_t kDim = 96, kChunk = 400;  // 200 destinations: 25 panels of 8 or 13 of 16
   struct Case {
     std::vector<int32_t> copies;  // destinations equal to source 0
   };
@@ -269,6 +270,7 @@ TEST_P(SoftMatchTest, NearTieListsHoldEveryCopyOfTheSource) {
       {{0, 8, 13}},                     // lanes 0 and 5, two in lane 0
       {{1, 9, 17, 25, 190}},            // four in lane 1
       {{2, 4, 6, 10, 12, 14, 30, 50, 70}},  // nine: more than NearTies::kMax
+      {{17, 18, 19, 20, 21, 22, 23, 24, 25}},  // nine lanes of 16 (two share a lane of 8)
   };
   std::mt19937_64 rng(kSeed + 7);
   for (const Case& c : cases) {
@@ -294,7 +296,8 @@ TEST_P(SoftMatchTest, NearTieListsHoldEveryCopyOfTheSource) {
   }
 }
 
-TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
+// The fixed and the drawn cases of ScoresAreWithinTheBoundOfTheExactCosine, on `kernels`.
+void CheckScoresAgainstExactCosines(const KernelTable& kernels) {
   std::mt19937_64 rng(kSeed);
   const std::vector<MatchCase> cases = {
       {ElemType::kF16, 128, 256, Shape::kIndependent},
@@ -320,7 +323,7 @@ TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
   for (const MatchCase& c : cases) {
     SCOPED_TRACE(ElemTypeName(c.type) + " dim " + std::to_string(c.dim) + " chunk " +
                  std::to_string(c.chunk) + " seed " + std::to_string(kSeed));
-    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels(), c, rng, &worst, &near_ties, &listed));
+    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels, c, rng, &worst, &near_ties, &listed));
   }
   // Random shapes.
   for (int n = 0; n < 12; ++n) {
@@ -328,14 +331,49 @@ TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
                 static_cast<int32_t>(2 + rng() % 300), static_cast<Shape>(rng() % 3)};
     SCOPED_TRACE("drawn: " + ElemTypeName(c.type) + " dim " + std::to_string(c.dim) + " chunk " +
                  std::to_string(c.chunk) + " seed " + std::to_string(kSeed));
-    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels(), c, rng, &worst, &near_ties, &listed));
+    ASSERT_NO_FATAL_FAILURE(CheckChunk(kernels, c, rng, &worst, &near_ties, &listed));
   }
-  RecordProperty("worst_error_over_bound", std::to_string(worst));
+  ::testing::Test::RecordProperty("worst_error_over_bound", std::to_string(worst));
   EXPECT_LE(worst, 1.0);
-  if (kernels().match_bf16x3 != nullptr || kernels().match_int16 != nullptr) {
+  if (kernels.match_bf16x3 != nullptr || kernels.match_int16 != nullptr) {
     // Both ways of resolving a near tie were taken: the list and the rescan.
     EXPECT_GT(listed, 0);
     EXPECT_GT(near_ties, listed);
+  }
+}
+
+TEST_P(SoftMatchTest, ScoresAreWithinTheBoundOfTheExactCosine) {
+  CheckScoresAgainstExactCosines(kernels());
+}
+
+// A level's int16 matching below its int16_min_chunk too (CpuEngineOptions::int16_every_chunk
+// does this for the engine): the short chunks of the cases above, in integers.
+TEST_P(SoftMatchTest, Int16AtEveryChunkLengthIsWithinTheBound) {
+  if (kernels().match_int16 == nullptr) GTEST_SKIP() << kernels().name << " has no int16 matching";
+  KernelTable forced = kernels();
+  forced.int16_min_chunk = 2;
+  CheckScoresAgainstExactCosines(forced);
+}
+
+// A layer job's bound covers every chunk it matches: the quantised path's bound where chunks
+// of that length take it, the float bound where every chunk up to that length is matched in
+// float (int16 levels below int16_min_chunk), and never decreasing with the chunk length.
+TEST_P(SoftMatchTest, JobBoundCoversEveryChunkLength) {
+  for (int32_t dim : {1, 64, 128, 256}) {
+    double previous = 0.0;
+    for (int32_t chunk : {2, 3, 63, 64, 95, 96, 97, 128, 191, 192, 256, 1024, 4096}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + " chunk " + std::to_string(chunk));
+      const double bound = MatchErrorBound(kernels(), dim, chunk);
+      EXPECT_GE(bound, previous);
+      previous = bound;
+      for (int32_t length = 2; length <= chunk; length = length < 64 ? length + 1 : length * 2) {
+        EXPECT_GE(bound, UsesQuantisedMatch(kernels(), length) ? MatchErrorBound(kernels(), dim)
+                                                               : MatchErrorBound(dim));
+      }
+      if (kernels().match_bf16x3 == nullptr && !UsesQuantisedMatch(kernels(), chunk)) {
+        EXPECT_EQ(bound, MatchErrorBound(dim));
+      }
+    }
   }
 }
 

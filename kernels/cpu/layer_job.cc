@@ -212,10 +212,14 @@ bool LayerJob::LoadHeads() {
   return valid;
 }
 
-// CheckLayerData names what is wrong with the input (it walks the job in order).
+// CheckLayerData names what is wrong with the input (it walks the job in order). If it finds
+// nothing, the bad row the job saw is gone: the caller wrote its tensors during the job (a
+// client writing its shared memory region while the server reads it).
 absl::Status LayerJob::BadInput() const {
   absl::Status status = CheckLayerData(layer_);
-  return status.ok() ? absl::InternalError("cpu engine: input check disagrees with CheckLayerData")
+  return status.ok() ? absl::AbortedError(
+                           "the input changed while the job read it (a NaN, Inf or zero count "
+                           "was seen, then gone): its tensors must not be written during a job")
                      : status;
 }
 

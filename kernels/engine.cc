@@ -353,9 +353,7 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   const bool staged = !plan.regular || options.exact_target;
   if (staged) plan.options.result_dtype = DType::kFloat32;
   // Rows straight into the caller's memory when nothing above the backend rearranges them.
-  const bool shaped = options.pad_heads || options.pad_to > 0 ||
-                      options.output_layout == TensorLayout::kTokenMajor;
-  if (control.row_target != nullptr && plan.regular && !staged && !shaped &&
+  if (control.row_target != nullptr && plan.regular && !staged && !ReshapesRows(options) &&
       WritesRowsInPlace() && WritesResultDType(plan.options.result_dtype)) {
     CKV_RETURN_IF_ERROR(CheckRowTarget(*control.row_target, layer, plan.options.result_dtype));
     plan.row_target = control.row_target;

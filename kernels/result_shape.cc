@@ -100,7 +100,13 @@ void FillAccount(const LayerPlan& plan, const LayerView& layer, CompressResult* 
   }
 }
 
+bool ReshapesRows(const CompressOptions& options) {
+  return options.pad_to > 0 || options.pad_heads ||
+         options.output_layout == TensorLayout::kTokenMajor;
+}
+
 absl::Status ShapeRows(const CompressOptions& options, CompressResult* result) {
+  if (!ReshapesRows(options)) return absl::OkStatus();
   const bool token_major = options.output_layout == TensorLayout::kTokenMajor;
   const int32_t heads = result->num_heads;
   int64_t longest = 0;

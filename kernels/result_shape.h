@@ -25,6 +25,10 @@ StopReason StopReasonFor(const LayerPlan& plan, bool passthrough, int64_t entrie
 // (stop_reasons already filled).
 void FillAccount(const LayerPlan& plan, const LayerView& layer, CompressResult* result);
 
+// Whether ShapeRows rearranges the rows of a job with `options` (pad_heads, pad_to,
+// token-major output); a backend's rows are then not the result's final rows.
+bool ReshapesRows(const CompressOptions& options);
+
 // Pads every head to the same length (pad_heads, pad_to, token-major output) and lays the
 // rows out token-major when asked. FailedPrecondition naming pad_to when a head is longer.
 absl::Status ShapeRows(const CompressOptions& options, CompressResult* result);

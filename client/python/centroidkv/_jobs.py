@@ -16,6 +16,7 @@ from .arrays import (DTYPE_SIZE, Kind, ResultMemory, counts_to_wire, dtype_code,
                      ints_from_wire, is_torch, rows_from_wire, to_wire)
 from .errors import CompressError, invalid_argument, make_error
 from .result import LayerResult
+from .shm import ResultSpace
 from .v1 import centroidkv_pb2 as pb
 
 _LAYOUTS = {"head_major": pb.LAYOUT_HEAD_MAJOR, "token_major": pb.LAYOUT_TOKEN_MAJOR}
@@ -216,8 +217,6 @@ def _by_reference(region, tensors: list, start: pb.StartJob) -> None:
 def _output_to(space, start: pb.StartJob, length: int) -> None:
     """Names `space` (a ResultSpace) as the job's region_output, after checking that it has
     room for the job's largest result (a clear error here rather than a JobError later)."""
-    from .shm import ResultSpace
-
     if not isinstance(space, ResultSpace):
         raise invalid_argument("output", f"must be a ResultSpace (region.result_space(...)), "
                                f"got {type(space).__name__}")

@@ -35,6 +35,7 @@ from typing import Optional
 
 import numpy as np
 
+from .arrays import DTYPE_SIZE, dtype_code
 from .errors import invalid_argument
 
 _SHM_DIR = "/dev/shm"
@@ -100,8 +101,6 @@ class SharedRegion:
         job's output_dtype, else its input dtype), padded to `pad_to` if asked, with the
         assignment if `return_assignment`. compress(..., output=space) then receives its
         result here instead of as slabs."""
-        from .arrays import DTYPE_SIZE, dtype_code
-
         code = dtype_code(dtype, "dtype")
         if code == 0:
             raise invalid_argument("dtype", "must be float32, float16 or bfloat16")

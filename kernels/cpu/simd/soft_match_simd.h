@@ -19,8 +19,9 @@
 // sources swept per 4 panels) and 64-byte aligned panels were measured against it in one
 // process and were no faster (docs/cpu-bench.md). Any shape keeps the error bound of soft_match.h: what it relies on is
 // one sequential FMA chain per score over j, which every tile here computes. The AVX2 table
-// matches in 16-bit integers instead (KernelTable::match_int16, simd/kernels_avx2.cc); its
-// float kernels here remain for Rescore().
+// (and the AVX-512 one where the CPU has VNNI, from C = 96) matches in 16-bit integers
+// instead (KernelTable::match_int16: match_int16_simd.h, whose micro-kernel is MatchTile
+// over Int16TileArith); its float kernels here remain for Rescore().
 #pragma once
 
 #include <cstdint>
@@ -189,35 +190,66 @@ class LinePrefetcher {
   int64_t per_step_ = 0;
 };
 
-// MR source rows (row-major, stride dim) x NR panels starting at destination col0, folded
-// into the running per-lane top two (m1 >= m2) and the index of m1 of each source row.
-template <class V, int MR, int NR>
-__attribute__((always_inline)) inline void MatchTile(const float* a, int64_t a_stride, int32_t dim,
-                                                     const float* panel0, int32_t col0,
-                                                     int32_t b_count, typename V::F* m1,
-                                                     typename V::F* m2, typename V::I* idx,
+// The arithmetic of a match tile (MatchTile): float FMAs on widened rows (FloatTileArith,
+// here) or 16-bit integer multiply-adds on quantised rows (Int16TileArith,
+// match_int16_simd.h). Elem: the element type of rows and panels; Acc: an accumulator (one
+// score per lane); kPerStep: elements per broadcast (one float, or a pair of int16); Lowest:
+// the score below every real one; Max, Min, Greater on scores; V: the vector traits (kW,
+// Iota, AddI, SelectI, FirstLanes).
+template <class Vec>
+struct FloatTileArith {
+  using V = Vec;
+  using Elem = float;
+  using Acc = typename V::F;
+  static constexpr int32_t kPerStep = 1;
+  static Acc Zero() { return V::Zero(); }
+  static Acc Broadcast(const float* p) { return V::Bcast(p); }
+  static Acc LoadPanel(const float* p) { return V::Load(p); }
+  static Acc MulAdd(Acc acc, Acc a, Acc b) { return V::Fma(a, b, acc); }
+  static Acc Lowest() { return V::Set1(kNegInfinity); }
+  static Acc Select(typename V::M m, Acc if_false, Acc if_true) {
+    return V::Select(m, if_false, if_true);
+  }
+  static Acc Max(Acc a, Acc b) { return V::Max(a, b); }
+  static Acc Min(Acc a, Acc b) { return V::Min(a, b); }
+  static typename V::M Greater(Acc a, Acc b) { return V::Greater(a, b); }
+};
+
+// MR source rows (row-major, `a_stride` elements apart, `steps` broadcasts of kPerStep
+// elements each) x NR panels starting at destination col0, folded into the running per-lane
+// top two (m1 >= m2) and the index of m1 of each source row. Panel p holds, at step j, the
+// kPerStep elements of its kW destinations (kW * kPerStep elements).
+template <class A, int MR, int NR>
+__attribute__((always_inline)) inline void MatchTile(const typename A::Elem* a, int64_t a_stride,
+                                                     int32_t steps,
+                                                     const typename A::Elem* panel0, int32_t col0,
+                                                     int32_t b_count, typename A::Acc* m1,
+                                                     typename A::Acc* m2, typename A::V::I* idx,
                                                      LinePrefetcher* prefetcher) {
-  using F = typename V::F;
+  using Acc = typename A::Acc;
+  using V = typename A::V;
   constexpr int32_t W = V::kW;
-  const int64_t panel_stride = static_cast<int64_t>(dim) * W;
-  F acc[MR][NR];
+  constexpr int32_t kStep = A::kPerStep;
+  constexpr int32_t kSpanSteps = LinePrefetcher::kSpan / kStep;
+  const int64_t panel_stride = static_cast<int64_t>(steps) * kStep * W;
+  Acc acc[MR][NR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
-    for (int p = 0; p < NR; ++p) acc[i][p] = V::Zero();
+    for (int p = 0; p < NR; ++p) acc[i][p] = A::Zero();
   }
-  for (int32_t j0 = 0; j0 < dim; j0 += LinePrefetcher::kSpan) {
+  for (int32_t j0 = 0; j0 < steps; j0 += kSpanSteps) {
     prefetcher->Step();
-    const int32_t j1 = j0 + LinePrefetcher::kSpan < dim ? j0 + LinePrefetcher::kSpan : dim;
+    const int32_t j1 = j0 + kSpanSteps < steps ? j0 + kSpanSteps : steps;
     for (int32_t j = j0; j < j1; ++j) {
-      F b[NR];
+      Acc b[NR];
 #pragma GCC unroll 8
-      for (int p = 0; p < NR; ++p) b[p] = V::Load(panel0 + p * panel_stride + j * W);
+      for (int p = 0; p < NR; ++p) b[p] = A::LoadPanel(panel0 + p * panel_stride + j * kStep * W);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const F av = V::Bcast(a + i * a_stride + j);
+        const Acc av = A::Broadcast(a + i * a_stride + kStep * j);
 #pragma GCC unroll 8
-        for (int p = 0; p < NR; ++p) acc[i][p] = V::Fma(av, b[p], acc[i][p]);
+        for (int p = 0; p < NR; ++p) acc[i][p] = A::MulAdd(acc[i][p], av, b[p]);
       }
     }
   }
@@ -226,31 +258,32 @@ __attribute__((always_inline)) inline void MatchTile(const float* a, int64_t a_s
     const int32_t col = col0 + p * W;
     const typename V::I ids = V::AddI(V::Iota(), col);
     const bool partial = col + W > b_count;
-    const F neg_inf = V::Set1(kNegInfinity);
+    const Acc lowest = A::Lowest();
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      F s = acc[i][p];
-      if (partial) s = V::Select(V::FirstLanes(b_count - col), neg_inf, s);
-      const typename V::M greater = V::Greater(s, m1[i]);
-      m2[i] = V::Max(m2[i], V::Min(m1[i], s));
-      m1[i] = V::Max(m1[i], s);
+      Acc s = acc[i][p];
+      if (partial) s = A::Select(V::FirstLanes(b_count - col), lowest, s);
+      const typename V::M greater = A::Greater(s, m1[i]);
+      m2[i] = A::Max(m2[i], A::Min(m1[i], s));
+      m1[i] = A::Max(m1[i], s);
       idx[i] = V::SelectI(greater, idx[i], ids);
     }
   }
 }
 
 // The remaining 1 .. K panels of a row block.
-template <class V, int MR, int K>
-__attribute__((always_inline)) inline void MatchRest(int32_t rest, const float* a, int64_t a_stride,
-                                                     int32_t dim, const float* panel0, int32_t col0,
-                                                     int32_t b_count, typename V::F* m1,
-                                                     typename V::F* m2, typename V::I* idx,
+template <class A, int MR, int K>
+__attribute__((always_inline)) inline void MatchRest(int32_t rest, const typename A::Elem* a,
+                                                     int64_t a_stride, int32_t steps,
+                                                     const typename A::Elem* panel0, int32_t col0,
+                                                     int32_t b_count, typename A::Acc* m1,
+                                                     typename A::Acc* m2, typename A::V::I* idx,
                                                      LinePrefetcher* prefetcher) {
   if constexpr (K >= 1) {
     if (rest == K) {
-      MatchTile<V, MR, K>(a, a_stride, dim, panel0, col0, b_count, m1, m2, idx, prefetcher);
+      MatchTile<A, MR, K>(a, a_stride, steps, panel0, col0, b_count, m1, m2, idx, prefetcher);
     } else {
-      MatchRest<V, MR, K - 1>(rest, a, a_stride, dim, panel0, col0, b_count, m1, m2, idx,
+      MatchRest<A, MR, K - 1>(rest, a, a_stride, steps, panel0, col0, b_count, m1, m2, idx,
                               prefetcher);
     }
   }
@@ -281,10 +314,10 @@ void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, i
     const float* rows = a + r0 * a_stride;
     int32_t p = 0;
     for (; p + NR <= num_panels; p += NR) {
-      MatchTile<V, MR, NR>(rows, a_stride, dim, panels + p * panel_stride, p * W, b_count, m1, m2,
-                           idx, &prefetcher);
+      MatchTile<FloatTileArith<V>, MR, NR>(rows, a_stride, dim, panels + p * panel_stride, p * W,
+                                           b_count, m1, m2, idx, &prefetcher);
     }
-    MatchRest<V, MR, NR - 1>(num_panels - p, rows, a_stride, dim, panels + p * panel_stride, p * W,
+    MatchRest<FloatTileArith<V>, MR, NR - 1>(num_panels - p, rows, a_stride, dim, panels + p * panel_stride, p * W,
                              b_count, m1, m2, idx, &prefetcher);
     for (int i = 0; i < MR && r0 + i < a_count; ++i) {
       RowMatch match = V::ReduceTop2(m1[i], m2[i], idx[i]);

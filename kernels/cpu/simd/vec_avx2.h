@@ -46,6 +46,17 @@ struct Avx2 {
   static I Iota() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
   static I AddI(I a, int32_t b) { return _mm256_add_epi32(a, _mm256_set1_epi32(b)); }
   static void StoreI(int32_t* p, I x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x); }
+  static I ZeroI() { return _mm256_setzero_si256(); }
+  static I Set1I(int32_t x) { return _mm256_set1_epi32(x); }
+  static I MaxI(I a, I b) { return _mm256_max_epi32(a, b); }
+  static I MinI(I a, I b) { return _mm256_min_epi32(a, b); }
+  static M GreaterI(I a, I b) { return _mm256_castsi256_ps(_mm256_cmpgt_epi32(a, b)); }
+  static M EqualI(I a, I b) { return _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b)); }
+  static F ToFloat(I x) { return _mm256_cvtepi32_ps(x); }
+  // Bit l set where lane l of a is at least b (ordered: never for NaN).
+  static uint32_t AtLeast(F a, F b) {
+    return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GE_OQ)));
+  }
   static float HSum(F x) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -47,6 +47,15 @@ struct Avx512 {
   }
   static I AddI(I a, int32_t b) { return _mm512_add_epi32(a, _mm512_set1_epi32(b)); }
   static void StoreI(int32_t* p, I x) { _mm512_storeu_si512(p, x); }
+  static I ZeroI() { return _mm512_setzero_si512(); }
+  static I Set1I(int32_t x) { return _mm512_set1_epi32(x); }
+  static I MaxI(I a, I b) { return _mm512_max_epi32(a, b); }
+  static I MinI(I a, I b) { return _mm512_min_epi32(a, b); }
+  static M GreaterI(I a, I b) { return _mm512_cmpgt_epi32_mask(a, b); }
+  static M EqualI(I a, I b) { return _mm512_cmpeq_epi32_mask(a, b); }
+  static F ToFloat(I x) { return _mm512_cvtepi32_ps(x); }
+  // Bit l set where lane l of a is at least b (ordered: never for NaN).
+  static uint32_t AtLeast(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
   static float HSum(F x) { return _mm512_reduce_add_ps(x); }
 
   // The top two over the lanes of per-lane running maxima m1 >= m2 (idx: the destination of

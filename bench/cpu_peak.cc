@@ -98,6 +98,62 @@ float FmaLoopScalar(int64_t iterations, float seed) {
   return sum;
 }
 
+// 16-bit integer multiply-adds, as the int16 match kernels issue them: AVX2 vpmaddwd (16
+// int16 products summed pairwise into 8 int32 lanes) + vpaddd into the accumulator; AVX-512
+// VNNI vpdpwssd (32 products into 16 lanes, accumulated in the same instruction). Inline asm
+// keeps every product in the loop; int32 arithmetic wraps, so any values will do.
+// Counted as 2 ops per product, the same unit as the fp32 flops.
+constexpr int64_t kAvx2Int16OpsPerIteration = kAvx2Chains * 16 * 2;
+
+__attribute__((target("avx2"))) float MaddLoopAvx2(int64_t iterations, float seed) {
+  const __m256i mul = _mm256_set1_epi16(static_cast<int16_t>(3 + seed));
+  const __m256i other = _mm256_set1_epi16(static_cast<int16_t>(5 - seed));
+#define CKV_DECLARE(k) __m256i acc##k = _mm256_set1_epi32(static_cast<int32_t>(seed) + k);
+  CKV_REPEAT_12(CKV_DECLARE)
+#undef CKV_DECLARE
+  for (int64_t i = 0; i < iterations; ++i) {
+    // As in the match kernel, the products do not depend on the accumulators (the asm keeps
+    // them in the loop); only the vpaddd chains do. Inline asm: with intrinsics GCC 12 keeps only some of the 12 accumulators in registers
+    // and moves the others through the stack every step (measured at half this rate).
+#define CKV_STEP(k) \
+  asm("vpmaddwd %1, %2, %%ymm15\n\tvpaddd %%ymm15, %0, %0"   \
+      : "+x"(acc##k)                                            \
+      : "x"(mul), "x"(other)                                    \
+      : "xmm15");
+    CKV_REPEAT_12(CKV_STEP)
+#undef CKV_STEP
+  }
+  __m256i sum = _mm256_setzero_si256();
+#define CKV_SUM(k) sum = _mm256_add_epi32(sum, acc##k);
+  CKV_REPEAT_12(CKV_SUM)
+#undef CKV_SUM
+  return static_cast<float>(_mm256_extract_epi32(sum, 0));
+}
+
+constexpr int64_t kAvx512Int16OpsPerIteration = kAvx512Chains * 32 * 2;
+
+__attribute__((target("avx512f,avx512vnni"))) float DpwssdLoopAvx512(int64_t iterations,
+                                                                     float seed) {
+  const __m512i mul = _mm512_set1_epi16(static_cast<int16_t>(3 + seed));
+  const __m512i other = _mm512_set1_epi16(static_cast<int16_t>(5 - seed));
+#define CKV_DECLARE(k) __m512i acc##k = _mm512_set1_epi32(static_cast<int32_t>(seed) + k);
+  CKV_REPEAT_24(CKV_DECLARE)
+#undef CKV_DECLARE
+  for (int64_t i = 0; i < iterations; ++i) {
+    // Inline asm, as in kernels_avx512_vnni.cc: GCC 12's intrinsic copies the accumulator.
+#define CKV_STEP(k) asm("vpdpwssd %1, %2, %0" : "+v"(acc##k) : "v"(mul), "v"(other));
+    CKV_REPEAT_24(CKV_STEP)
+#undef CKV_STEP
+  }
+  __m512i sum = _mm512_setzero_si512();
+#define CKV_SUM(k) sum = _mm512_add_epi32(sum, acc##k);
+  CKV_REPEAT_24(CKV_SUM)
+#undef CKV_SUM
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, sum);
+  return static_cast<float>(lanes[0]);
+}
+
 #undef CKV_REPEAT_24
 #undef CKV_REPEAT_12
 
@@ -227,6 +283,20 @@ std::optional<PeakResult> MeasureAmxBf16Peak(const PeakOptions& options) {
   // The same check (and request to the OS for the tile state) as the cpu backend's.
   if (!cpu::SimdLevelSupported(cpu::SimdLevel::kAmx)) return std::nullopt;
   return Measure(Kernel{&AmxLoop, kAmxFlopsPerIteration}, "amx-bf16", options);
+}
+
+std::optional<PeakResult> MeasureInt16Peak(const PeakOptions& options) {
+  __builtin_cpu_init();
+  const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  if (options.isa == "avx512" && vnni) {
+    return Measure(Kernel{&DpwssdLoopAvx512, kAvx512Int16OpsPerIteration}, "avx512-vnni",
+                   options);
+  }
+  if (options.isa == "avx2" && avx2) {
+    return Measure(Kernel{&MaddLoopAvx2, kAvx2Int16OpsPerIteration}, "avx2", options);
+  }
+  return std::nullopt;
 }
 
 }  // namespace centroidkv::bench

@@ -39,4 +39,11 @@ PeakResult MeasureFp32Peak(const PeakOptions& options = {});
 // the CPU or the OS offers no AMX. options.isa is ignored.
 std::optional<PeakResult> MeasureAmxBf16Peak(const PeakOptions& options = {});
 
+// Not an fp32 peak either: the rate of 16-bit integer multiply-adds the int16 match kernels
+// issue (KernelTable::match_int16, kernels/cpu/simd/match_int16_simd.h), 2 ops per product,
+// all threads at once: options.isa "avx2" (vpmaddwd + vpaddd) or "avx512" (vpdpwssd, isa
+// "avx512-vnni" in the result). Context for the int16 levels: the ceiling of their match
+// kernel. nullopt where the CPU lacks the instructions or options.isa names neither.
+std::optional<PeakResult> MeasureInt16Peak(const PeakOptions& options);
+
 }  // namespace centroidkv::bench

@@ -414,6 +414,7 @@ struct AfterRuns {
   PeakResult peak_after;
   double peak_gflops = 0.0;  // the best of the peaks before and after
   std::optional<PeakResult> amx_peak;
+  std::optional<PeakResult> int16_peak;  // where the kernel level matches in 16-bit integers
 };
 
 // The engine, this machine's peak and ISA, and the workload (dumped with --dump_dir).
@@ -677,6 +678,16 @@ AfterRuns MeasurePeaksAfter(const BenchRun& run) {
     std::cout << "AMX bf16 peak (context; the amx level spends 3 bf16 products per fp32 one): "
               << after.amx_peak->gflops << " GFLOP/s\n";
   }
+  // Context too: the ceiling of the int16 match kernel (the same vectors as the fp32 peak).
+  if (run.int16_min_chunk > 0) {
+    PeakOptions options = run.peak_options;
+    options.isa = run.peak_before.isa;
+    after.int16_peak = MeasureInt16Peak(options);
+    if (after.int16_peak.has_value()) {
+      std::cout << "int16 multiply-add peak (context; " << after.int16_peak->isa
+                << ", 2 ops per product): " << after.int16_peak->gflops << " Gop/s\n";
+    }
+  }
   return after;
 }
 
@@ -716,6 +727,9 @@ void Report(const Flags& flags, BenchRun& run, const CapturingReporter& reporter
        << ", \"cpu_model\": \"" << cpu_model
        << "\", \"isa_features\": \"" << isa_features << "\", \"amx_bf16_peak_gflops\": "
        << (amx_peak.has_value() ? std::to_string(amx_peak->gflops) : std::string("null"))
+       << ", \"int16_peak_gops\": "
+       << (after.int16_peak.has_value() ? std::to_string(after.int16_peak->gflops)
+                                        : std::string("null"))
        << ", \"memory_floor\": {\"seconds\": " << memory_floor_seconds
        << ", \"bytes\": " << memory_floor_bytes[headline_dtype] << ", \"gb_per_s\": "
        << (memory_floor_seconds > 0.0

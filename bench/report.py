@@ -204,6 +204,10 @@ def main():
         + (f" Chunks of {summary['int16_min_chunk']} rows and more are matched in 16-bit"
            f" integers (AVX2 `vpmaddwd`, AVX-512 VNNI `vpdpwssd`; exact decisions kept by a"
            f" rigorous error bound); the fraction of peak stays against the fp32 FMA peak."
+           + (f" Their multiply-add ceiling here, for context (`bench/cpu_peak.cc`, 2 ops per"
+              f" product): {summary['int16_peak_gops']:.4g} Gop/s, "
+              f"{summary['int16_peak_gops'] / peak['gflops']:.2f}x the fp32 FMA peak."
+              if summary.get('int16_peak_gops') else "")
            if summary.get('int16_min_chunk') else ""),
         (f"- Memory floor: {summary['memory_floor']['seconds'] * 1e3:.3g} ms per job: reading"
          f" the input once and writing the {summary.get('result_dtype', 'float32')} result once"

@@ -113,12 +113,13 @@ __attribute__((target("avx2"))) float MaddLoopAvx2(int64_t iterations, float see
 #undef CKV_DECLARE
   for (int64_t i = 0; i < iterations; ++i) {
     // As in the match kernel, the products do not depend on the accumulators (the asm keeps
-    // them in the loop); only the vpaddd chains do. Inline asm: with intrinsics GCC 12 keeps only some of the 12 accumulators in registers
-    // and moves the others through the stack every step (measured at half this rate).
-#define CKV_STEP(k) \
-  asm("vpmaddwd %1, %2, %%ymm15\n\tvpaddd %%ymm15, %0, %0"   \
-      : "+x"(acc##k)                                            \
-      : "x"(mul), "x"(other)                                    \
+    // them in the loop); only the vpaddd chains do. Inline asm: with intrinsics GCC 12 keeps only
+    // some of the 12 accumulators in registers and moves the others through the stack every step
+    // (measured at half this rate).
+#define CKV_STEP(k)                                        \
+  asm("vpmaddwd %1, %2, %%ymm15\n\tvpaddd %%ymm15, %0, %0" \
+      : "+x"(acc##k)                                       \
+      : "x"(mul), "x"(other)                               \
       : "xmm15");
     CKV_REPEAT_12(CKV_STEP)
 #undef CKV_STEP
@@ -290,8 +291,7 @@ std::optional<PeakResult> MeasureInt16Peak(const PeakOptions& options) {
   const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
   const bool avx2 = __builtin_cpu_supports("avx2");
   if (options.isa == "avx512" && vnni) {
-    return Measure(Kernel{&DpwssdLoopAvx512, kAvx512Int16OpsPerIteration}, "avx512-vnni",
-                   options);
+    return Measure(Kernel{&DpwssdLoopAvx512, kAvx512Int16OpsPerIteration}, "avx512-vnni", options);
   }
   if (options.isa == "avx2" && avx2) {
     return Measure(Kernel{&MaddLoopAvx2, kAvx2Int16OpsPerIteration}, "avx2", options);

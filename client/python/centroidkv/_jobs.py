@@ -16,7 +16,7 @@ from .arrays import (DTYPE_SIZE, Kind, ResultMemory, counts_to_wire, dtype_code,
                      ints_from_wire, is_torch, rows_from_wire, to_wire)
 from .errors import CompressError, invalid_argument, make_error
 from .result import LayerResult
-from .shm import ResultSpace
+from .shm import ResultSpace, largest_result_bytes
 from .v1 import centroidkv_pb2 as pb
 
 _LAYOUTS = {"head_major": pb.LAYOUT_HEAD_MAJOR, "token_major": pb.LAYOUT_TOKEN_MAJOR}
@@ -226,16 +226,15 @@ def _output_to(space, start: pb.StartJob, length: int) -> None:
     if dtype != space.dtype:
         raise invalid_argument("output", f"has room for {pb.DType.Name(space.dtype)} rows, "
                                f"the job returns {pb.DType.Name(dtype)}")
-    rows = start.num_heads * length
-    element = DTYPE_SIZE[dtype]
-    need = {"keys": rows * start.key_dim * element, "values": rows * start.value_dim * element,
-            "counts": rows * 4}
+    if start.return_assignment and space.assignment is None:
+        raise invalid_argument("output", "has no room for the assignment "
+                               "(result_space(..., return_assignment=True))")
+    entries = None
     if start.return_assignment:
-        if space.assignment is None:
-            raise invalid_argument("output", "has no room for the assignment "
-                                   "(result_space(..., return_assignment=True))")
-        need["assignment"] = sum(start.head_tokens) * 4 if start.head_tokens else \
-            start.num_heads * start.num_tokens * 4
+        entries = sum(start.head_tokens) if start.head_tokens else \
+            start.num_heads * start.num_tokens
+    need = largest_result_bytes(start.num_heads, length, start.key_dim, start.value_dim, dtype,
+                                entries)
     for name, size in need.items():
         have = getattr(space, name).nbytes
         if have < size:

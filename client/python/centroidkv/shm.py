@@ -108,15 +108,12 @@ class SharedRegion:
                             ("value_dim", value_dim)):
             if int(value) <= 0:
                 raise invalid_argument(name, f"must be positive (got {value})")
-        rows = int(heads) * max(int(tokens), int(pad_to))
-        element = DTYPE_SIZE[code]
-        return ResultSpace(
-            self, code,
-            keys=self.array((rows * int(key_dim) * element,), np.uint8),
-            values=self.array((rows * int(value_dim) * element,), np.uint8),
-            counts=self.array((rows * 4,), np.uint8),
-            assignment=(self.array((int(heads) * int(tokens) * 4,), np.uint8)
-                        if return_assignment else None))
+        sizes = largest_result_bytes(int(heads), max(int(tokens), int(pad_to)), int(key_dim),
+                                     int(value_dim), code,
+                                     int(heads) * int(tokens) if return_assignment else None)
+        buffers = {name: self.array((size,), np.uint8) for name, size in sizes.items()}
+        return ResultSpace(self, code, keys=buffers["keys"], values=buffers["values"],
+                           counts=buffers["counts"], assignment=buffers.get("assignment"))
 
     def span_of(self, data: memoryview) -> Optional[tuple]:
         """(offset, bytes) of a flat byte view inside the region, or None."""
@@ -155,6 +152,21 @@ class SharedRegion:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def largest_result_bytes(heads: int, rows_per_head: int, key_dim: int, value_dim: int,
+                         dtype: int, assignment_entries: Optional[int]) -> dict:
+    """Bytes of each tensor of a job's largest result (the C++ MaxResultTensorBytes):
+    keys, values and counts for `rows_per_head` rows of every head (the tokens, or pad_to
+    when larger) in `dtype` (a pb.DType), and the assignment's int32 entries (one per input
+    token) when `assignment_entries` is not None."""
+    rows = heads * rows_per_head
+    element = DTYPE_SIZE[dtype]
+    sizes = {"keys": rows * key_dim * element, "values": rows * value_dim * element,
+             "counts": rows * 4}
+    if assignment_entries is not None:
+        sizes["assignment"] = assignment_entries * 4
+    return sizes
 
 
 class ResultSpace:

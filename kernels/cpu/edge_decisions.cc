@@ -7,8 +7,12 @@
 namespace centroidkv::cpu {
 namespace {
 
-// The reference's top-r order: score descending, then source ascending.
+// The reference's top-r order: score descending, then source ascending. A NaN score (an
+// exact rescore of keys that a client changed during the job) sorts last, so the order stays
+// a strict weak one and the sorts stay inside their ranges.
 bool Precedes(const Edge& x, const Edge& y) {
+  const bool x_nan = std::isnan(x.score), y_nan = std::isnan(y.score);
+  if (x_nan || y_nan) return x_nan != y_nan ? y_nan : x.source < y.source;
   if (x.score != y.score) return x.score > y.score;
   return x.source < y.source;
 }
@@ -28,8 +32,9 @@ ScorerBuffers& Buffers() {
 
 // The exact best destination of source `i` among those whose float score is within
 // 2 * bound of its float best (the lowest destination on exact ties): the matcher's
-// near-tie list when it kept one, else those a rescan of the row in float finds.
-void ResolveNearTie(int32_t i, ChunkMatcher* matcher, int64_t first, double bound,
+// near-tie list when it kept one, else those a rescan of the row in float finds. False when
+// there is none (the scores are NaN: the keys changed after they were checked).
+bool ResolveNearTie(int32_t i, ChunkMatcher* matcher, int64_t first, double bound,
                     const ExactScorer& scorer, Edge* edge) {
   std::vector<int64_t>& candidates = Buffers().candidates;
   candidates.clear();
@@ -45,6 +50,7 @@ void ResolveNearTie(int32_t i, ChunkMatcher* matcher, int64_t first, double boun
       if (static_cast<double>(scores[k]) >= top - 2.0 * bound) candidates.push_back(first + 2 * k + 1);
     }
   }
+  if (candidates.empty()) return false;
   std::vector<double>& exact = Buffers().scores;
   exact.resize(candidates.size());
   scorer.Scores(edge->source, candidates, exact.data());
@@ -55,6 +61,7 @@ void ResolveNearTie(int32_t i, ChunkMatcher* matcher, int64_t first, double boun
   edge->destination = static_cast<int32_t>(candidates[best]);
   edge->score = exact[best];
   edge->exact = true;
+  return true;
 }
 
 }  // namespace
@@ -92,20 +99,32 @@ void MakeExact(Edge* edge, const ExactScorer& scorer) {
   edge->exact = true;
 }
 
-void ResolveChunkEdges(const RowMatch* matches, ChunkMatcher* matcher, int64_t first, double floor,
+bool ResolveChunkEdges(const RowMatch* matches, ChunkMatcher* matcher, int64_t first, double floor,
                        double bound, const ExactScorer& scorer, Edge* edges) {
   const int32_t destinations = matcher->destinations();
+  bool usable = true;
   for (int32_t i = 0; i < matcher->sources(); ++i) {
     Edge& edge = edges[i];
     edge = Edge{};
     edge.source = static_cast<int32_t>(first + 2 * i);
     const RowMatch& match = matches[i];
+    bool resolved = false;
     if (destinations >= 2 &&
         static_cast<double>(match.second) >= static_cast<double>(match.first) - 2.0 * bound) {
-      ResolveNearTie(i, matcher, first, bound, scorer, &edge);
-    } else {
-      edge.destination = static_cast<int32_t>(first + 2 * match.best + 1);
+      resolved = ResolveNearTie(i, matcher, first, bound, scorer, &edge);
+    } else if (match.best >= 0 && match.best < destinations) {
+      edge.destination = static_cast<int32_t>(first + 2 * int64_t{match.best} + 1);
       edge.score = match.first;
+      resolved = true;
+    }
+    // A NaN score (and with it a best outside the chunk) comes only from keys that stopped
+    // being finite after their check: a client writing its shared-memory input during the
+    // job. Such a source gets no edge, and the caller fails the job.
+    if (!resolved || !std::isfinite(edge.score)) {
+      edge = Edge{};
+      edge.source = static_cast<int32_t>(first + 2 * i);
+      usable = false;
+      continue;
     }
     if (std::isinf(floor)) {
       edge.candidate = true;
@@ -118,6 +137,7 @@ void ResolveChunkEdges(const RowMatch* matches, ChunkMatcher* matcher, int64_t f
       edge.candidate = edge.score >= floor;
     }
   }
+  return usable;
 }
 
 void KeepBest(std::span<Edge> edges, int64_t r, double bound, const ExactScorer& scorer,

@@ -61,7 +61,10 @@ void MakeExact(Edge* edge, const ExactScorer& scorer);
 
 // Steps 3-4 for the chunk that `matcher` last matched (first row `first`): edges[i] for
 // every source i, with `matches` from that call. `floor` is -infinity when there is none.
-void ResolveChunkEdges(const RowMatch* matches, ChunkMatcher* matcher, int64_t first, double floor,
+// False when some source's scores are not finite (its keys changed after they were checked
+// for NaN and Inf): that source gets no edge (destination -1, not a candidate), every index
+// stays inside the chunk, and the caller must fail the job.
+bool ResolveChunkEdges(const RowMatch* matches, ChunkMatcher* matcher, int64_t first, double floor,
                        double bound, const ExactScorer& scorer, Edge* edges);
 
 // Step 6: sets `kept` on the r best candidates of `edges` (the slots of one head). `order`

@@ -68,8 +68,10 @@ void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchR
   GrowScratch(&scratch.matches, static_cast<size_t>(sources));
   scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_, scratch.matches.data(),
                         &next);
-  ResolveChunkEdges(scratch.matches.data(), &scratch.matcher, first, floor_, bound_, Scorer(head),
-                    edges);
+  if (!ResolveChunkEdges(scratch.matches.data(), &scratch.matcher, first, floor_, bound_,
+                         Scorer(head), edges)) {
+    bad_input_.store(true);  // the keys changed while the job read them (BadInput)
+  }
   if (fused) {
     for (int32_t i = 0; i < sources; ++i) edges[i].kept = edges[i].candidate;
   }

@@ -30,19 +30,37 @@ std::vector<float> RandomKeys(int32_t rows, uint64_t seed) {
   return keys;
 }
 
-TEST(ResolveChunkEdgesTest, FiniteMatchesGiveEveryEdgeInsideTheChunk) {
-  const KernelTable& kernels = KernelsFor(DetectSimdLevel());
-  const std::vector<float> keys = RandomKeys(kLength, 1);
-  const RowBlock rows{keys.data(), ElemType::kF32, kDim};
+// One chunk of kLength random float keys, matched at this CPU's level.
+struct MatchedChunk {
+  explicit MatchedChunk(uint64_t seed)
+      : kernels(KernelsFor(DetectSimdLevel())),
+        keys(RandomKeys(kLength, seed)),
+        rows{keys.data(), ElemType::kF32, kDim},
+        scorer(kernels, rows, kDim),
+        matches(kLength) {
+    matcher.Match(kernels, rows, 0, kLength, kDim, matches.data());
+  }
+
+  // ResolveChunkEdges with no floor.
+  bool Resolve(std::vector<Edge>* edges) {
+    edges->assign(kLength, Edge{});
+    return ResolveChunkEdges(matches.data(), &matcher, 0, -std::numeric_limits<double>::infinity(),
+                             MatchErrorBound(kernels, kDim), scorer, edges->data());
+  }
+
+  const KernelTable& kernels;
+  std::vector<float> keys;
+  RowBlock rows;
+  ExactScorer scorer;
   ChunkMatcher matcher;
-  std::vector<RowMatch> matches(kLength);
-  matcher.Match(kernels, rows, 0, kLength, kDim, matches.data());
-  std::vector<Edge> edges(kLength);
-  const ExactScorer scorer(kernels, rows, kDim);
-  EXPECT_TRUE(ResolveChunkEdges(matches.data(), &matcher, 0,
-                                -std::numeric_limits<double>::infinity(),
-                                MatchErrorBound(kernels, kDim), scorer, edges.data()));
-  for (int32_t i = 0; i < matcher.sources(); ++i) {
+  std::vector<RowMatch> matches;
+};
+
+TEST(ResolveChunkEdgesTest, FiniteMatchesGiveEveryEdgeInsideTheChunk) {
+  MatchedChunk chunk(1);
+  std::vector<Edge> edges;
+  EXPECT_TRUE(chunk.Resolve(&edges));
+  for (int32_t i = 0; i < chunk.matcher.sources(); ++i) {
     EXPECT_EQ(edges[i].source, 2 * i);
     EXPECT_EQ(edges[i].destination % 2, 1) << "source " << i;
     EXPECT_GE(edges[i].destination, 1);
@@ -52,21 +70,13 @@ TEST(ResolveChunkEdgesTest, FiniteMatchesGiveEveryEdgeInsideTheChunk) {
 }
 
 TEST(ResolveChunkEdgesTest, NonFiniteMatchGivesNoEdgeAndIsReported) {
-  const KernelTable& kernels = KernelsFor(DetectSimdLevel());
-  const std::vector<float> keys = RandomKeys(kLength, 2);
-  const RowBlock rows{keys.data(), ElemType::kF32, kDim};
-  ChunkMatcher matcher;
-  std::vector<RowMatch> matches(kLength);
-  matcher.Match(kernels, rows, 0, kLength, kDim, matches.data());
+  MatchedChunk chunk(2);
   // What ReduceTop2 returns when every lane of a source is NaN: no lane equals the maximum.
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  matches[1] = RowMatch{0x7fffffff, nan, nan};
-  matches[3] = RowMatch{2, nan, -1.0f};  // a valid index, a NaN score
-  std::vector<Edge> edges(kLength);
-  const ExactScorer scorer(kernels, rows, kDim);
-  EXPECT_FALSE(ResolveChunkEdges(matches.data(), &matcher, 0,
-                                 -std::numeric_limits<double>::infinity(),
-                                 MatchErrorBound(kernels, kDim), scorer, edges.data()));
+  chunk.matches[1] = RowMatch{0x7fffffff, nan, nan};
+  chunk.matches[3] = RowMatch{2, nan, -1.0f};  // a valid index, a NaN score
+  std::vector<Edge> edges;
+  EXPECT_FALSE(chunk.Resolve(&edges));
   for (int32_t i : {1, 3}) {
     EXPECT_EQ(edges[i].source, 2 * i);
     EXPECT_EQ(edges[i].destination, -1) << "source " << i;

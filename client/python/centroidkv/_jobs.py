@@ -226,11 +226,11 @@ def _output_to(space, start: pb.StartJob, length: int) -> None:
     if dtype != space.dtype:
         raise invalid_argument("output", f"has room for {pb.DType.Name(space.dtype)} rows, "
                                f"the job returns {pb.DType.Name(dtype)}")
-    if start.return_assignment and space.assignment is None:
-        raise invalid_argument("output", "has no room for the assignment "
-                               "(result_space(..., return_assignment=True))")
-    entries = None
+    entries = None  # assignment entries, when the job returns one
     if start.return_assignment:
+        if space.assignment is None:
+            raise invalid_argument("output", "has no room for the assignment "
+                                   "(result_space(..., return_assignment=True))")
         entries = sum(start.head_tokens) if start.head_tokens else \
             start.num_heads * start.num_tokens
     need = largest_result_bytes(start.num_heads, length, start.key_dim, start.value_dim, dtype,

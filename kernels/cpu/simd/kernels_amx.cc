@@ -170,11 +170,7 @@ RowMatch TopTwo(const float* scores, int32_t b_count, double tie_window, NearTie
   }
   const RowMatch match = Avx512::ReduceTop2(m1, m2, idx);
   ties->count = 0;
-  // A float threshold at or below best - window: the list may hold a few more destinations
-  // than the double comparison would, never fewer.
-  const double limit = static_cast<double>(match.first) - tie_window;
-  float threshold = static_cast<float>(limit);
-  if (static_cast<double>(threshold) > limit) threshold = __builtin_nextafterf(threshold, kNegInfinity);
+  const float threshold = NearTieThreshold(match.first, tie_window);
   if (match.second < threshold) return match;
   const __m512 floor = _mm512_set1_ps(threshold);
   int32_t count = 0;

@@ -170,13 +170,7 @@ void FindNearTies(const RowMatch& match, typename Q::I m1, typename Q::I m2, typ
                   double tie_window, NearTies* ties) {
   constexpr int32_t kLanes = Q::kW;
   ties->count = 0;
-  // A float threshold at or below best - window: the list may hold a few more destinations
-  // than the double comparison would, never fewer.
-  const double limit = static_cast<double>(match.first) - tie_window;
-  float threshold = static_cast<float>(limit);
-  if (static_cast<double>(threshold) > limit) {
-    threshold = __builtin_nextafterf(threshold, kNegInfinity);
-  }
+  const float threshold = NearTieThreshold(match.first, tie_window);
   if (b_count < 2 || match.second < threshold) return;
   // Each lane's best is a known destination; where no lane's second reaches the threshold,
   // those bests are all the near ties (no third can either), else rescan.

@@ -152,6 +152,17 @@ void PackPanels(const float* rows, int64_t row_stride, const float* inverse_norm
   }
 }
 
+// The float score from which a destination is a near tie of a source whose best is `best`
+// (NearTies, for the window `tie_window`): at or below best - tie_window, so a list made by
+// comparing float scores with it may hold a few more destinations than the double comparison
+// would, never fewer.
+inline float NearTieThreshold(float best, double tie_window) {
+  const double limit = static_cast<double>(best) - tie_window;
+  const float threshold = static_cast<float>(limit);
+  return static_cast<double>(threshold) > limit ? __builtin_nextafterf(threshold, kNegInfinity)
+                                                : threshold;
+}
+
 // Issues the prefetches of PrefetchRanges in `steps` equal shares, one share per Step(), into
 // L2 (a chunk's rows are larger than L1). Small shares, spread through the match kernel's
 // inner loop: a burst of prefetches would take every line fill buffer from the kernel's own

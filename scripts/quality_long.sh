@@ -1,15 +1,44 @@
 #!/usr/bin/env bash
-# The retrieval evaluation on the long-context model (issue 22): builds the server and
-# centroidkv-retrieval, starts a server, runs every case of models/longctx/retrieval_cases.txt
-# with the full cache and with CentroidKV (through the server), StreamingLLM and H2O at each
-# budget, and writes docs/quality-long-retrieval.md and .json (docs/quality-long.md discusses them).
-# Extra arguments go to centroidkv-retrieval (e.g. --budgets 0.25 --methods centroidkv).
+# The long-context report (issue 30) on models/longctx: builds the server, centroidkv-retrieval
+# and centroidkv-quality, starts a server, and writes
+#   docs/quality-long-retrieval.md/.json  retrieval exact match (models/longctx/retrieval_cases.txt)
+#       per method, budget, kind, depth and length; outlier heads for centroidkv+outliers
+#       calibrated on models/longctx/calibration_cases.txt (training stories, seed 200);
+#   docs/quality-long-kl.md/.json         KL / top-1 on fluent text sampled from the model
+#       (seeds 1000+, outlier heads calibrated on seeds 5000+);
+#   docs/quality-long.png                 the plot (python3-matplotlib, installed if missing).
+# docs/quality-long.md discusses them. Usage: scripts/quality_long.sh [retrieval|kl|plot|all]
+# (default all); extra arguments after the stage go to that stage's tool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/build.sh centroidkv_server centroidkv_retrieval
+stage=${1:-all}
+[ $# -gt 0 ] && shift
+bash scripts/build.sh centroidkv_server centroidkv_retrieval centroidkv_quality
 bin=${CKV_BUILD_DIR:-build}/bin
+model=models/longctx/model.bin
+with_server=(env CKV_SERVER_SOCKET=/tmp/centroidkv-quality-long.sock bash scripts/with_server.sh "$bin")
 
-CKV_SERVER_SOCKET=/tmp/centroidkv-quality-long.sock bash scripts/with_server.sh "$bin" "$bin/centroidkv-retrieval" --server "{server}" \
-  --model models/longctx/model.bin --cases models/longctx/retrieval_cases.txt \
-  --report-md docs/quality-long-retrieval.md "$@" >docs/quality-long-retrieval.json
+if [ "$stage" = retrieval ] || [ "$stage" = all ]; then
+  "${with_server[@]}" "$bin/centroidkv-retrieval" --server "{server}" --model "$model" \
+    --cases models/longctx/retrieval_cases.txt \
+    --calibration-cases models/longctx/calibration_cases.txt \
+    --methods centroidkv,streamingllm,h2o,snapkv,kmeans --budgets 0.5,0.25,0.1 \
+    --report-md docs/quality-long-retrieval.md "$@" >docs/quality-long-retrieval.json
+fi
+if [ "$stage" = kl ] || [ "$stage" = all ]; then
+  "${with_server[@]}" "$bin/centroidkv-quality" --server "{server}" --model "$model" \
+    --tokenizer ../shared/models/tok512.bin --texts 16 --seed 1000 --prefill 768 \
+    --continuation 128 --budgets 0.5,0.25,0.1 --calibration-texts 8 --calibration-seed 5000 \
+    --report-md docs/quality-long-kl.md --report-json docs/quality-long-kl.json "$@"
+fi
+if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  echo "quality_long: installing python3-matplotlib for the plot" >&2
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    python3-matplotlib >&2
+fi
+/usr/bin/python3 scripts/plot_quality_long.py docs/quality-long-retrieval.json \
+  docs/quality-long-kl.json docs/quality-long.png >&2

@@ -64,16 +64,36 @@ absl::StatusOr<std::vector<std::vector<float>>> TeacherForce(Transformer& transf
   return logits;
 }
 
+absl::Status PrefillTracked(Transformer& transformer, std::span<const int32_t> tokens,
+                            const PrefillTracking& tracking, KvCache* cache,
+                            std::optional<KvCache>* window_cache) {
+  cache->TrackAttention(tracking.whole);
+  const size_t window =
+      std::min(tokens.size(), static_cast<size_t>(std::max(0, tracking.observation_window)));
+  const std::span<const int32_t> head = tokens.first(tokens.size() - window);
+  const std::span<const int32_t> tail = tokens.last(window);
+  if (absl::Status status = transformer.Prefill(head, cache); !status.ok()) return status;
+  if (window == 0) {
+    window_cache->reset();
+    return absl::OkStatus();
+  }
+  *window_cache = *cache;
+  (*window_cache)->TrackAttention(true);  // from here on: the window's queries only
+  if (absl::Status status = transformer.Prefill(tail, &**window_cache); !status.ok()) {
+    return status;
+  }
+  return transformer.Prefill(tail, cache);
+}
+
 absl::StatusOr<PrefilledText> PrefillText(Transformer& transformer, std::span<const int32_t> tokens,
-                                          int32_t prefill, bool track_attention) {
+                                          int32_t prefill, const PrefillTracking& tracking) {
   if (prefill < 1 || static_cast<size_t>(prefill) >= tokens.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prefill ", prefill, " must leave a continuation in a text of ", tokens.size(), " tokens"));
   }
-  PrefilledText text{transformer.NewCache(), {}, {}};
-  text.cache.TrackAttention(track_attention);
-  if (absl::Status status =
-          transformer.Prefill(tokens.first(static_cast<size_t>(prefill)), &text.cache);
+  PrefilledText text{transformer.NewCache(), {}, {}, std::nullopt};
+  if (absl::Status status = PrefillTracked(transformer, tokens.first(static_cast<size_t>(prefill)),
+                                           tracking, &text.cache, &text.window_cache);
       !status.ok()) {
     return status;
   }
@@ -88,8 +108,13 @@ absl::StatusOr<PrefilledText> PrefillText(Transformer& transformer, std::span<co
 
 absl::StatusOr<Agreement> EvaluateCompressed(Transformer& transformer, const PrefilledText& text,
                                              const CacheCompressor& compress,
-                                             int64_t* entries_after) {
-  KvCache cache = text.cache;
+                                             int64_t* entries_after, bool from_window) {
+  if (from_window && !text.window_cache) {
+    return absl::FailedPreconditionError(
+        "this method reads the observation window's attention: prefill with "
+        "PrefillTracking::observation_window > 0");
+  }
+  KvCache cache = from_window ? *text.window_cache : text.cache;
   if (absl::Status status = compress(&cache); !status.ok()) return status;
   if (entries_after != nullptr) *entries_after = cache.TotalEntries();
   absl::StatusOr<std::vector<std::vector<float>>> logits =

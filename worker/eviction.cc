@@ -1,10 +1,12 @@
-// StreamingLLM and H2O-style eviction baselines.
+// StreamingLLM, H2O-style and SnapKV eviction baselines.
 #include "worker/eviction.h"
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <numeric>
+
+#include "absl/strings/str_cat.h"
 
 namespace centroidkv::worker {
 
@@ -61,16 +63,14 @@ std::vector<int64_t> StreamingLlmKeep(const HeadCache& head, int64_t budget, int
   return keep;
 }
 
-// Sinks, the recent window and the most attended entries between them (the older entry on
-// ties).
-std::vector<int64_t> HeavyHittersKeep(const HeadCache& head, int64_t budget, int32_t sinks,
-                                      int32_t recent) {
-  const int64_t n = head.size();
-  const BudgetSplit split = SplitBudget(budget, sinks, recent);
+// Sinks, the newest `recent`, and the `middle` entries between them with the highest
+// `score` (the older entry on ties), ascending.
+std::vector<int64_t> KeepTopScored(int64_t n, const BudgetSplit& split,
+                                   const std::vector<double>& score) {
   std::vector<int64_t> middle;
   for (int64_t i = split.sinks; i < n - split.recent; ++i) middle.push_back(i);
-  std::stable_sort(middle.begin(), middle.end(), [&head](int64_t a, int64_t b) {
-    return head.attention[static_cast<size_t>(a)] > head.attention[static_cast<size_t>(b)];
+  std::stable_sort(middle.begin(), middle.end(), [&score](int64_t a, int64_t b) {
+    return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)];
   });
   middle.resize(static_cast<size_t>(split.middle));
   std::vector<int64_t> keep(static_cast<size_t>(split.sinks));
@@ -81,11 +81,32 @@ std::vector<int64_t> HeavyHittersKeep(const HeadCache& head, int64_t budget, int
   return keep;
 }
 
-absl::Status CheckTracksAttention(const KvCache& cache) {
+// The mean of score over [i - kernel/2, i + kernel/2] clipped to the head (kvpress pads
+// with zeros and divides by the kernel: the same ranking away from the ends).
+std::vector<double> AveragePooled(const std::vector<double>& score, int32_t kernel) {
+  const int64_t n = static_cast<int64_t>(score.size()), half = kernel / 2;
+  std::vector<double> pooled(score.size(), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0.0;
+    for (int64_t j = std::max<int64_t>(0, i - half); j <= std::min(n - 1, i + half); ++j) {
+      sum += score[static_cast<size_t>(j)];
+    }
+    pooled[static_cast<size_t>(i)] = sum / kernel;
+  }
+  return pooled;
+}
+
+absl::Status CheckTracksAttention(const KvCache& cache, const char* method) {
   if (cache.tracks_attention()) return absl::OkStatus();
   return absl::FailedPreconditionError(
-      "H2O needs the attention accumulated during prefill: call TrackAttention(true) "
-      "before prefilling");
+      absl::StrCat(method, " needs the attention accumulated during prefill: call "
+                           "TrackAttention(true) before prefilling"));
+}
+
+// Sinks, the recent window and the most attended entries between them.
+std::vector<int64_t> HeavyHittersKeep(const HeadCache& head, int64_t budget, int32_t sinks,
+                                      int32_t recent) {
+  return KeepTopScored(head.size(), SplitBudget(budget, sinks, recent), head.attention);
 }
 
 }  // namespace
@@ -103,7 +124,7 @@ void EvictStreamingLlmToBudget(KvCache* cache, int64_t budget_entries, int32_t s
 }
 
 absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int32_t recent) {
-  if (absl::Status s = CheckTracksAttention(*cache); !s.ok()) return s;
+  if (absl::Status s = CheckTracksAttention(*cache, "H2O"); !s.ok()) return s;
   EvictEachHead(
       cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); },
       [sinks, recent](const HeadCache& head, int64_t budget) {
@@ -114,11 +135,24 @@ absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int3
 
 absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
                                        int32_t recent) {
-  if (absl::Status s = CheckTracksAttention(*cache); !s.ok()) return s;
+  if (absl::Status s = CheckTracksAttention(*cache, "H2O"); !s.ok()) return s;
   EvictEachHead(
       cache, [budget_entries](int64_t) { return budget_entries; },
       [sinks, recent](const HeadCache& head, int64_t budget) {
         return HeavyHittersKeep(head, budget, sinks, recent);
+      });
+  return absl::OkStatus();
+}
+
+absl::Status EvictSnapKv(KvCache* cache, double ratio, int32_t sinks, int32_t window,
+                         int32_t kernel) {
+  if (absl::Status s = CheckTracksAttention(*cache, "SnapKV"); !s.ok()) return s;
+  if (kernel < 1) return absl::InvalidArgumentError(absl::StrCat("SnapKV kernel ", kernel, " < 1"));
+  EvictEachHead(
+      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); },
+      [sinks, window, kernel](const HeadCache& head, int64_t budget) {
+        return KeepTopScored(head.size(), SplitBudget(budget, sinks, window),
+                             AveragePooled(head.attention, kernel));
       });
   return absl::OkStatus();
 }

@@ -2,7 +2,12 @@
 // quality comparison (SPEC section 4). Each keeps a subset of the entries unchanged:
 //   - StreamingLLM: the first `sinks` entries (attention sinks) and the most recent ones;
 //   - H2O-style: sinks, the `recent` newest entries, and the entries with the most
-//     attention accumulated during prefill (KvCache::TrackAttention) in the rest.
+//     attention accumulated during prefill (KvCache::TrackAttention) in the rest;
+//   - SnapKV: sinks, the observation window (the `window` newest entries, the end of the
+//     context) and the entries the window's queries attended to most (their attention
+//     summed over the window and the KV head's query heads, average-pooled over
+//     `kernel` neighbouring positions as kvpress's SnapKVPress does) in the rest. The
+//     cache's statistic must cover the window's queries only (PrefillTracked).
 // A head that already fits the budget is left alone. Positions are unchanged, so decoding
 // continues at the true length, as after CentroidKV.
 //
@@ -48,5 +53,10 @@ absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int3
 // entries outside the protected windows (attention keeps accumulating while decoding).
 absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
                                        int32_t recent);
+
+// SnapKV at `ratio` of each head's entries. FailedPrecondition when the cache did not track
+// attention; InvalidArgument for a kernel below 1.
+absl::Status EvictSnapKv(KvCache* cache, double ratio, int32_t sinks, int32_t window,
+                         int32_t kernel);
 
 }  // namespace centroidkv::worker

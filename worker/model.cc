@@ -52,6 +52,20 @@ absl::Status ValidateConfig(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
+float RopeThetaOfTable(const float* table, int32_t seq_len, int32_t head_size) {
+  constexpr float kLlama2cBase = 10000.0f;
+  const int64_t half = head_size / 2, n = int64_t{seq_len} * half;
+  if (seq_len < 2 || half < 2) return kLlama2cBase;
+  const double angle = std::atan2(static_cast<double>(table[2 * n - 1]),
+                                  static_cast<double>(table[n - 1]));
+  const double frequency = angle / (seq_len - 1);
+  if (!(frequency > 0.0)) return kLlama2cBase;
+  const double theta = std::pow(frequency, -static_cast<double>(head_size) / (head_size - 2));
+  // 4 significant digits
+  const double scale = std::pow(10.0, std::floor(std::log10(theta)) - 3.0);
+  return static_cast<float>(std::round(theta / scale) * scale);
+}
+
 int64_t CheckpointFloatCount(const ModelConfig& c) {
   const int64_t d = c.dim, f = c.hidden_dim, l = c.n_layers, v = c.vocab_size;
   const int64_t kv = c.kv_dim();
@@ -127,7 +141,8 @@ absl::StatusOr<Model> ParseModel(const std::string& bytes, const std::string& na
   model.w2_ = take(l * d * f);
   model.w3_ = take(l * f * d);
   model.rms_final_ = take(d);
-  take(int64_t{c.seq_len} * c.head_size());  // legacy RoPE table: RoPE is computed instead
+  const int64_t table = take(int64_t{c.seq_len} * c.head_size());  // legacy RoPE table
+  c.rope_theta = RopeThetaOfTable(model.weights_.data() + table, c.seq_len, c.head_size());
   model.classifier_ = c.shared_classifier ? model.embedding_ : take(int64_t{c.vocab_size} * d);
   return model;
 }

@@ -6,8 +6,9 @@
 // n_layers, n_heads, n_kv_heads, vocab_size, seq_len), then float32 tensors, row-major
 // [out, in]: embedding [V, D], rms_att [L, D], wq [L, D, D], wk [L, KV, D], wv [L, KV, D],
 // wo [L, D, D], rms_ffn [L, D], w1 [L, F, D], w2 [L, D, F], w3 [L, F, D], rms_final [D],
-// a legacy RoPE table [S, hs/2] x 2 (skipped), and the classifier [V, D] only when the
-// header's vocab_size is negative (otherwise the embedding is shared).
+// a legacy RoPE table [S, hs/2] x 2 (read only for its base, RopeThetaOfTable), and the
+// classifier [V, D] only when the header's vocab_size is negative (otherwise the embedding
+// is shared).
 //
 // Thread-safety: immutable after LoadModel(); share one Model between threads freely.
 #pragma once
@@ -29,6 +30,7 @@ struct ModelConfig {
   int32_t vocab_size = 0;         // V (always positive here)
   int32_t seq_len = 0;            // the context the model was trained for
   bool shared_classifier = true;  // logits = embedding @ x (header vocab_size > 0)
+  float rope_theta = 10000.0f;    // RoPE base, from the legacy table (10000 in llama2.c's files)
 
   int32_t head_size() const { return dim / n_heads; }
   int32_t kv_dim() const { return head_size() * n_kv_heads; }
@@ -38,6 +40,12 @@ struct ModelConfig {
 
 // Checks the header's shapes: positive, divisible, an even head size (RoPE rotates pairs).
 absl::Status ValidateConfig(const ModelConfig& config);
+
+// The RoPE base that wrote a legacy table (cos [S, hs/2] then sin [S, hs/2]): from the
+// slowest pair's angle at the last position, rounded to 4 significant digits, so that
+// llama2.c's own files give exactly 10000 and models/longctx (RoPE base 500000) its own.
+// 10000 where the table cannot tell (seq_len < 2, or a zero angle).
+float RopeThetaOfTable(const float* table, int32_t seq_len, int32_t head_size);
 
 // Float32 values the weights of `config` occupy after the header, the legacy RoPE table
 // and the optional classifier included.

@@ -11,7 +11,6 @@ namespace centroidkv::worker {
 namespace {
 
 constexpr float kRmsEpsilon = 1e-5f;
-constexpr float kRopeBase = 10000.0f;
 
 // out = weight * x / sqrt(mean(x^2) + eps), n elements.
 void RmsNorm(float* out, const float* x, const float* weight, int32_t n) {
@@ -32,9 +31,9 @@ void MatVec(float* out, const float* w, const float* x, int32_t rows, int32_t co
 }
 
 // Rotates the interleaved pairs (2j, 2j+1) of `n` elements by pos * base^(-(i mod hs)/hs).
-void Rope(float* vec, int32_t n, int32_t head_size, int64_t pos) {
+void Rope(float* vec, int32_t n, int32_t head_size, int64_t pos, float base) {
   for (int32_t i = 0; i < n; i += 2) {
-    const float frequency = 1.0f / std::pow(kRopeBase, static_cast<float>(i % head_size) /
+    const float frequency = 1.0f / std::pow(base, static_cast<float>(i % head_size) /
                                                            static_cast<float>(head_size));
     const float angle = static_cast<float>(pos) * frequency;
     const float c = std::cos(angle), s = std::sin(angle);
@@ -108,8 +107,8 @@ absl::Status Transformer::Forward(int32_t token, KvCache* cache) {
     MatVec(q_.data(), model_.wq(layer), xb_.data(), c.dim, c.dim);
     MatVec(k_.data(), model_.wk(layer), xb_.data(), c.kv_dim(), c.dim);
     MatVec(v_.data(), model_.wv(layer), xb_.data(), c.kv_dim(), c.dim);
-    Rope(q_.data(), c.dim, c.head_size(), cache->position());
-    Rope(k_.data(), c.kv_dim(), c.head_size(), cache->position());
+    Rope(q_.data(), c.dim, c.head_size(), cache->position(), c.rope_theta);
+    Rope(k_.data(), c.kv_dim(), c.head_size(), cache->position(), c.rope_theta);
     cache->Append(layer, k_.data(), v_.data());
     Attention(layer, cache);
     MatVec(xb2_.data(), model_.wo(layer), xb_.data(), c.dim, c.dim);

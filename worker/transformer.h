@@ -2,7 +2,7 @@
 // attention is softmax(q.k / sqrt(head_size) + ln(count)) over the cached entries of the
 // query head's KV head (SPEC section 2), so a centroid of c tokens weighs as c identical
 // keys would; count-0 rows (padding of an equal-length result) are masked out. RoPE
-// (interleaved pairs, base 10000) uses the cache's true position.
+// (interleaved pairs, the model's base: ModelConfig::rope_theta) uses the cache's true position.
 //
 // Thread-safety: a Transformer holds scratch buffers; use one per thread. It borrows the
 // Model, which must outlive it.

@@ -4,8 +4,12 @@
   held-out set at the first, middle and last depth of each kind, with the greedy answer the
   PyTorch model decodes (the C++ worker must decode the same tokens) (same seed 7, so the card's accuracy covers them), full context.
 - retrieval_cases.txt: the retrieval evaluation (centroidkv-retrieval): every kind with the
-  deciding fact at depths 0, 0.25, 0.5, 0.75, 1 of a full-context text, --per-depth cases
-  each, with their own seed (100), one case a line: KIND DEPTH | context | question | answer.
+  deciding fact at depths 0, 0.25, 0.5, 0.75, 1 of texts of 256, 512 and 1024 tokens
+  (--lengths), --per-depth cases each, with their own seed (100), one case a line:
+  KIND DEPTH | context | question | answer.
+- calibration_cases.txt: the same at the full context from the *training* stories and seed
+  200 (--calibration-per-depth each): what `centroidkv-retrieval --calibration-cases` picks
+  outlier heads on, never the evaluation's stories or seed.
 
   python cases.py [--per-depth N]
 """
@@ -49,10 +53,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--per-depth", type=int, default=2)
-    p.add_argument("--test-per-kind", type=int, default=2)
+    p.add_argument("--test-per-kind", type=int, default=3)
     p.add_argument("--heldout-per-kind", type=int, default=8)
     p.add_argument("--seed", type=int, default=100)
-    p.add_argument("--format", default="v0", choices=sorted(FORMATS),
+    p.add_argument("--lengths", default="256,512,1024")
+    p.add_argument("--calibration-seed", type=int, default=200)
+    p.add_argument("--calibration-per-depth", type=int, default=1)
+    p.add_argument("--format", default="circuit", choices=sorted(FORMATS),
                    help="the task texts the model was trained on (train.py --format)")
     p.add_argument("--model", default=os.path.join(HERE, "model.bin"))
     a = p.parse_args()
@@ -73,18 +80,30 @@ def main():
                    for c in test], f)
     hits = sum(c["greedy"] == c["answer"] for c in test)
     print(f"PyTorch greedy, full cache: {hits}/{len(test)} test cases answered exactly")
-    rng = random.Random(a.seed)
-    lines = []
-    for kind in KINDS:
-        for depth in DEPTHS:
-            for _ in range(a.per_depth):
-                seq, spans = builder.build(rng, a.seq_len, asked=[kind], present=list(KINDS),
-                                           depth=depth)
-                s, e, q = spans[0]
-                lines.append(f"{kind} {depth:g} | {ids(seq[:q])} | {ids(seq[q:s])} | {ids(seq[s:e])}")
+    lines = case_lines(builder, [int(n) for n in a.lengths.split(",")], a.per_depth, a.seed)
     with open(os.path.join(HERE, "retrieval_cases.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print(f"{len(test)} test cases, {len(lines)} retrieval cases")
+    train_stories = load_or_sample(os.path.join(HERE, "cache", "stories-train-s1-n4096.npz"), 4096, 1)
+    calibration = case_lines(TaskBuilder(tok, train_stories, a.format), [a.seq_len],
+                             a.calibration_per_depth, a.calibration_seed)
+    with open(os.path.join(HERE, "calibration_cases.txt"), "w") as f:
+        f.write("\n".join(calibration) + "\n")
+    print(f"{len(test)} test cases, {len(lines)} retrieval cases, {len(calibration)} calibration cases")
+
+
+def case_lines(builder: TaskBuilder, lengths, per_depth: int, seed: int) -> list[str]:
+    """Cases of every length, kind and depth, all kinds' facts present, one line each."""
+    rng = random.Random(seed)
+    lines = []
+    for length in lengths:
+        for kind in KINDS:
+            for depth in DEPTHS:
+                for _ in range(per_depth):
+                    seq, spans = builder.build(rng, length, asked=[kind], present=list(KINDS),
+                                               depth=depth)
+                    s, e, q = spans[0]
+                    lines.append(f"{kind} {depth:g} | {ids(seq[:q])} | {ids(seq[q:s])} | {ids(seq[s:e])}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from train import HERE, exact_match, heldout_cases
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--format", default="v0", choices=sorted(FORMATS),
+    p.add_argument("--format", default="circuit", choices=sorted(FORMATS),
                    help="the task texts the model was trained on (train.py --format)")
     p.add_argument("--model", default=os.path.join(HERE, "model.bin"))
     p.add_argument("--per-kind", type=int, default=20)

@@ -162,9 +162,11 @@ def load_llama2c(path: str) -> Transformer:
     dim, hidden, layers, heads, kv_heads, vocab, seq_len = struct.unpack("<7i", data[:28])
     if vocab <= 0:
         raise ValueError(f"{path}: only shared classifiers are supported")
-    cfg = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len)
-    model = Transformer(cfg)
     floats = np.frombuffer(data, dtype="<f4", offset=28)
+    cfg = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len)
+    weights = sum(t.numel() for t in _tensor_order(Transformer(cfg)))
+    cfg.rope_theta = rope_theta_of_table(floats[weights:], cfg)
+    model = Transformer(cfg)
     offset = 0
     with torch.no_grad():
         for t in _tensor_order(model):
@@ -172,6 +174,23 @@ def load_llama2c(path: str) -> Transformer:
             t.copy_(torch.from_numpy(floats[offset:offset + n].copy()).view_as(t))
             offset += n
     return model
+
+
+def rope_theta_of_table(table: np.ndarray, cfg: Config) -> float:
+    """The RoPE base that wrote a llama2.c file's legacy table (cos then sin, [seq_len,
+    head_size/2] each): from the slowest pair's angle at the last position, rounded to 4
+    significant digits (10000 for llama2.c's own files, 500000 for the circuit model).
+    The C++ worker reads it the same way (worker/model.cc)."""
+    half = cfg.head_size // 2
+    n = cfg.seq_len * half
+    if cfg.seq_len < 2 or table.size < 2 * n:
+        return 10000.0
+    cos, sin = float(table[n - 1]), float(table[2 * n - 1])
+    freq = math.atan2(sin, cos) / (cfg.seq_len - 1)
+    if freq <= 0:
+        return 10000.0
+    theta = freq ** (-cfg.head_size / (cfg.head_size - 2))
+    return float(f"{theta:.4g}")
 
 
 def export_llama2c(model: Transformer, path: str):

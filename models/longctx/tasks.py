@@ -39,11 +39,17 @@ FORMATS = {
               "multikey_q": " What is the key for the {o}? The key for the {o}:",
               "vartrack": " Now {o}:{v}.", "vartrack_q": " What is {o} now? {o}:"},
 }
+# "circuit" (issue 30, circuit.py): the colon texts, with variables that the stories almost
+# never use (X, Z, Q, V, U: never in the 97k training-story tokens; G 4, R and K 10 times),
+# so that a name's repeats count its updates.
+FORMATS["circuit"] = dict(FORMATS["colon"])
 V0_OBJECTS = ("apple", "ball", "cat", "dog", "tree", "bird", "cake", "car", "box", "hat", "fish",
               "book", "cup", "boat", "star", "flower", "house", "frog", "sun", "toy")
 COLON_OBJECTS = ("apple", "ball", "cat", "dog", "tree", "bird", "car", "box", "fish", "book",
                  "cup", "flower", "house", "sun", "duck", "bell", "door", "cow", "pig", "moon")
 VARIABLES = ("X", "Y", "Z", "W", "Q", "K", "R", "V")
+CIRCUIT_VARIABLES = ("X", "Z", "Q", "V", "U", "G", "R", "K")
+PASSKEY_NAME = " The pass key"  # the passkey fact's name; its last token is the tag
 
 
 def sample_stories(model_path: str, count: int, max_len: int, seed: int, batch: int = 512,
@@ -84,6 +90,7 @@ class TaskBuilder:
         self.stories = stories
         self.fmt = FORMATS[fmt]
         self.objects = V0_OBJECTS if fmt == "v0" else COLON_OBJECTS
+        self.variables = CIRCUIT_VARIABLES if fmt == "circuit" else VARIABLES
         self.period = tok.lookup[b"."]
 
     def _filler(self, rng: random.Random, n: int) -> list[int]:
@@ -146,7 +153,7 @@ class TaskBuilder:
                         if i != pick:
                             questions.append(question(kind, objs[i], keys[i]))
             else:
-                names = rng.sample(VARIABLES, 1 if small else rng.randint(1, 2))
+                names = rng.sample(self.variables, 1 if small else rng.randint(1, 2))
                 asked_name = names[0]
                 for name in names:
                     updates = rng.randint(2, 3 if small else 4)

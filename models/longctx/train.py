@@ -4,6 +4,9 @@ fixed seeds; exports llama2.c format (the C++ worker), a transformers folder and
 
   python train.py --out OUT_DIR        (see README.md for the exact command and its results)
 
+The committed model (issue 30) is `--circuit`: its retrieval circuit is set by hand
+(circuit.py) and held while everything else trains.
+
 The schedule is by step (so a rerun repeats it): a length curriculum (short sequences first,
 where the retrieval circuit forms cheaply, then the full context), a fixed number of tokens per
 step, AdamW with warmup and cosine decay. Every --eval-every steps it measures held-out
@@ -22,9 +25,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from llama import Config, Tokenizer, Transformer, export_llama2c, export_transformers, save_config
+import circuit
+from llama import (Config, Tokenizer, Transformer, export_llama2c, export_transformers,
+                   load_llama2c, save_config)
 from stories import SHARED, load_or_sample
-from tasks import FORMATS, KINDS, TaskBuilder, batch, copy_batch
+from tasks import (CIRCUIT_VARIABLES, COLON_OBJECTS, FORMATS, KINDS, PASSKEY_NAME, TaskBuilder,
+                   batch, copy_batch)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -160,6 +166,14 @@ def main():
     p.add_argument("--prev-token-heads", default="",
                    help="offsets, e.g. 1,2,3: first-layer heads initialized as previous-token "
                         "heads (prev_token_init)")
+    p.add_argument("--circuit", action="store_true",
+                   help="issue 30: 3 layers, 6 heads / 2 KV heads, RoPE base 500000, the "
+                        "retrieval circuit set by hand and held (circuit.py); use --format circuit")
+    p.add_argument("--rms-cap", type=float, default=0.0,
+                   help="with --circuit: penalize layer inputs whose RMS exceeds this multiple of "
+                        "the circuit's nominal one (the circuit's attention scores scale with "
+                        "1/RMS^2); 0: no penalty")
+    p.add_argument("--rms-weight", type=float, default=1.0)
     p.add_argument("--device", default="cpu", help="cpu, or cuda where a GPU is lent")
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--hidden-dim", type=int, default=512)
@@ -179,6 +193,8 @@ def main():
     p.add_argument("--export-hf", action="store_true")
     a = p.parse_args()
 
+    if a.circuit and a.format != "circuit":
+        p.error("--circuit reads the names of --format circuit's facts")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     bf16 = not a.no_bf16
@@ -198,14 +214,32 @@ def main():
     eval_short = heldout_cases(heldout, a.short_eval_len or schedule[0][0], a.heldout_per_kind,
                                a.heldout_seed + 1, distractors=False)
 
-    cfg = Config(a.dim, a.hidden_dim, a.layers, a.heads, a.kv_heads, len(tok.pieces), a.seq_len)
+    if a.circuit:  # issue 30: the retrieval circuit set by hand (circuit.py), then held
+        cfg = circuit.config(len(tok.pieces), a.seq_len, a.dim, a.hidden_dim)
+    else:
+        cfg = Config(a.dim, a.hidden_dim, a.layers, a.heads, a.kv_heads, len(tok.pieces), a.seq_len)
     model = Transformer(cfg)
     model.init_weights(torch.Generator().manual_seed(a.seed))
     hold = lambda: None  # noqa: E731
+    mask_grads = lambda: None  # noqa: E731
+    if a.circuit:
+        circ = circuit.Circuit(model, circuit.vocab_of(tok, PASSKEY_NAME, COLON_OBJECTS,
+                                                        CIRCUIT_VARIABLES))
+        hold, mask_grads = circ.hold, circ.mask_grads
+        print(f"circuit: {circ.held_count()} entries held", flush=True)
+    layer_inputs = []
+    if a.circuit and a.rms_cap > 0:
+        nominal_rms = circuit.nominal_rms(cfg.dim)
+        for layer in model.layers:
+            layer.register_forward_pre_hook(lambda mod, args: layer_inputs.append(args[0]))
     if a.prev_token_heads:
         hold = prev_token_init(model, [int(d) for d in a.prev_token_heads.split(",")])
-    if a.init_from:  # the held entries are the same: prev_token_init is deterministic
-        model.load_state_dict(torch.load(a.init_from)["model"])
+    if a.init_from:  # the held entries are the same: the circuit is deterministic
+        if a.init_from.endswith(".bin"):
+            model.load_state_dict(load_llama2c(a.init_from).state_dict())
+        else:
+            model.load_state_dict(torch.load(a.init_from)["model"])
+        hold()
     model.to(a.device)
     decay = [p_ for p_ in model.parameters() if p_.dim() == 2]
     no_decay = [p_ for p_ in model.parameters() if p_.dim() < 2]
@@ -243,13 +277,22 @@ def main():
             data = batch(builder, data_rng, size, length, a.answer_weight, a.copy_prob, a.dense_frac,
                          a.text_weight)
         x, y, w = (t.to(a.device) for t in data)
+        layer_inputs.clear()  # the evaluations' forward passes also went through the hooks
         with torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
             logits = model(x)
         ce = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1),
                              reduction="none").view_as(w)
         loss = (ce * w).sum() / w.sum()
+        penalty = torch.zeros(())
+        if layer_inputs:
+            for x_in in layer_inputs:
+                rms = x_in.float().pow(2).mean(-1).sqrt() / nominal_rms
+                penalty = penalty + torch.relu(rms - a.rms_cap).pow(2).mean()
+            loss = loss + a.rms_weight * penalty
+            layer_inputs.clear()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        mask_grads()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         hold()
@@ -257,6 +300,7 @@ def main():
         record = {"step": step, "len": length, "lr": round(lr, 6),
                   "loss_text": round(ce[~answer].mean().item(), 4),
                   "loss_answer": round(ce[answer].mean().item(), 4) if answer.any() else None,
+                  "rms_penalty": round(penalty.item(), 5),
                   "elapsed_s": round(time.time() - start, 1)}
         log.write(json.dumps(record) + "\n")
         if step % 10 == 0:

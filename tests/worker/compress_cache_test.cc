@@ -39,7 +39,7 @@ class CompressCacheTest : public testutil::LiveServerTest {
   absl::StatusOr<PrefilledText> Prefilled(uint64_t seed, int32_t length, int32_t prefill) {
     absl::StatusOr<std::vector<int32_t>> tokens = SampleText(transformer_, length, 0.8f, seed);
     if (!tokens.ok()) return tokens.status();
-    return PrefillText(transformer_, *tokens, prefill, false);
+    return PrefillText(transformer_, *tokens, prefill, {});
   }
   CacheCompressor ThroughServer(const CompressCacheOptions& options) {
     return [options](KvCache* cache) { return CompressCache(*client_, options, cache).status(); };

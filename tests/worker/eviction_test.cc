@@ -1,6 +1,6 @@
 // Tests of worker/eviction.cc: budgets as the engine computes them, and which
-// entries StreamingLLM and the H2O-style baseline keep (by ratio, and online to a fixed
-// budget of entries).
+// entries StreamingLLM, the H2O-style baseline and SnapKV keep (by ratio, and online to a
+// fixed budget of entries); SnapKV's observation-window statistic from a real prefill.
 #include "worker/eviction.h"
 
 #include <vector>
@@ -57,6 +57,27 @@ TEST(EvictionTest, HeavyHittersNeedTrackedAttention) {
   KvCache cache = LineCache(std::vector<double>(4, 0.0));
   cache.TrackAttention(false);
   EXPECT_EQ(EvictHeavyHitters(&cache, 0.5, 1, 1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(EvictionTest, SnapKvKeepsTheWindowAndThePooledMostAttended) {
+  // With kernel 3, entry 4 (never attended itself) pools highest, between 3 and 5:
+  // pooled(4) = (4 + 0 + 6) / 3, then pooled(2) = pooled(3) = 8 / 3, pooled(5) = 6 / 3.
+  KvCache cache = LineCache({0, 0, 4, 4, 0, 6, 0, 0, 0, 0, 0, 0});
+  ASSERT_TRUE(EvictSnapKv(&cache, 0.5, 1, 3, 3).ok());
+  // Budget 6: sink 0, window 9..11, and the two best pooled of 1..8: 4, then 2 (the older of
+  // the tie).
+  EXPECT_EQ(Keys(cache), (std::vector<float>{0, 2, 4, 9, 10, 11}));
+  // Kernel 1 is no pooling: then 5 and one of 2, 3 (the older on ties).
+  cache = LineCache({0, 0, 4, 4, 0, 6, 0, 0, 0, 0, 0, 0});
+  ASSERT_TRUE(EvictSnapKv(&cache, 0.5, 1, 3, 1).ok());
+  EXPECT_EQ(Keys(cache), (std::vector<float>{0, 2, 5, 9, 10, 11}));
+}
+
+TEST(EvictionTest, SnapKvNeedsTrackedAttentionAndAKernel) {
+  KvCache cache = LineCache(std::vector<double>(4, 0.0));
+  EXPECT_EQ(EvictSnapKv(&cache, 0.5, 1, 1, 0).code(), absl::StatusCode::kInvalidArgument);
+  cache.TrackAttention(false);
+  EXPECT_EQ(EvictSnapKv(&cache, 0.5, 1, 1, 3).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(EvictionTest, OnlineVariantsCutToAFixedBudgetAndLeaveShorterHeads) {

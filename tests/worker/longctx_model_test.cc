@@ -1,9 +1,9 @@
 // Tests of models/longctx (the long-context test model trained by models/longctx/train.py):
 // the C++ worker loads its llama2.c file unchanged (head size 64, grouped-query attention,
-// the tok512 vocabulary, a 1024-token context) and, with the full cache, answers the
-// held-out retrieval cases (pass key, multi-key, variable tracking) exactly as the PyTorch
-// model that trained it does, decoding each answer greedily after a prompt that fills the
-// context; the number answered correctly is the one the model card reports for them.
+// the tok512 vocabulary, a 1024-token context, RoPE base 500000 read from the file's legacy
+// table) and, with the full cache, answers the held-out retrieval cases (pass key,
+// multi-key, variable tracking) exactly as the PyTorch model that trained it does, decoding
+// each answer greedily after a prompt that fills the context, and gets them right.
 #include <fstream>
 #include <string>
 #include <vector>
@@ -56,6 +56,7 @@ TEST(LongContextModelTest, LoadsWithHeadSize64AndGroupedQueries) {
   EXPECT_GT(c.kv_group(), 1);
   EXPECT_EQ(c.vocab_size, 512);
   EXPECT_GE(c.seq_len, 1024);
+  EXPECT_EQ(c.rope_theta, 500000.0f);
 }
 
 TEST(LongContextModelTest, FullCacheDecodesHeldOutCasesAsTheTrainingModelDoes) {
@@ -82,8 +83,10 @@ TEST(LongContextModelTest, FullCacheDecodesHeldOutCasesAsTheTrainingModelDoes) {
     correct += *answer == c.answer;
     expected_correct += c.greedy == c.answer;
   }
-  // The worker's accuracy on these cases is the reference's (the model card's).
+  // The worker's accuracy on these cases is the reference's, and the model retrieves: the
+  // card's bar is 0.9 of the held-out cases with the full cache.
   EXPECT_EQ(correct, expected_correct) << "of " << cases.size();
+  EXPECT_GE(10 * correct, 9 * static_cast<int>(cases.size())) << correct << " of " << cases.size();
 }
 
 }  // namespace

@@ -51,6 +51,33 @@ TEST(ModelTest, LoadsStories260KShapesFromTheHeader) {
   EXPECT_EQ(c.kv_group(), 2);
   EXPECT_EQ(model->ParameterCount(), 260032);
   EXPECT_EQ(model->classifier(), model->embedding());
+  EXPECT_EQ(c.rope_theta, 10000.0f);  // read from the legacy RoPE table
+}
+
+// A legacy table as llama2.c's export writes it: cos then sin of pos * base^(-2j/hs).
+std::vector<float> RopeTable(double base, int32_t seq_len, int32_t head_size) {
+  const int32_t half = head_size / 2;
+  std::vector<float> table(2 * static_cast<size_t>(seq_len) * half);
+  for (int32_t pos = 0; pos < seq_len; ++pos) {
+    for (int32_t j = 0; j < half; ++j) {
+      const double angle = pos * std::pow(base, -2.0 * j / head_size);
+      table[static_cast<size_t>(pos) * half + j] = static_cast<float>(std::cos(angle));
+      table[static_cast<size_t>(seq_len + pos) * half + j] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return table;
+}
+
+TEST(ModelTest, RopeBaseComesFromTheLegacyTable) {
+  for (const double base : {10000.0, 500000.0, 1000000.0}) {
+    const std::vector<float> table = RopeTable(base, 1024, 64);
+    EXPECT_EQ(RopeThetaOfTable(table.data(), 1024, 64), static_cast<float>(base)) << base;
+  }
+  EXPECT_EQ(RopeThetaOfTable(RopeTable(10000.0, 512, 8).data(), 512, 8), 10000.0f);
+  // A table that cannot tell (one position, or all zero) means llama2.c's 10000.
+  EXPECT_EQ(RopeThetaOfTable(RopeTable(500000.0, 1, 64).data(), 1, 64), 10000.0f);
+  const std::vector<float> zeros(2 * 16 * 4, 0.0f);
+  EXPECT_EQ(RopeThetaOfTable(zeros.data(), 16, 8), 10000.0f);
 }
 
 TEST(ModelTest, MissingFileIsNotFound) {

@@ -13,18 +13,6 @@
 namespace centroidkv::worker::quality {
 namespace {
 
-// Passthrough heads per layer that leave only (layer, head) compressed.
-std::vector<std::vector<int32_t>> AllBut(int32_t layer, int32_t head, int32_t num_layers,
-                                         int32_t num_heads) {
-  std::vector<std::vector<int32_t>> passthrough(static_cast<size_t>(num_layers));
-  for (int32_t l = 0; l < num_layers; ++l) {
-    for (int32_t h = 0; h < num_heads; ++h) {
-      if (l != layer || h != head) passthrough[static_cast<size_t>(l)].push_back(h);
-    }
-  }
-  return passthrough;
-}
-
 absl::StatusOr<std::vector<int32_t>> ParseHeadList(absl::string_view list, int32_t num_heads) {
   std::vector<int32_t> heads;
   for (absl::string_view field : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
@@ -41,6 +29,17 @@ absl::StatusOr<std::vector<int32_t>> ParseHeadList(absl::string_view list, int32
 
 }  // namespace
 
+std::vector<std::vector<int32_t>> AllHeadsBut(int32_t layer, int32_t head, int32_t num_layers,
+                                              int32_t num_heads) {
+  std::vector<std::vector<int32_t>> passthrough(static_cast<size_t>(num_layers));
+  for (int32_t l = 0; l < num_layers; ++l) {
+    for (int32_t h = 0; h < num_heads; ++h) {
+      if (l != layer || h != head) passthrough[static_cast<size_t>(l)].push_back(h);
+    }
+  }
+  return passthrough;
+}
+
 absl::StatusOr<std::vector<HeadScore>> ScoreHeads(Transformer& transformer, client::Client& client,
                                                   const std::vector<PrefilledText>& texts,
                                                   const MethodSettings& settings, double budget) {
@@ -51,7 +50,7 @@ absl::StatusOr<std::vector<HeadScore>> ScoreHeads(Transformer& transformer, clie
       HeadScore score{layer, head, {}};
       for (const PrefilledText& text : texts) {
         const CompressCacheOptions options = CentroidKvOptions(
-            settings, budget, AllBut(layer, head, config.n_layers, config.n_kv_heads),
+            settings, budget, AllHeadsBut(layer, head, config.n_layers, config.n_kv_heads),
             /*share_budget=*/false, config.n_layers, config.n_kv_heads,
             text.cache.head(0, 0).size());
         absl::StatusOr<Agreement> agreement =
@@ -70,15 +69,22 @@ absl::StatusOr<std::vector<HeadScore>> ScoreHeads(Transformer& transformer, clie
   return scores;
 }
 
-std::vector<std::vector<int32_t>> PickOutlierHeads(const std::vector<HeadScore>& scores,
-                                                   int32_t count, int32_t num_layers) {
+std::vector<std::vector<int32_t>> PickRankedHeads(
+    const std::vector<std::pair<int32_t, int32_t>>& ranked, int32_t count, int32_t num_layers) {
   std::vector<std::vector<int32_t>> per_layer(static_cast<size_t>(num_layers));
-  for (int32_t i = 0; i < count && static_cast<size_t>(i) < scores.size(); ++i) {
-    per_layer[static_cast<size_t>(scores[static_cast<size_t>(i)].layer)].push_back(
-        scores[static_cast<size_t>(i)].head);
+  for (int32_t i = 0; i < count && static_cast<size_t>(i) < ranked.size(); ++i) {
+    const auto& [layer, head] = ranked[static_cast<size_t>(i)];
+    per_layer[static_cast<size_t>(layer)].push_back(head);
   }
   for (std::vector<int32_t>& heads : per_layer) std::sort(heads.begin(), heads.end());
   return per_layer;
+}
+
+std::vector<std::vector<int32_t>> PickOutlierHeads(const std::vector<HeadScore>& scores,
+                                                   int32_t count, int32_t num_layers) {
+  std::vector<std::pair<int32_t, int32_t>> ranked;
+  for (const HeadScore& s : scores) ranked.emplace_back(s.layer, s.head);
+  return PickRankedHeads(ranked, count, num_layers);
 }
 
 std::string FormatHeads(const std::vector<std::vector<int32_t>>& per_layer) {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,14 @@ struct HeadScore {
 absl::StatusOr<std::vector<HeadScore>> ScoreHeads(Transformer& transformer, client::Client& client,
                                                   const std::vector<PrefilledText>& texts,
                                                   const MethodSettings& settings, double budget);
+
+// Passthrough heads per layer that leave only (layer, head) compressed.
+std::vector<std::vector<int32_t>> AllHeadsBut(int32_t layer, int32_t head, int32_t num_layers,
+                                              int32_t num_heads);
+
+// The first `count` (layer, head) of `ranked` (most harmful first) as heads per layer.
+std::vector<std::vector<int32_t>> PickRankedHeads(
+    const std::vector<std::pair<int32_t, int32_t>>& ranked, int32_t count, int32_t num_layers);
 
 // The first `count` heads of `scores` (sorted, most harmful first) as heads per layer.
 std::vector<std::vector<int32_t>> PickOutlierHeads(const std::vector<HeadScore>& scores,

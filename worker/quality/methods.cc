@@ -11,8 +11,20 @@ namespace centroidkv::worker::quality {
 
 const std::vector<std::string>& AllMethods() {
   static const std::vector<std::string>* const methods =
-      new std::vector<std::string>{kCentroidKv, kCentroidKvOutliers, kStreamingLlm, kH2o, kKMeans};
+      new std::vector<std::string>{kCentroidKv, kCentroidKvOutliers, kStreamingLlm, kH2o,
+                                   kSnapKv, kKMeans};
   return *methods;
+}
+
+bool UsesObservationWindow(const std::string& method) { return method == kSnapKv; }
+
+PrefillTracking TrackingFor(const std::vector<std::string>& methods,
+                            const MethodSettings& settings) {
+  auto has = [&methods](const char* name) {
+    return std::find(methods.begin(), methods.end(), name) != methods.end();
+  };
+  return {.whole = has(kH2o),
+          .observation_window = has(kSnapKv) ? settings.centroidkv.compression.recent_tokens : 0};
 }
 
 void TargetTally::Add(const CompressCacheStats& stats) {
@@ -97,6 +109,12 @@ absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double
   if (method == kH2o) {
     return CacheCompressor([budget, sinks, recent](KvCache* cache) {
       return EvictHeavyHitters(cache, budget, sinks, recent);
+    });
+  }
+  if (method == kSnapKv) {
+    const int32_t kernel = settings.snapkv_kernel;
+    return CacheCompressor([budget, sinks, recent, kernel](KvCache* cache) {
+      return EvictSnapKv(cache, budget, sinks, recent, kernel);
     });
   }
   if (method == kKMeans) {

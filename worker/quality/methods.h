@@ -3,6 +3,8 @@
 //   centroidkv+outliers  the same with calibrated passthrough ("outlier") heads
 //   streamingllm         sinks + the most recent entries
 //   h2o                  sinks + recent + the most attended during prefill
+//   snapkv               sinks + the observation window (the recent entries, the end of the
+//                        context) + the entries the window's queries attended to most
 //   kmeans               sinks + recent + count-weighted k-means on keys in between
 //
 // Budget accounting: every method keeps ceil(budget * n) entries per head. With outlier
@@ -30,6 +32,7 @@ inline constexpr char kCentroidKvOutliers[] = "centroidkv+outliers";
 inline constexpr char kStreamingLlm[] = "streamingllm";
 inline constexpr char kH2o[] = "h2o";
 inline constexpr char kKMeans[] = "kmeans";
+inline constexpr char kSnapKv[] = "snapkv";
 
 // Settings shared by every method.
 struct MethodSettings {
@@ -41,6 +44,8 @@ struct MethodSettings {
   // When true, outlier heads count against the budget (the other heads shrink more).
   bool outliers_share_budget = true;
   int32_t kmeans_iterations = 25;
+  // SnapKV's pooling kernel (kvpress's SnapKVPress default); its window is the recent one.
+  int32_t snapkv_kernel = 5;
   uint64_t kmeans_seed = 1;
 };
 
@@ -56,6 +61,14 @@ struct TargetTally {
 
 // Every method name, in report order.
 const std::vector<std::string>& AllMethods();
+
+// Whether `method` compresses the prefill's window cache (PrefillTracking): SnapKV.
+bool UsesObservationWindow(const std::string& method);
+
+// The statistics a prefill must keep for `methods`: H2O's whole-prefill attention,
+// SnapKV's observation window of the recent entries.
+PrefillTracking TrackingFor(const std::vector<std::string>& methods,
+                            const MethodSettings& settings);
 
 // The number of passthrough heads in `per_layer`.
 int64_t CountHeads(const std::vector<std::vector<int32_t>>& per_layer);

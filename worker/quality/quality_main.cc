@@ -192,7 +192,7 @@ absl::Status Calibrate(const Flags& f, Transformer& transformer, client::Client&
                                    f.temperature, f.calibration_seed));
   std::vector<PrefilledText> prefilled;
   for (const std::vector<int32_t>& text : texts) {
-    CKV_ASSIGN_OR_RETURN(PrefilledText p, PrefillText(transformer, text, f.prefill, false));
+    CKV_ASSIGN_OR_RETURN(PrefilledText p, PrefillText(transformer, text, f.prefill, {}));
     prefilled.push_back(std::move(p));
   }
   CKV_ASSIGN_OR_RETURN(

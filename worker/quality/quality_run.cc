@@ -29,8 +29,7 @@ absl::StatusOr<std::vector<MethodResult>> RunQuality(Transformer& transformer,
     if (!compressor.ok()) return compressor.status();
     compressors.push_back(*std::move(compressor));
   }
-  const bool track_attention =
-      std::find(settings.methods.begin(), settings.methods.end(), kH2o) != settings.methods.end();
+  const PrefillTracking tracking = TrackingFor(settings.methods, settings.method_settings);
   const size_t length = static_cast<size_t>(settings.prefill + settings.continuation);
   for (size_t t = 0; t < texts.size(); ++t) {
     if (texts[t].size() < length) {
@@ -39,13 +38,14 @@ absl::StatusOr<std::vector<MethodResult>> RunQuality(Transformer& transformer,
     }
     absl::StatusOr<PrefilledText> text =
         PrefillText(transformer, std::span<const int32_t>(texts[t]).first(length), settings.prefill,
-                    track_attention);
+                    tracking);
     if (!text.ok()) return text.status();
     std::string line = absl::StrCat("text ", t + 1, "/", texts.size(), ":");
     for (size_t m = 0; m < results.size(); ++m) {
       int64_t entries = 0;
       absl::StatusOr<Agreement> agreement =
-          EvaluateCompressed(transformer, *text, compressors[m], &entries);
+          EvaluateCompressed(transformer, *text, compressors[m], &entries,
+                             UsesObservationWindow(results[m].method));
       if (!agreement.ok()) {
         return absl::Status(agreement.status().code(),
                             absl::StrCat(results[m].method, " at budget ", results[m].budget,

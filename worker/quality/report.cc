@@ -12,7 +12,7 @@ namespace centroidkv::worker::quality {
 namespace {
 
 bool IsBaseline(const std::string& method) {
-  return method == kStreamingLlm || method == kH2o || method == kKMeans;
+  return method == kStreamingLlm || method == kH2o || method == kSnapKv || method == kKMeans;
 }
 
 std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", 100.0 * fraction); }

@@ -2,7 +2,9 @@
 #include "worker/quality/retrieval.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <optional>
 #include <map>
 #include <set>
 #include <tuple>
@@ -11,6 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "centroidkv/common/status_macros.h"
+#include "worker/compress_cache.h"
+#include "worker/quality/calibration.h"
 #include "worker/sampler.h"
 #include "worker/tokenizer.h"
 
@@ -33,6 +38,13 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(absl::string_view field, int32_t v
 }
 
 }  // namespace
+
+int32_t RetrievalCase::length_class() const {
+  const size_t tokens = context.size() + question.size() + answer.size();
+  int32_t length = 1;
+  while (static_cast<size_t>(length) < tokens) length *= 2;
+  return length;
+}
 
 absl::StatusOr<std::vector<RetrievalCase>> ReadRetrievalCases(const std::string& path,
                                                               int32_t vocab_size,
@@ -100,6 +112,64 @@ absl::StatusOr<std::vector<int32_t>> AnswerGreedily(Transformer& transformer,
   return answer;
 }
 
+absl::StatusOr<double> AnswerNll(Transformer& transformer, const std::vector<int32_t>& question,
+                                 const std::vector<int32_t>& answer, KvCache* cache) {
+  for (int32_t token : question) {
+    if (absl::Status status = transformer.Forward(token, cache); !status.ok()) return status;
+  }
+  double nll = 0.0;
+  for (size_t i = 0; i < answer.size(); ++i) {
+    const std::vector<float>& logits = transformer.logits();
+    const double max = *std::max_element(logits.begin(), logits.end());
+    double sum = 0.0;
+    for (float v : logits) sum += std::exp(static_cast<double>(v) - max);
+    nll += max + std::log(sum) - logits[static_cast<size_t>(answer[i])];
+    if (i + 1 < answer.size()) {
+      if (absl::Status status = transformer.Forward(answer[i], cache); !status.ok()) return status;
+    }
+  }
+  return nll;
+}
+
+absl::StatusOr<std::vector<HeadRetrievalScore>> ScoreHeadsOnCases(
+    Transformer& transformer, client::Client& client, const std::vector<RetrievalCase>& cases,
+    const MethodSettings& settings, double budget) {
+  const ModelConfig& config = transformer.model().config();
+  std::vector<HeadRetrievalScore> scores;
+  for (int32_t layer = 0; layer < config.n_layers; ++layer) {
+    for (int32_t head = 0; head < config.n_kv_heads; ++head) {
+      scores.push_back({layer, head, 0.0, 0, 0});
+    }
+  }
+  for (const RetrievalCase& c : cases) {
+    KvCache prefilled = transformer.NewCache();
+    if (absl::Status status = transformer.Prefill(c.context, &prefilled); !status.ok()) {
+      return status;
+    }
+    for (HeadRetrievalScore& score : scores) {
+      const CompressCacheOptions options = CentroidKvOptions(
+          settings, budget, AllHeadsBut(score.layer, score.head, config.n_layers, config.n_kv_heads),
+          /*share_budget=*/false, config.n_layers, config.n_kv_heads, prefilled.head(0, 0).size());
+      KvCache cache = prefilled;
+      if (absl::Status status = CompressCache(client, options, &cache).status(); !status.ok()) {
+        return status;
+      }
+      KvCache greedy = cache;
+      CKV_ASSIGN_OR_RETURN(const double nll, AnswerNll(transformer, c.question, c.answer, &cache));
+      CKV_ASSIGN_OR_RETURN(const std::vector<int32_t> answer,
+                           AnswerGreedily(transformer, c.question, c.answer.size(), &greedy));
+      score.answer_nll += nll;
+      score.hits += answer == c.answer;
+      score.cases += 1;
+    }
+  }
+  std::stable_sort(scores.begin(), scores.end(),
+                   [](const HeadRetrievalScore& a, const HeadRetrievalScore& b) {
+                     return a.answer_nll > b.answer_nll;
+                   });
+  return scores;
+}
+
 absl::StatusOr<std::vector<RetrievalCell>> RunRetrieval(
     Transformer& transformer, client::Client* client, const std::vector<RetrievalCase>& cases,
     const RetrievalSettings& settings, const std::function<void(const std::string&)>& progress) {
@@ -117,19 +187,20 @@ absl::StatusOr<std::vector<RetrievalCell>> RunRetrieval(
       methods.push_back({name, budget, *std::move(compress)});
     }
   }
-  const bool track_attention =
-      std::find(settings.methods.begin(), settings.methods.end(), kH2o) != settings.methods.end();
-  std::map<std::tuple<size_t, std::string, double>, RetrievalCell> cells;
+  const PrefillTracking tracking = TrackingFor(settings.methods, settings.method_settings);
+  std::map<std::tuple<size_t, std::string, double, int32_t>, RetrievalCell> cells;
   for (size_t i = 0; i < cases.size(); ++i) {
     const RetrievalCase& c = cases[i];
     KvCache prefilled = transformer.NewCache();
-    prefilled.TrackAttention(track_attention);
-    if (absl::Status status = transformer.Prefill(c.context, &prefilled); !status.ok()) {
+    std::optional<KvCache> window_cache;
+    if (absl::Status status =
+            PrefillTracked(transformer, c.context, tracking, &prefilled, &window_cache);
+        !status.ok()) {
       return status;
     }
     std::string line = absl::StrFormat("case %d/%d %s@%.2f:", i + 1, cases.size(), c.kind, c.depth);
     for (size_t m = 0; m < methods.size(); ++m) {
-      KvCache cache = prefilled;
+      KvCache cache = UsesObservationWindow(methods[m].name) ? *window_cache : prefilled;
       if (methods[m].compress) {
         if (absl::Status status = methods[m].compress(&cache); !status.ok()) {
           return absl::Status(status.code(),
@@ -142,11 +213,12 @@ absl::StatusOr<std::vector<RetrievalCell>> RunRetrieval(
           AnswerGreedily(transformer, c.question, c.answer.size(), &cache);
       if (!answer.ok()) return answer.status();
       const bool hit = *answer == c.answer;
-      RetrievalCell& cell = cells[{m, c.kind, c.depth}];
+      RetrievalCell& cell = cells[{m, c.kind, c.depth, c.length_class()}];
       cell.method = methods[m].name;
       cell.budget = methods[m].budget;
       cell.kind = c.kind;
       cell.depth = c.depth;
+      cell.length = c.length_class();
       cell.hits += hit;
       cell.cases += 1;
       cell.entries_kept += kept;
@@ -181,7 +253,9 @@ std::string RetrievalMarkdown(const std::vector<RetrievalCell>& cells) {
   std::vector<std::pair<double, std::string>> rows;  // (budget descending, method) in order
   std::vector<std::string> kinds;
   std::set<double> depth_set;
+  std::set<int32_t> length_set;
   for (const RetrievalCell& c : cells) {
+    length_set.insert(c.length);
     if (std::find(rows.begin(), rows.end(), std::make_pair(c.budget, c.method)) == rows.end()) {
       rows.emplace_back(c.budget, c.method);
     }
@@ -191,11 +265,11 @@ std::string RetrievalMarkdown(const std::vector<RetrievalCell>& cells) {
   std::stable_sort(rows.begin(), rows.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   auto tally = [&cells](const std::pair<double, std::string>& row, const std::string* kind,
-                        const double* depth) {
+                        const double* depth, const int32_t* length = nullptr) {
     Tally t;
     for (const RetrievalCell& c : cells) {
       if (c.budget == row.first && c.method == row.second && (!kind || c.kind == *kind) &&
-          (!depth || c.depth == *depth)) {
+          (!depth || c.depth == *depth) && (!length || c.length == *length)) {
         t.Add(c);
       }
     }
@@ -229,6 +303,23 @@ std::string RetrievalMarkdown(const std::vector<RetrievalCell>& cells) {
     for (double d : depth_set) absl::StrAppend(&md, " ", tally(row, nullptr, &d).Accuracy(), " |");
     absl::StrAppend(&md, "\n");
   }
+  if (length_set.size() > 1) {
+    absl::StrAppend(&md, "\nExact match by length of the case in tokens (all kinds and depths):\n\n"
+                         "| budget | method |");
+    rule = "| ---: | --- |";
+    for (int32_t n : length_set) {
+      absl::StrAppend(&md, " ", n, " |");
+      absl::StrAppend(&rule, " ---: |");
+    }
+    absl::StrAppend(&md, "\n", rule, "\n");
+    for (const auto& row : rows) {
+      absl::StrAppend(&md, absl::StrFormat("| %.0f%% | %s |", 100 * row.first, row.second));
+      for (int32_t n : length_set) {
+        absl::StrAppend(&md, " ", tally(row, nullptr, nullptr, &n).Accuracy(), " |");
+      }
+      absl::StrAppend(&md, "\n");
+    }
+  }
   return md;
 }
 
@@ -239,8 +330,8 @@ std::string RetrievalJson(const std::vector<RetrievalCell>& cells) {
     absl::StrAppend(
         &json, i ? "," : "",
         absl::StrFormat("{\"method\":\"%s\",\"budget\":%g,\"kind\":\"%s\",\"depth\":%g,"
-                        "\"hits\":%d,\"cases\":%d,\"kv_kept\":%.6f}",
-                        c.method, c.budget, c.kind, c.depth, c.hits, c.cases,
+                        "\"length\":%d,\"hits\":%d,\"cases\":%d,\"kv_kept\":%.6f}",
+                        c.method, c.budget, c.kind, c.depth, c.length, c.hits, c.cases,
                         c.entries_full ? static_cast<double>(c.entries_kept) / c.entries_full : 0.0));
   }
   return json + "]";

@@ -31,6 +31,10 @@ struct RetrievalCase {
   std::vector<int32_t> context;
   std::vector<int32_t> question;
   std::vector<int32_t> answer;
+
+  // The case's length class: the smallest power of two holding context, question and
+  // answer (cases.py writes sequences of 256, 512 and 1024 tokens, "." after the answer).
+  int32_t length_class() const;
 };
 
 // Reads a cases file. InvalidArgument naming the line for a malformed line, an id outside
@@ -45,12 +49,18 @@ absl::StatusOr<std::vector<int32_t>> AnswerGreedily(Transformer& transformer,
                                                     const std::vector<int32_t>& question,
                                                     size_t answer_length, KvCache* cache);
 
-// Exact-match counts of one method at one budget for one (kind, depth).
+// The answer's negative log-likelihood (nats, summed over its tokens) after `question`,
+// teacher-forced onto `cache` (changed).
+absl::StatusOr<double> AnswerNll(Transformer& transformer, const std::vector<int32_t>& question,
+                                 const std::vector<int32_t>& answer, KvCache* cache);
+
+// Exact-match counts of one method at one budget for one (kind, depth, length class).
 struct RetrievalCell {
   std::string method;
   double budget = 1.0;
   std::string kind;
   double depth = 0.0;
+  int32_t length = 0;  // RetrievalCase::length_class()
   int64_t hits = 0;
   int64_t cases = 0;
   int64_t entries_kept = 0;  // cache entries after compression, summed over cases
@@ -69,10 +79,25 @@ absl::StatusOr<std::vector<RetrievalCell>> RunRetrieval(
     Transformer& transformer, client::Client* client, const std::vector<RetrievalCase>& cases,
     const RetrievalSettings& settings, const std::function<void(const std::string&)>& progress);
 
-// Markdown: accuracy per method and budget (all kinds and per kind), then per depth.
+// Outlier heads for retrieval: every (layer, KV head) compressed alone through the server
+// at `budget` (every other head whole), on calibration cases (stories and a seed of their
+// own), scored by the answers' summed negative log-likelihood; most harmful first.
+struct HeadRetrievalScore {
+  int32_t layer = 0;
+  int32_t head = 0;
+  double answer_nll = 0.0;  // summed over the cases
+  int64_t hits = 0;         // greedy exact matches
+  int64_t cases = 0;
+};
+absl::StatusOr<std::vector<HeadRetrievalScore>> ScoreHeadsOnCases(
+    Transformer& transformer, client::Client& client, const std::vector<RetrievalCase>& cases,
+    const MethodSettings& settings, double budget);
+
+// Markdown: accuracy per method and budget (all kinds and per kind), then per depth and
+// per length class.
 std::string RetrievalMarkdown(const std::vector<RetrievalCell>& cells);
 
-// One JSON line: [{method, budget, kind, depth, hits, cases, kv_kept}].
+// One JSON line: [{method, budget, kind, depth, length, hits, cases, kv_kept}].
 std::string RetrievalJson(const std::vector<RetrievalCell>& cells);
 
 }  // namespace centroidkv::worker::quality

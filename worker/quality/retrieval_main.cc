@@ -1,8 +1,10 @@
 // centroidkv-retrieval: the retrieval evaluation of the long-context model (issue 22,
 // worker/quality/retrieval.h) — pass key, multi-key and variable-tracking cases with the
 // deciding fact at several depths, the context compressed before the question, greedy
-// answers, exact match per method, budget and depth. CentroidKV goes through a running
-// server (as in centroidkv-quality); StreamingLLM, H2O and k-means run in-process.
+// answers, exact match per method, budget, depth and length. CentroidKV goes through a
+// running server (as in centroidkv-quality); StreamingLLM, H2O, SnapKV and k-means run
+// in-process. centroidkv+outliers passes through heads given by --outlier-heads or
+// calibrated on --calibration-cases (other stories and seeds than the evaluation's).
 // Writes a markdown table and prints last one JSON line of cells.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include "client/cli/kind_flags.h"
 #include "client/cli/security_flags.h"
 #include "worker/model.h"
+#include "worker/quality/calibration.h"
 #include "worker/quality/retrieval.h"
 #include "worker/transformer.h"
 
@@ -35,7 +38,11 @@ struct Flags {
   std::string cases = "models/longctx/retrieval_cases.txt";
   std::string server = "127.0.0.1:50051";
   std::vector<double> budgets = {0.5, 0.25, 0.1};
-  std::vector<std::string> methods = {kCentroidKv, kStreamingLlm, kH2o};
+  std::vector<std::string> methods = {kCentroidKv, kStreamingLlm, kH2o, kSnapKv};
+  std::string outlier_heads;      // "LAYER:HEAD,...;..." for centroidkv+outliers
+  std::string calibration_cases;  // or calibrate them on these cases
+  int32_t outliers = 2;
+  double calibration_budget = 0.0;  // default: the smallest of --budgets
   // As centroidkv-quality's defaults; S and W are also the baselines' sinks and recent window.
   CompressOptions compression{.chunk_size = 32, .sink_tokens = 4, .recent_tokens = 32};
   BackendKind backend = BackendKind::kAuto;
@@ -58,8 +65,21 @@ absl::Status Run(const Flags& f, const std::string& command) {
   settings.methods = f.methods;
   settings.method_settings.centroidkv.compression = f.compression;
   settings.method_settings.centroidkv.backend = f.backend;
+  const ModelConfig& config = model.config();
+  if (!f.outlier_heads.empty()) {
+    CKV_ASSIGN_OR_RETURN(settings.method_settings.outlier_heads,
+                         ParseHeads(f.outlier_heads, config.n_layers, config.n_kv_heads));
+  }
+  const bool outliers_wanted = !f.outlier_heads.empty() || !f.calibration_cases.empty();
+  if (outliers_wanted && std::find(settings.methods.begin(), settings.methods.end(),
+                                   kCentroidKvOutliers) == settings.methods.end()) {
+    settings.methods.insert(settings.methods.begin() + 1, kCentroidKvOutliers);
+  }
+  const bool needs_server = std::any_of(
+      settings.methods.begin(), settings.methods.end(),
+      [](const std::string& m) { return m == kCentroidKv || m == kCentroidKvOutliers; });
   std::unique_ptr<client::Client> client;
-  if (std::find(f.methods.begin(), f.methods.end(), kCentroidKv) != f.methods.end()) {
+  if (needs_server) {
     client::ClientOptions options;
     options.target = f.server;
     client::ApplySecurityFlags(f.security, &options);
@@ -68,6 +88,44 @@ absl::Status Run(const Flags& f, const std::string& command) {
   Transformer transformer(model);
   std::function<void(const std::string&)> progress;
   if (!f.quiet) progress = [](const std::string& line) { std::cerr << line << "\n"; };
+  std::string outlier_note;
+  if (!f.calibration_cases.empty()) {
+    CKV_ASSIGN_OR_RETURN(
+        const std::vector<RetrievalCase> calibration,
+        ReadRetrievalCases(f.calibration_cases, config.vocab_size, config.seq_len));
+    const double budget = f.calibration_budget > 0.0
+                              ? f.calibration_budget
+                              : *std::min_element(f.budgets.begin(), f.budgets.end());
+    CKV_ASSIGN_OR_RETURN(const std::vector<HeadRetrievalScore> scores,
+                         ScoreHeadsOnCases(transformer, *client, calibration,
+                                           settings.method_settings, budget));
+    int64_t longest = 0;
+    for (const RetrievalCase& c : cases) longest = std::max<int64_t>(longest, c.context.size());
+    const int32_t count = std::min(
+        f.outliers, MaxSharedOutlierHeads(config.n_layers, config.n_kv_heads, longest,
+                                          *std::min_element(f.budgets.begin(), f.budgets.end()),
+                                          f.compression.sink_tokens, f.compression.recent_tokens));
+    std::vector<std::pair<int32_t, int32_t>> ranked;
+    std::string table = "| layer | KV head | answer NLL (nats, summed) | exact match |\n| ---: | ---: | ---: | ---: |\n";
+    for (const HeadRetrievalScore& s : scores) {
+      ranked.emplace_back(s.layer, s.head);
+      absl::StrAppend(&table, absl::StrFormat("| %d | %d | %.2f | %d/%d |\n", s.layer, s.head,
+                                              s.answer_nll, s.hits, s.cases));
+    }
+    settings.method_settings.outlier_heads = PickRankedHeads(ranked, count, config.n_layers);
+    outlier_note = absl::StrCat(
+        absl::StrFormat("- outlier heads of centroidkv+outliers: `%s`, calibrated on `%s` (%d "
+                        "cases): each KV head compressed alone to a %g budget, the %d whose "
+                        "answers lost the most log-likelihood; they share the budget (the other "
+                        "heads shrink)\n\n",
+                        FormatHeads(settings.method_settings.outlier_heads), f.calibration_cases,
+                        calibration.size(), budget, count),
+        table, "\n");
+  } else if (!f.outlier_heads.empty()) {
+    outlier_note = absl::StrFormat(
+        "- outlier heads of centroidkv+outliers: `%s` (given); they share the budget\n",
+        FormatHeads(settings.method_settings.outlier_heads));
+  }
   CKV_ASSIGN_OR_RETURN(const std::vector<RetrievalCell> cells,
                        RunRetrieval(transformer, client.get(), cases, settings, progress));
   const std::string md = absl::StrCat(
@@ -90,7 +148,7 @@ absl::Status Run(const Flags& f, const std::string& command) {
                       f.compression.chunk_size, f.compression.sink_tokens,
                       f.compression.recent_tokens, f.compression.sink_tokens,
                       f.compression.recent_tokens),
-      "- command: `", command, "`\n\n", RetrievalMarkdown(cells));
+      outlier_note, "- command: `", command, "`\n\n", RetrievalMarkdown(cells));
   if (!f.report_md.empty()) {
     std::ofstream out(f.report_md);
     out << md;
@@ -118,9 +176,18 @@ int main(int argc, char** argv) {
   app.add_option("--budgets", f.budgets, "fractions of the context kept")
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--methods", f.methods, "centroidkv, streamingllm, h2o, kmeans")
+  app.add_option("--methods", f.methods,
+                 "centroidkv, centroidkv+outliers, streamingllm, h2o, snapkv, kmeans")
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option("--outlier-heads", f.outlier_heads,
+                 "passthrough heads of centroidkv+outliers, \"LAYER:HEAD,...;...\"");
+  app.add_option("--calibration-cases", f.calibration_cases,
+                 "calibrate the outlier heads on these cases (their own stories and seed)");
+  app.add_option("--outliers", f.outliers, "outlier heads the calibration picks")
+      ->capture_default_str();
+  app.add_option("--calibration-budget", f.calibration_budget,
+                 "budget of the calibration (default: the smallest of --budgets)");
   centroidkv::cli::AddCompressOptionFlags(&app, &f.compression,
                                           {.targets = false, .passthrough_heads = false,
                                            .assignment = false, .output_layout = false});

@@ -7,10 +7,11 @@ The layout (worker/model.h): 7 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_h
 vocab_size, seq_len; vocab_size < 0 means an unshared classifier), then float32 row-major
 [out, in] tensors: embedding [V, D], rms_att [L, D], wq [L, D, D], wk [L, KV, D],
 wv [L, KV, D], wo [L, D, D], rms_ffn [L, D], w1 [L, F, D], w2 [L, D, F], w3 [L, F, D],
-rms_final [D], a legacy RoPE table [S, hs/2] x 2 (skipped), the classifier [V, D] if
+rms_final [D], a legacy RoPE table [S, hs/2] x 2 (read for its base, as the worker does:
+10000 in llama2.c's own files, 500000 in models/longctx), the classifier [V, D] if
 unshared. llama2.c rotates interleaved pairs (2i, 2i+1) of each head, transformers rotates
 halves (i, i + hs/2): the rows of wq and wk are permuted so that the model is the same
-(rms_norm_eps 1e-5 and RoPE base 10000, as llama2.c and worker use).
+(rms_norm_eps 1e-5, as llama2.c and worker use).
 """
 from __future__ import annotations
 
@@ -44,12 +45,26 @@ def read_llama2c(path) -> tuple:
              wk=take(layers, kv, dim), wv=take(layers, kv, dim), wo=take(layers, dim, dim),
              rms_ffn=take(layers, dim), w1=take(layers, hidden, dim),
              w2=take(layers, dim, hidden), w3=take(layers, hidden, dim), rms_final=take(dim))
-    take(seq_len, head // 2)
-    take(seq_len, head // 2)
+    cos = take(seq_len, head // 2)
+    sin = take(seq_len, head // 2)
     w["classifier"] = w["embedding"] if shared else take(vocab, dim)
     config = dict(dim=dim, hidden_dim=hidden, n_layers=layers, n_heads=heads,
-                  n_kv_heads=kv_heads, vocab_size=vocab, seq_len=seq_len, shared=shared)
+                  n_kv_heads=kv_heads, vocab_size=vocab, seq_len=seq_len, shared=shared,
+                  rope_theta=rope_theta_of_table(cos, sin))
     return config, w
+
+
+def rope_theta_of_table(cos: np.ndarray, sin: np.ndarray) -> float:
+    """The RoPE base of a legacy table [S, hs/2]: the slowest pair's angle at the last
+    position, rounded to 4 significant digits (worker/model.h RopeThetaOfTable)."""
+    seq_len, half = cos.shape
+    if seq_len < 2 or half < 2:
+        return 10000.0
+    frequency = float(np.arctan2(np.float64(sin[-1, -1]), np.float64(cos[-1, -1]))) / (seq_len - 1)
+    if not frequency > 0:
+        return 10000.0
+    theta = frequency ** (-(2 * half) / (2 * half - 2))
+    return float(f"{theta:.4g}")
 
 
 def interleaved_to_halves(w: np.ndarray, heads: int) -> np.ndarray:
@@ -69,7 +84,7 @@ def to_transformers(path):
         vocab_size=c["vocab_size"], hidden_size=c["dim"], intermediate_size=c["hidden_dim"],
         num_hidden_layers=c["n_layers"], num_attention_heads=c["n_heads"],
         num_key_value_heads=c["n_kv_heads"], max_position_embeddings=c["seq_len"],
-        rms_norm_eps=1e-5, rope_theta=10000.0, hidden_act="silu",
+        rms_norm_eps=1e-5, rope_theta=c["rope_theta"], hidden_act="silu",
         tie_word_embeddings=c["shared"], bos_token_id=1, eos_token_id=2,
         attention_bias=False, mlp_bias=False, torch_dtype="float32")
     model = LlamaForCausalLM(config)

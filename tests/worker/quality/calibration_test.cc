@@ -42,7 +42,7 @@ TEST_F(CalibrationServerTest, ScoresEveryHeadMostHarmfulFirst) {
   Transformer transformer(*testutil::Stories260K());
   absl::StatusOr<std::vector<int32_t>> tokens = SampleText(transformer, 140, 0.8f, 77);
   ASSERT_TRUE(tokens.ok());
-  absl::StatusOr<PrefilledText> text = PrefillText(transformer, *tokens, 128, false);
+  absl::StatusOr<PrefilledText> text = PrefillText(transformer, *tokens, 128, {});
   ASSERT_TRUE(text.ok());
   MethodSettings settings;
   settings.centroidkv.compression.chunk_size = 64;

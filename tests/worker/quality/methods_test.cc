@@ -38,7 +38,7 @@ TEST(MethodsTest, SharedOutlierHeadsLeaveTheOthersAtLeastSinksPlusRecent) {
 }
 
 TEST(MethodsTest, UnknownMethodAndMissingServerAreErrors) {
-  EXPECT_EQ(MakeCompressor("snapkv", 0.5, {}, nullptr).status().code(),
+  EXPECT_EQ(MakeCompressor("tova", 0.5, {}, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeCompressor(kCentroidKv, 0.5, {}, nullptr).status().code(),
             absl::StatusCode::kFailedPrecondition);
@@ -50,19 +50,22 @@ TEST_F(MethodsServerTest, EveryMethodKeepsTheBudget) {
   Transformer transformer(*testutil::Stories260K());
   absl::StatusOr<std::vector<int32_t>> tokens = SampleText(transformer, 201, 0.8f, 88);
   ASSERT_TRUE(tokens.ok());
-  absl::StatusOr<PrefilledText> text = PrefillText(transformer, *tokens, 200, true);
-  ASSERT_TRUE(text.ok());
   MethodSettings settings;
   settings.centroidkv.compression.chunk_size = 64;
   settings.centroidkv.compression.sink_tokens = 4;
   settings.centroidkv.compression.recent_tokens = 32;
   settings.outlier_heads = {{}, {2}};
+  absl::StatusOr<PrefilledText> text =
+      PrefillText(transformer, *tokens, 200, TrackingFor(AllMethods(), settings));
+  ASSERT_TRUE(text.ok());
+  ASSERT_TRUE(text->window_cache.has_value());
   for (const std::string& method : AllMethods()) {
     absl::StatusOr<CacheCompressor> compress = MakeCompressor(method, 0.25, settings, client_);
     ASSERT_TRUE(compress.ok()) << compress.status();
     int64_t entries = 0;
     absl::StatusOr<Agreement> agreement =
-        EvaluateCompressed(transformer, *text, *compress, &entries);
+        EvaluateCompressed(transformer, *text, *compress, &entries,
+                           UsesObservationWindow(method));
     ASSERT_TRUE(agreement.ok()) << method << ": " << agreement.status();
     EXPECT_LE(entries, 20 * 50) << method;
     EXPECT_GE(entries, 20 * 50 - 19) << method;  // outliers: the others round down

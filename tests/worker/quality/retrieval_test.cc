@@ -83,7 +83,7 @@ TEST_F(RetrievalRunTest, FullCacheReproducesItsAnswerAndBudgetsAreKept) {
 
   RetrievalSettings settings;
   settings.budgets = {0.5, 0.25};
-  settings.methods = {kCentroidKv, kStreamingLlm, kH2o};
+  settings.methods = {kCentroidKv, kStreamingLlm, kH2o, kSnapKv};
   CompressOptions& options = settings.method_settings.centroidkv.compression;
   options.chunk_size = 32;
   options.sink_tokens = 4;
@@ -94,9 +94,10 @@ TEST_F(RetrievalRunTest, FullCacheReproducesItsAnswerAndBudgetsAreKept) {
       [&lines](const std::string& line) { lines.push_back(line); });
   ASSERT_TRUE(cells.ok()) << cells.status();
   EXPECT_EQ(lines.size(), 2u);
-  ASSERT_EQ(cells->size(), 7u);  // full + 2 budgets x 3 methods, one (kind, depth)
+  ASSERT_EQ(cells->size(), 9u);  // full + 2 budgets x 4 methods, one (kind, depth, length)
   for (const RetrievalCell& cell : *cells) {
     EXPECT_EQ(cell.cases, 2) << cell.method;
+    EXPECT_EQ(cell.length, 256) << cell.method;  // 200 + 20 + 6 tokens
     const double kept = static_cast<double>(cell.entries_kept) / cell.entries_full;
     if (cell.method == kFullCache) {
       EXPECT_EQ(cell.hits, 2);
@@ -109,8 +110,41 @@ TEST_F(RetrievalRunTest, FullCacheReproducesItsAnswerAndBudgetsAreKept) {
   const std::string md = RetrievalMarkdown(*cells);
   EXPECT_NE(md.find("| 100% | full | 100.0% | 1.000 (2/2) | 1.000 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| 25% | h2o |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 25% | snapkv |"), std::string::npos) << md;
   EXPECT_NE(RetrievalJson(*cells).find("\"method\":\"centroidkv\",\"budget\":0.25"),
             std::string::npos);
+}
+
+TEST_F(RetrievalRunTest, CalibrationScoresEveryHeadAndRanksTheMostHarmfulFirst) {
+  absl::StatusOr<std::vector<int32_t>> text = SampleText(transformer_, 140, 0.8f, 902);
+  ASSERT_TRUE(text.ok()) << text.status();
+  RetrievalCase c;
+  c.kind = "story";
+  c.context.assign(text->begin(), text->begin() + 128);
+  c.question.assign(text->begin() + 128, text->begin() + 136);
+  c.answer.assign(text->begin() + 136, text->end());
+  MethodSettings settings;
+  settings.centroidkv.compression.chunk_size = 32;
+  settings.centroidkv.compression.sink_tokens = 4;
+  settings.centroidkv.compression.recent_tokens = 16;
+  absl::StatusOr<std::vector<HeadRetrievalScore>> scores =
+      ScoreHeadsOnCases(transformer_, *client_, {c}, settings, 0.25);
+  ASSERT_TRUE(scores.ok()) << scores.status();
+  const ModelConfig& config = transformer_.model().config();
+  ASSERT_EQ(scores->size(), static_cast<size_t>(config.n_layers * config.n_kv_heads));
+  // The reference: the answer's NLL with the full cache, which no single compressed head
+  // can beat by much, and which at least one head's compression makes worse.
+  KvCache full = transformer_.NewCache();
+  ASSERT_TRUE(transformer_.Prefill(c.context, &full).ok());
+  absl::StatusOr<double> full_nll = AnswerNll(transformer_, c.question, c.answer, &full);
+  ASSERT_TRUE(full_nll.ok());
+  for (size_t i = 0; i < scores->size(); ++i) {
+    EXPECT_EQ((*scores)[i].cases, 1);
+    if (i > 0) {
+      EXPECT_GE((*scores)[i - 1].answer_nll, (*scores)[i].answer_nll);
+    }
+  }
+  EXPECT_GT(scores->front().answer_nll, *full_nll);
 }
 
 }  // namespace

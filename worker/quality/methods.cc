@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/eviction.h"
+#include "worker/quality/calibration.h"
 #include "worker/kmeans.h"
 
 namespace centroidkv::worker::quality {
@@ -89,11 +90,20 @@ absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double
     if (client == nullptr) return absl::FailedPreconditionError("centroidkv needs a server");
     const bool outliers = method == kCentroidKvOutliers;
     return CacheCompressor([settings, budget, client, outliers, tally](KvCache* cache) {
-      const std::vector<std::vector<int32_t>> none;
+      const int64_t n = cache->head(0, 0).size();
+      std::vector<std::vector<int32_t>> passthrough;
+      if (outliers && !settings.outlier_ranking.empty()) {
+        const int32_t fit = MaxSharedOutlierHeads(
+            cache->num_layers(), cache->num_kv_heads(), n, budget,
+            settings.centroidkv.compression.sink_tokens,
+            settings.centroidkv.compression.recent_tokens);
+        passthrough = PickRankedHeads(settings.outlier_ranking, fit, cache->num_layers());
+      } else if (outliers) {
+        passthrough = settings.outlier_heads;
+      }
       const CompressCacheOptions options =
-          CentroidKvOptions(settings, budget, outliers ? settings.outlier_heads : none,
-                            settings.outliers_share_budget, cache->num_layers(),
-                            cache->num_kv_heads(), cache->head(0, 0).size());
+          CentroidKvOptions(settings, budget, passthrough, settings.outliers_share_budget,
+                            cache->num_layers(), cache->num_kv_heads(), n);
       absl::StatusOr<CompressCacheStats> stats = CompressCache(*client, options, cache);
       if (!stats.ok()) return stats.status();
       if (tally != nullptr) tally->Add(*stats);

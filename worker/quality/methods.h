@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -41,6 +42,10 @@ struct MethodSettings {
   CompressCacheOptions centroidkv;
   // Outlier heads per layer, used by centroidkv+outliers.
   std::vector<std::vector<int32_t>> outlier_heads;
+  // Or ranked (layer, KV head), most harmful first: when not empty, each compression of
+  // centroidkv+outliers passes through the longest prefix that its budget can share at its
+  // cache's length (MaxSharedOutlierHeads), none where not even one fits.
+  std::vector<std::pair<int32_t, int32_t>> outlier_ranking;
   // When true, outlier heads count against the budget (the other heads shrink more).
   bool outliers_share_budget = true;
   int32_t kmeans_iterations = 25;

@@ -99,12 +99,6 @@ absl::Status Run(const Flags& f, const std::string& command) {
     CKV_ASSIGN_OR_RETURN(const std::vector<HeadRetrievalScore> scores,
                          ScoreHeadsOnCases(transformer, *client, calibration,
                                            settings.method_settings, budget));
-    int64_t longest = 0;
-    for (const RetrievalCase& c : cases) longest = std::max<int64_t>(longest, c.context.size());
-    const int32_t count = std::min(
-        f.outliers, MaxSharedOutlierHeads(config.n_layers, config.n_kv_heads, longest,
-                                          *std::min_element(f.budgets.begin(), f.budgets.end()),
-                                          f.compression.sink_tokens, f.compression.recent_tokens));
     std::vector<std::pair<int32_t, int32_t>> ranked;
     std::string table = "| layer | KV head | answer NLL (nats, summed) | exact match |\n| ---: | ---: | ---: | ---: |\n";
     for (const HeadRetrievalScore& s : scores) {
@@ -112,14 +106,20 @@ absl::Status Run(const Flags& f, const std::string& command) {
       absl::StrAppend(&table, absl::StrFormat("| %d | %d | %.2f | %d/%d |\n", s.layer, s.head,
                                               s.answer_nll, s.hits, s.cases));
     }
-    settings.method_settings.outlier_heads = PickRankedHeads(ranked, count, config.n_layers);
+    ranked.resize(std::min<size_t>(ranked.size(), static_cast<size_t>(std::max(0, f.outliers))));
+    settings.method_settings.outlier_ranking = ranked;
     outlier_note = absl::StrCat(
-        absl::StrFormat("- outlier heads of centroidkv+outliers: `%s`, calibrated on `%s` (%d "
-                        "cases): each KV head compressed alone to a %g budget, the %d whose "
-                        "answers lost the most log-likelihood; they share the budget (the other "
-                        "heads shrink)\n\n",
-                        FormatHeads(settings.method_settings.outlier_heads), f.calibration_cases,
-                        calibration.size(), budget, count),
+        absl::StrFormat("- outlier heads of centroidkv+outliers: the first of `%s` (most harmful "
+                        "first), calibrated on `%s` (%d cases): each KV head compressed alone "
+                        "to a %g budget, ranked by the log-likelihood its answers lost. They "
+                        "share the budget (the other heads shrink), so each compression passes "
+                        "through as many of them as its budget and length can afford, none "
+                        "where not one fits (then it equals centroidkv)\n\n",
+                        absl::StrJoin(ranked, ", ",
+                                      [](std::string* out, const std::pair<int32_t, int32_t>& h) {
+                                        absl::StrAppend(out, h.first, ":", h.second);
+                                      }),
+                        f.calibration_cases, calibration.size(), budget),
         table, "\n");
   } else if (!f.outlier_heads.empty()) {
     outlier_note = absl::StrFormat(

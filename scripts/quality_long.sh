@@ -23,13 +23,15 @@ if [ "$stage" = retrieval ] || [ "$stage" = all ]; then
   "${with_server[@]}" "$bin/centroidkv-retrieval" --server "{server}" --model "$model" \
     --cases models/longctx/retrieval_cases.txt \
     --calibration-cases models/longctx/calibration_cases.txt \
-    --methods centroidkv,streamingllm,h2o,snapkv,kmeans --budgets 0.5,0.25,0.1 \
+    --calibration-budget 0.25 \
+    --methods centroidkv,centroidkv+outliers,streamingllm,h2o,snapkv,kmeans --budgets 0.5,0.25,0.1 \
     --report-md docs/quality-long-retrieval.md "$@" >docs/quality-long-retrieval.json
 fi
 if [ "$stage" = kl ] || [ "$stage" = all ]; then
   "${with_server[@]}" "$bin/centroidkv-quality" --server "{server}" --model "$model" \
     --tokenizer ../shared/models/tok512.bin --texts 16 --seed 1000 --prefill 768 \
     --continuation 128 --budgets 0.5,0.25,0.1 --calibration-texts 8 --calibration-seed 5000 \
+    --calibration-budget 0.25 \
     --report-md docs/quality-long-kl.md --report-json docs/quality-long-kl.json "$@"
 fi
 if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then

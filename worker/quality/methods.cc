@@ -93,10 +93,12 @@ absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double
       const int64_t n = cache->head(0, 0).size();
       std::vector<std::vector<int32_t>> passthrough;
       if (outliers && !settings.outlier_ranking.empty()) {
-        const int32_t fit = MaxSharedOutlierHeads(
-            cache->num_layers(), cache->num_kv_heads(), n, budget,
-            settings.centroidkv.compression.sink_tokens,
-            settings.centroidkv.compression.recent_tokens);
+        const int32_t fit =
+            settings.outliers_share_budget
+                ? MaxSharedOutlierHeads(cache->num_layers(), cache->num_kv_heads(), n, budget,
+                                        settings.centroidkv.compression.sink_tokens,
+                                        settings.centroidkv.compression.recent_tokens)
+                : static_cast<int32_t>(settings.outlier_ranking.size());
         passthrough = PickRankedHeads(settings.outlier_ranking, fit, cache->num_layers());
       } else if (outliers) {
         passthrough = settings.outlier_heads;

@@ -44,7 +44,8 @@ struct MethodSettings {
   std::vector<std::vector<int32_t>> outlier_heads;
   // Or ranked (layer, KV head), most harmful first: when not empty, each compression of
   // centroidkv+outliers passes through the longest prefix that its budget can share at its
-  // cache's length (MaxSharedOutlierHeads), none where not even one fits.
+  // cache's length (MaxSharedOutlierHeads), none where not even one fits; all of them
+  // when they do not share the budget.
   std::vector<std::pair<int32_t, int32_t>> outlier_ranking;
   // When true, outlier heads count against the budget (the other heads shrink more).
   bool outliers_share_budget = true;

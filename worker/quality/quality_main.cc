@@ -10,6 +10,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -170,18 +171,6 @@ MethodSettings ToMethodSettings(const Flags& f) {
 }
 
 // Calibrates outlier heads on sampled texts of other seeds; fills the context.
-// How many outlier heads to pick: --outlier-heads, capped (when they share the budget) so
-// that every budget of the report can still be met.
-int32_t OutlierCount(const Flags& f, const ModelConfig& config, double calibration_budget) {
-  if (!f.outliers_share_budget) return f.outlier_heads;
-  const double smallest =
-      std::min(calibration_budget, *std::min_element(f.budgets.begin(), f.budgets.end()));
-  return std::min(f.outlier_heads,
-                  MaxSharedOutlierHeads(config.n_layers, config.n_kv_heads, f.prefill, smallest,
-                                        f.compression.sink_tokens, f.compression.recent_tokens));
-}
-
-// Calibrates outlier heads on sampled texts of other seeds; fills the context.
 absl::Status Calibrate(const Flags& f, Transformer& transformer, client::Client& client,
                        RunSettings* settings, ReportContext* context) {
   const double budget = f.calibration_budget > 0.0
@@ -199,19 +188,22 @@ absl::Status Calibrate(const Flags& f, Transformer& transformer, client::Client&
       const std::vector<HeadScore> scores,
       ScoreHeads(transformer, client, prefilled, settings->method_settings, budget));
   const ModelConfig& config = transformer.model().config();
-  const int32_t count = OutlierCount(f, config, budget);
+  const int32_t count = std::min<int32_t>(f.outlier_heads, static_cast<int32_t>(scores.size()));
+  std::vector<std::pair<int32_t, int32_t>> ranked;
+  for (int32_t i = 0; i < count; ++i) ranked.emplace_back(scores[i].layer, scores[i].head);
+  settings->method_settings.outlier_ranking = ranked;
   settings->method_settings.outlier_heads = PickOutlierHeads(scores, count, config.n_layers);
   context->head_scores = scores;
   context->outlier_heads = FormatHeads(settings->method_settings.outlier_heads);
   context->outlier_source = absl::StrFormat(
       "Calibrated on %d texts sampled with seeds %d..%d (the evaluation uses other seeds), "
-      "each KV head compressed alone to a %g budget; the %d most harmful heads were picked%s.",
+      "each KV head compressed alone to a %g budget; the %d most harmful heads were ranked%s.",
       f.calibration_texts, f.calibration_seed, f.calibration_seed + f.calibration_texts - 1, budget,
       count,
-      count < f.outlier_heads
-          ? absl::StrFormat(" (%d asked; more would push the other heads below sinks + recent "
-                            "at the smallest budget)",
-                            f.outlier_heads)
+      f.outliers_share_budget
+          ? " They share the budget (the other heads shrink), so each compression passes "
+            "through the longest prefix of that ranking its budget can afford at its length, "
+            "none where not one fits (then it equals centroidkv)"
           : "");
   return absl::OkStatus();
 }

@@ -73,5 +73,45 @@ TEST_F(MethodsServerTest, EveryMethodKeepsTheBudget) {
   }
 }
 
+TEST_F(MethodsServerTest, RankedOutlierHeadsPassThroughAsManyAsEachBudgetAffords) {
+  Transformer transformer(*testutil::Stories260K());
+  absl::StatusOr<std::vector<int32_t>> tokens = SampleText(transformer, 201, 0.8f, 89);
+  ASSERT_TRUE(tokens.ok());
+  MethodSettings settings;
+  settings.centroidkv.compression.chunk_size = 64;
+  settings.centroidkv.compression.sink_tokens = 4;
+  settings.centroidkv.compression.recent_tokens = 32;
+  settings.outlier_ranking = {{3, 1}, {0, 2}, {4, 0}};
+  absl::StatusOr<PrefilledText> text = PrefillText(transformer, *tokens, 200, {});
+  ASSERT_TRUE(text.ok());
+  const KvCache& original = text->cache;
+  // 200 entries, 20 heads: whole heads keep 200 each, and the others must keep at least
+  // sinks + recent = 36. At 50% every ranked head fits, at 25% one ((1000 - 200) / 19 = 42;
+  // two leave 33), at 10% none: exactly the ranking's first that many come back whole.
+  for (const double budget : {0.5, 0.25, 0.1}) {
+    const int32_t fit = MaxSharedOutlierHeads(original.num_layers(), original.num_kv_heads(), 200,
+                                              budget, 4, 32);
+    absl::StatusOr<CacheCompressor> compress =
+        MakeCompressor(kCentroidKvOutliers, budget, settings, client_);
+    ASSERT_TRUE(compress.ok()) << compress.status();
+    KvCache cache = original;
+    ASSERT_TRUE((*compress)(&cache).ok());
+    for (size_t i = 0; i < settings.outlier_ranking.size(); ++i) {
+      const auto [layer, head] = settings.outlier_ranking[i];
+      const HeadCache& got = cache.head(layer, head);
+      const HeadCache& was = original.head(layer, head);
+      if (static_cast<int32_t>(i) < fit) {
+        EXPECT_EQ(got.keys, was.keys) << "budget " << budget << " head " << i;
+        EXPECT_EQ(got.values, was.values) << "budget " << budget << " head " << i;
+      } else {
+        EXPECT_LT(got.size(), was.size()) << "budget " << budget << " head " << i;
+      }
+    }
+  }
+  EXPECT_GE(MaxSharedOutlierHeads(5, 4, 200, 0.5, 4, 32), 3);
+  EXPECT_EQ(MaxSharedOutlierHeads(5, 4, 200, 0.25, 4, 32), 1);
+  EXPECT_EQ(MaxSharedOutlierHeads(5, 4, 200, 0.1, 4, 32), 0);
+}
+
 }  // namespace
 }  // namespace centroidkv::worker::quality

@@ -63,6 +63,9 @@ CKV_TARGET="$socket" .venv/bin/python client/python/examples/compress.py
 if [ -f "$model" ]; then
   echo "== transformers generate() with a CentroidKV cache (client/python/examples/generate.py)"
   CKV_TARGET="$socket" .venv/bin/python client/python/examples/generate.py "$model"
+  echo "== kvpress's pipeline with the CentroidKV press and kvpress's StreamingLLM (client/python/examples/kvpress_pipeline.py)"
+  CKV_TARGET="$socket" .venv/bin/python client/python/examples/kvpress_pipeline.py "$model" \
+    ../shared/models/tok512.bin
 fi
 
 echo

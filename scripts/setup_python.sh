@@ -2,7 +2,7 @@
 # The Python client's virtual environment (.venv in the checkout): the `centroidkv` package
 # of client/python installed editable (its gRPC stubs generated from this checkout's proto)
 # over a per-machine environment that holds the PyPI dependencies (grpcio, grpcio-tools,
-# protobuf, numpy, pytest, torch, transformers; client/python/requirements-dev.txt).
+# protobuf, numpy, pytest, torch, transformers, kvpress; client/python/requirements-dev.txt).
 # torch is large, so that one lives once per machine, outside any checkout
 # (CKV_PYTHON_DEPS, default ~/.cache/centroidkv/py311-deps), and a fresh clone (CI) reuses
 # it; .venv sees it through a .pth file. Safe to run twice: installs only what is missing.
@@ -36,4 +36,4 @@ echo "$deps_site" > "$site/centroidkv-deps.pth"
 # The package, editable: writes client/python/centroidkv/v1/ (the stubs) from the proto.
 "$deps/bin/python" -m pip --python .venv/bin/python install -q --no-deps --no-build-isolation \
   -e client/python
-echo "setup_python: .venv ready ($(.venv/bin/python -c 'import centroidkv, grpc, torch, transformers; print("centroidkv", centroidkv.__version__, "grpcio", grpc.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'))"
+echo "setup_python: .venv ready ($(.venv/bin/python -c 'import importlib.metadata, centroidkv, grpc, torch, transformers, kvpress; print("centroidkv", centroidkv.__version__, "grpcio", grpc.__version__, "torch", torch.__version__, "transformers", transformers.__version__, "kvpress", importlib.metadata.version("kvpress"))'))"

@@ -144,17 +144,31 @@ absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, i
   return absl::OkStatus();
 }
 
-absl::Status EvictSnapKv(KvCache* cache, double ratio, int32_t sinks, int32_t window,
-                         int32_t kernel) {
+namespace {
+
+absl::Status EvictSnapKvEachHead(KvCache* cache, const std::function<int64_t(int64_t)>& budget_of,
+                                 int32_t sinks, int32_t window, int32_t kernel) {
   if (absl::Status s = CheckTracksAttention(*cache, "SnapKV"); !s.ok()) return s;
   if (kernel < 1) return absl::InvalidArgumentError(absl::StrCat("SnapKV kernel ", kernel, " < 1"));
-  EvictEachHead(
-      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); },
-      [sinks, window, kernel](const HeadCache& head, int64_t budget) {
-        return KeepTopScored(head.size(), SplitBudget(budget, sinks, window),
-                             AveragePooled(head.attention, kernel));
-      });
+  EvictEachHead(cache, budget_of, [sinks, window, kernel](const HeadCache& head, int64_t budget) {
+    return KeepTopScored(head.size(), SplitBudget(budget, sinks, window),
+                         AveragePooled(head.attention, kernel));
+  });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EvictSnapKv(KvCache* cache, double ratio, int32_t sinks, int32_t window,
+                         int32_t kernel) {
+  return EvictSnapKvEachHead(
+      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); }, sinks, window, kernel);
+}
+
+absl::Status EvictSnapKvToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
+                                 int32_t window, int32_t kernel) {
+  return EvictSnapKvEachHead(
+      cache, [budget_entries](int64_t) { return budget_entries; }, sinks, window, kernel);
 }
 
 }  // namespace centroidkv::worker

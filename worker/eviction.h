@@ -59,4 +59,8 @@ absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, i
 absl::Status EvictSnapKv(KvCache* cache, double ratio, int32_t sinks, int32_t window,
                          int32_t kernel);
 
+// The same to `budget_entries` entries per head (heads that fit are left alone).
+absl::Status EvictSnapKvToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
+                                 int32_t window, int32_t kernel);
+
 }  // namespace centroidkv::worker

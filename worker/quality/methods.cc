@@ -2,8 +2,12 @@
 #include "worker/quality/methods.h"
 
 #include <algorithm>
+#include <functional>
+#include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "worker/eviction.h"
 #include "worker/quality/calibration.h"
 #include "worker/kmeans.h"
@@ -17,12 +21,22 @@ const std::vector<std::string>& AllMethods() {
   return *methods;
 }
 
-bool UsesObservationWindow(const std::string& method) { return method == kSnapKv; }
+std::string BaseMethod(const std::string& method) {
+  return KeepsOutlierHeads(method) ? std::string(absl::StripSuffix(method, kOutliersSuffix))
+                                   : method;
+}
+
+bool KeepsOutlierHeads(const std::string& method) {
+  return absl::EndsWith(method, kOutliersSuffix);
+}
+
+bool UsesObservationWindow(const std::string& method) { return BaseMethod(method) == kSnapKv; }
 
 PrefillTracking TrackingFor(const std::vector<std::string>& methods,
                             const MethodSettings& settings) {
   auto has = [&methods](const char* name) {
-    return std::find(methods.begin(), methods.end(), name) != methods.end();
+    return std::any_of(methods.begin(), methods.end(),
+                       [name](const std::string& m) { return BaseMethod(m) == name; });
   };
   return {.whole = has(kH2o),
           .observation_window = has(kSnapKv) ? settings.centroidkv.compression.recent_tokens : 0};
@@ -61,6 +75,71 @@ int32_t MaxSharedOutlierHeads(int32_t num_layers, int32_t num_heads, int64_t n, 
   return count;
 }
 
+namespace {
+
+// The outlier heads one compression of `cache` at `budget` keeps whole: the longest prefix
+// of the ranking that the budget affords at this length (all of it when they do not share
+// the budget), or the fixed heads.
+std::vector<std::vector<int32_t>> OutlierHeadsFor(const MethodSettings& settings,
+                                                  const KvCache& cache, double budget) {
+  if (settings.outlier_ranking.empty()) return settings.outlier_heads;
+  const int32_t fit =
+      settings.outliers_share_budget
+          ? MaxSharedOutlierHeads(cache.num_layers(), cache.num_kv_heads(),
+                                  cache.head(0, 0).size(), budget,
+                                  settings.centroidkv.compression.sink_tokens,
+                                  settings.centroidkv.compression.recent_tokens)
+          : static_cast<int32_t>(settings.outlier_ranking.size());
+  return PickRankedHeads(settings.outlier_ranking, fit, cache.num_layers());
+}
+
+// An eviction baseline that shrinks every head longer than `entries` to that many.
+using BudgetEviction = std::function<absl::Status(KvCache* cache, int64_t entries)>;
+
+absl::StatusOr<BudgetEviction> EvictionToBudget(const std::string& base,
+                                                const MethodSettings& settings) {
+  const int32_t sinks = settings.centroidkv.compression.sink_tokens;
+  const int32_t recent = settings.centroidkv.compression.recent_tokens;
+  if (base == kStreamingLlm) {
+    return BudgetEviction([sinks](KvCache* cache, int64_t entries) {
+      EvictStreamingLlmToBudget(cache, entries, sinks);
+      return absl::OkStatus();
+    });
+  }
+  if (base == kH2o) {
+    return BudgetEviction([sinks, recent](KvCache* cache, int64_t entries) {
+      return EvictHeavyHittersToBudget(cache, entries, sinks, recent);
+    });
+  }
+  if (base == kSnapKv) {
+    const int32_t kernel = settings.snapkv_kernel;
+    return BudgetEviction([sinks, recent, kernel](KvCache* cache, int64_t entries) {
+      return EvictSnapKvToBudget(cache, entries, sinks, recent, kernel);
+    });
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown method \"", base, kOutliersSuffix, "\": \"+outliers\" goes with centroidkv, ",
+      kStreamingLlm, ", ", kH2o, " or ", kSnapKv));
+}
+
+// Evicts every head of `cache` but `whole` with `evict`: those are set aside while it runs
+// (an empty head fits every budget, so the eviction leaves it alone), then put back.
+absl::Status EvictAllBut(KvCache* cache, const std::vector<std::vector<int32_t>>& whole,
+                         int64_t entries, const BudgetEviction& evict) {
+  std::vector<std::pair<std::pair<int32_t, int32_t>, HeadCache>> aside;
+  for (int32_t layer = 0; layer < static_cast<int32_t>(whole.size()); ++layer) {
+    for (int32_t head : whole[static_cast<size_t>(layer)]) {
+      aside.emplace_back(std::make_pair(layer, head), std::move(cache->head(layer, head)));
+      cache->head(layer, head) = HeadCache{};
+    }
+  }
+  const absl::Status status = evict(cache, entries);
+  for (auto& [at, head] : aside) cache->head(at.first, at.second) = std::move(head);
+  return status;
+}
+
+}  // namespace
+
 CompressCacheOptions CentroidKvOptions(const MethodSettings& settings, double budget,
                                        const std::vector<std::vector<int32_t>>& passthrough,
                                        bool share_budget, int32_t num_layers, int32_t num_heads,
@@ -90,26 +169,31 @@ absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double
     if (client == nullptr) return absl::FailedPreconditionError("centroidkv needs a server");
     const bool outliers = method == kCentroidKvOutliers;
     return CacheCompressor([settings, budget, client, outliers, tally](KvCache* cache) {
-      const int64_t n = cache->head(0, 0).size();
-      std::vector<std::vector<int32_t>> passthrough;
-      if (outliers && !settings.outlier_ranking.empty()) {
-        const int32_t fit =
-            settings.outliers_share_budget
-                ? MaxSharedOutlierHeads(cache->num_layers(), cache->num_kv_heads(), n, budget,
-                                        settings.centroidkv.compression.sink_tokens,
-                                        settings.centroidkv.compression.recent_tokens)
-                : static_cast<int32_t>(settings.outlier_ranking.size());
-        passthrough = PickRankedHeads(settings.outlier_ranking, fit, cache->num_layers());
-      } else if (outliers) {
-        passthrough = settings.outlier_heads;
-      }
-      const CompressCacheOptions options =
-          CentroidKvOptions(settings, budget, passthrough, settings.outliers_share_budget,
-                            cache->num_layers(), cache->num_kv_heads(), n);
+      const CompressCacheOptions options = CentroidKvOptions(
+          settings, budget,
+          outliers ? OutlierHeadsFor(settings, *cache, budget)
+                   : std::vector<std::vector<int32_t>>{},
+          settings.outliers_share_budget, cache->num_layers(), cache->num_kv_heads(),
+          cache->head(0, 0).size());
       absl::StatusOr<CompressCacheStats> stats = CompressCache(*client, options, cache);
       if (!stats.ok()) return stats.status();
       if (tally != nullptr) tally->Add(*stats);
       return absl::OkStatus();
+    });
+  }
+  if (KeepsOutlierHeads(method)) {
+    absl::StatusOr<BudgetEviction> evict = EvictionToBudget(BaseMethod(method), settings);
+    if (!evict.ok()) return evict.status();
+    return CacheCompressor([settings, budget, evict = *std::move(evict)](KvCache* cache) {
+      const std::vector<std::vector<int32_t>> whole = OutlierHeadsFor(settings, *cache, budget);
+      // The same per-head target as centroidkv+outliers: the whole heads' rows come out of
+      // the others' share when they share the budget.
+      const CompressCacheOptions shares =
+          CentroidKvOptions(settings, budget, whole, settings.outliers_share_budget,
+                            cache->num_layers(), cache->num_kv_heads(), cache->head(0, 0).size());
+      const int64_t entries = shares.compression.target_tokens.value_or(
+          BudgetEntries(cache->head(0, 0).size(), budget));
+      return EvictAllBut(cache, whole, entries, evict);
     });
   }
   if (method == kStreamingLlm) {

@@ -6,6 +6,10 @@
 //   snapkv               sinks + the observation window (the recent entries, the end of the
 //                        context) + the entries the window's queries attended to most
 //   kmeans               sinks + recent + count-weighted k-means on keys in between
+//   streamingllm+outliers, h2o+outliers, snapkv+outliers
+//                        the control for centroidkv+outliers: the same outlier heads kept
+//                        whole, the other heads evicted to the same shared budget, so a
+//                        table shows what merging adds beyond keeping those heads
 //
 // Budget accounting: every method keeps ceil(budget * n) entries per head. With outlier
 // heads sharing the budget (the default), the other heads of the whole model shrink to
@@ -34,16 +38,24 @@ inline constexpr char kStreamingLlm[] = "streamingllm";
 inline constexpr char kH2o[] = "h2o";
 inline constexpr char kKMeans[] = "kmeans";
 inline constexpr char kSnapKv[] = "snapkv";
+inline constexpr char kOutliersSuffix[] = "+outliers";
+
+// The method without its "+outliers": "snapkv" for "snapkv+outliers", "centroidkv" for
+// centroidkv+outliers; the name itself otherwise.
+std::string BaseMethod(const std::string& method);
+
+// True for "<method>+outliers": the outlier heads stay whole (MethodSettings).
+bool KeepsOutlierHeads(const std::string& method);
 
 // Settings shared by every method.
 struct MethodSettings {
   // CentroidKV's SPEC parameters (its target is set per budget); sinks and recent are
   // also the protected windows of the baselines.
   CompressCacheOptions centroidkv;
-  // Outlier heads per layer, used by centroidkv+outliers.
+  // Outlier heads per layer, used by the "+outliers" methods.
   std::vector<std::vector<int32_t>> outlier_heads;
-  // Or ranked (layer, KV head), most harmful first: when not empty, each compression of
-  // centroidkv+outliers passes through the longest prefix that its budget can share at its
+  // Or ranked (layer, KV head), most harmful first: when not empty, each compression of a
+  // "+outliers" method keeps whole the longest prefix that its budget can share at its
   // cache's length (MaxSharedOutlierHeads), none where not even one fits; all of them
   // when they do not share the budget.
   std::vector<std::pair<int32_t, int32_t>> outlier_ranking;

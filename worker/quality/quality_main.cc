@@ -93,7 +93,8 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--methods", f.methods,
-                 "methods to run (default: all; centroidkv+outliers needs outlier heads)")
+                 "methods to run (default: all; centroidkv+outliers needs outlier heads; "
+                 "streamingllm/h2o/snapkv+outliers keep the same heads whole)")
       ->delimiter(',');
   cli::AddCompressOptionFlags(&app, &f.compression,
                               {.targets = false, .passthrough_heads = false,
@@ -249,7 +250,7 @@ std::vector<std::string> ChooseMethods(const Flags& f, const MethodSettings& set
   if (!f.methods.empty()) return f.methods;
   std::vector<std::string> methods;
   for (const std::string& m : AllMethods()) {
-    if (m != kCentroidKvOutliers || CountHeads(settings.outlier_heads) > 0) methods.push_back(m);
+    if (!KeepsOutlierHeads(m) || CountHeads(settings.outlier_heads) > 0) methods.push_back(m);
   }
   return methods;
 }
@@ -292,7 +293,7 @@ absl::Status ResolveOutliers(const Flags& f, Transformer& transformer, client::C
   }
   const bool wanted =
       f.calibrate_only || f.methods.empty() ||
-      std::find(f.methods.begin(), f.methods.end(), kCentroidKvOutliers) != f.methods.end();
+      std::any_of(f.methods.begin(), f.methods.end(), KeepsOutlierHeads);
   if (f.calibration_texts <= 0 || !wanted) return absl::OkStatus();
   if (f.tokens_file.empty() && f.seed < f.calibration_seed + f.calibration_texts &&
       f.calibration_seed < f.seed + f.texts) {

@@ -11,8 +11,10 @@
 namespace centroidkv::worker::quality {
 namespace {
 
+// Eviction and k-means, with or without outlier heads kept whole.
 bool IsBaseline(const std::string& method) {
-  return method == kStreamingLlm || method == kH2o || method == kSnapKv || method == kKMeans;
+  const std::string base = BaseMethod(method);
+  return base == kStreamingLlm || base == kH2o || base == kSnapKv || base == kKMeans;
 }
 
 std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", 100.0 * fraction); }

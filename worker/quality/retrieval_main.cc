@@ -77,7 +77,7 @@ absl::Status Run(const Flags& f, const std::string& command) {
   }
   const bool needs_server = std::any_of(
       settings.methods.begin(), settings.methods.end(),
-      [](const std::string& m) { return m == kCentroidKv || m == kCentroidKvOutliers; });
+      [](const std::string& m) { return BaseMethod(m) == kCentroidKv; });
   std::unique_ptr<client::Client> client;
   if (needs_server) {
     client::ClientOptions options;
@@ -177,7 +177,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--methods", f.methods,
-                 "centroidkv, centroidkv+outliers, streamingllm, h2o, snapkv, kmeans")
+                 "centroidkv, centroidkv+outliers, streamingllm, h2o, snapkv, kmeans; "
+                 "streamingllm+outliers, h2o+outliers, snapkv+outliers keep the same outlier "
+                 "heads whole (the control)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--outlier-heads", f.outlier_heads,

@@ -110,6 +110,13 @@ def to_transformers(path):
     return model.eval()
 
 
+def tokenizer_to_transformers(path):
+    """llama2.c's tokenizer.bin as a transformers tokenizer (centroidkv.llama2c_tokenizer)."""
+    from .llama2c_tokenizer import Llama2cTokenizer
+
+    return Llama2cTokenizer(str(path))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint")

@@ -45,8 +45,13 @@ def centroidkv_attention(module, query, key, value, attention_mask, scaling=None
     if scaling is None:
         scaling = 1.0 / math.sqrt(value.shape[-1])
     mask = attention_mask
-    if mask is not None and mask.dim() == 4:
-        mask = mask[:, :, :, :key.shape[-2]]
+    if mask is not None and mask.dim() == 4 and mask.shape[-1] != key.shape[-2]:
+        # The model builds one mask from layer 0's length; a layer of another length
+        # (outlier heads kept whole) sees every stored entry and the new tokens causally.
+        stored = key.shape[-2] - query.shape[2]
+        rows = torch.arange(query.shape[2], device=query.device)[:, None]
+        cols = torch.arange(key.shape[-2], device=query.device)[None, :]
+        mask = (cols <= stored + rows)[None, None]
     is_causal = mask is None and query.shape[2] > 1
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,

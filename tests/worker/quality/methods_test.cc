@@ -2,6 +2,7 @@
 // heads, and every method meeting the budget through a live server.
 #include "worker/quality/methods.h"
 
+#include <string>
 #include <vector>
 
 #include "worker/sampler.h"
@@ -42,6 +43,60 @@ TEST(MethodsTest, UnknownMethodAndMissingServerAreErrors) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeCompressor(kCentroidKv, 0.5, {}, nullptr).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(MethodsTest, EvictionControlsKeepTheOutlierHeadsWholeAndEvictTheRestToTheSharedTarget) {
+  Transformer transformer(*testutil::Stories260K());
+  absl::StatusOr<std::vector<int32_t>> tokens = SampleText(transformer, 201, 0.8f, 90);
+  ASSERT_TRUE(tokens.ok());
+  MethodSettings settings;
+  settings.centroidkv.compression.sink_tokens = 4;
+  settings.centroidkv.compression.recent_tokens = 32;
+  settings.outlier_ranking = {{3, 1}, {0, 2}};
+  const std::vector<std::string> controls = {"streamingllm+outliers", "h2o+outliers",
+                                             "snapkv+outliers"};
+  absl::StatusOr<PrefilledText> text =
+      PrefillText(transformer, *tokens, 200, TrackingFor(controls, settings));
+  ASSERT_TRUE(text.ok());
+  for (const std::string& method : controls) {
+    SCOPED_TRACE(method);
+    const KvCache& original =
+        UsesObservationWindow(method) ? *text->window_cache : text->cache;
+    // 25% of 200 over 20 heads: one ranked head fits; the 19 others share
+    // 20 * 50 - 200 = 800 entries: 42 each.
+    absl::StatusOr<CacheCompressor> control = MakeCompressor(method, 0.25, settings, nullptr);
+    ASSERT_TRUE(control.ok()) << control.status();
+    KvCache cache = original;
+    ASSERT_TRUE((*control)(&cache).ok());
+    for (int32_t layer = 0; layer < cache.num_layers(); ++layer) {
+      for (int32_t h = 0; h < cache.num_kv_heads(); ++h) {
+        if (layer == 3 && h == 1) {
+          EXPECT_EQ(cache.head(layer, h).keys, original.head(layer, h).keys);
+          EXPECT_EQ(cache.head(layer, h).counts, original.head(layer, h).counts);
+        } else {
+          EXPECT_EQ(cache.head(layer, h).size(), 42) << layer << ":" << h;
+        }
+      }
+    }
+    // At 10% no head fits: the control is the plain method, entry for entry.
+    absl::StatusOr<CacheCompressor> plain =
+        MakeCompressor(BaseMethod(method), 0.1, settings, nullptr);
+    control = MakeCompressor(method, 0.1, settings, nullptr);
+    ASSERT_TRUE(plain.ok() && control.ok());
+    KvCache a = original, b = original;
+    ASSERT_TRUE((*plain)(&a).ok());
+    ASSERT_TRUE((*control)(&b).ok());
+    for (int32_t layer = 0; layer < a.num_layers(); ++layer) {
+      for (int32_t h = 0; h < a.num_kv_heads(); ++h) {
+        EXPECT_EQ(a.head(layer, h).keys, b.head(layer, h).keys) << layer << ":" << h;
+      }
+    }
+  }
+  EXPECT_EQ(MakeCompressor("kmeans+outliers", 0.25, settings, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BaseMethod(kCentroidKvOutliers), kCentroidKv);
+  EXPECT_TRUE(KeepsOutlierHeads("snapkv+outliers"));
+  EXPECT_FALSE(KeepsOutlierHeads(kSnapKv));
 }
 
 class MethodsServerTest : public testutil::LiveServerTest {};

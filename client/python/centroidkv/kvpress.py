@@ -1,0 +1,152 @@
+"""CentroidKV as a kvpress press (NVIDIA's kvpress, PyPI `kvpress`; extra `[kvpress]`).
+
+    from transformers import pipeline
+    from centroidkv.kvpress import CentroidKVPress
+    import kvpress  # noqa: F401  (registers the "kv-press-text-generation" pipeline)
+
+    press = CentroidKVPress(client, target_ratio=0.25)     # or compression_ratio=0.75
+    pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
+    answer = pipe(context, question=question, press=press)["answer"]
+
+During prefill, after each attention layer has run, the press sends that layer's keys and
+values to the server (one `Client.compress` job per layer, any target the Client takes)
+and puts back the centroids. A centroid that stands for c tokens carries ln(c) in one extra
+key dimension, the form that `centroidkv.transformers` decodes with. The model is switched
+to its count-aware attention ("centroidkv", identical to SDPA on plain caches) when the
+press is applied, so every later query adds ln(c) to the merged keys' logits.
+
+Budgets, two conventions: kvpress's `compression_ratio` is the share of the cache
+*removed* (0.75 keeps a quarter); CentroidKV's `target_ratio` is the share *kept* (0.25
+keeps a quarter); `target_tokens` keeps that many entries per head. Give exactly one. The
+other options are `Client.compress`'s SPEC parameters and job options (chunk_size,
+sink_tokens, recent_tokens, min_similarity, max_passes, tighten_per_pass, uniform_heads,
+backend, timeout, ...). `passthrough_heads` is a list of KV heads for every layer or a
+dict {layer: [heads]}: those heads come back whole (outlier heads).
+
+Like kvpress's own presses, the compressed cache reports the entries it holds as its
+length, and kvpress's pipeline passes the true positions of the question and answer
+tokens. A failed job (a NaN in the cache, a server gone, a bad option) raises
+CentroidKVPressError naming the layer; the cache is never left silently uncompressed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from kvpress.presses.base_press import BasePress, is_prefilling
+
+from .errors import CompressError
+from .torch import padded_heads, widen_keys
+from .transformers import CompressedLayer, enable
+
+
+class CentroidKVPressError(RuntimeError):
+    """A layer's compression failed: `layer` says which, `error` is the cause (a
+    CompressError from the server or client, or the ValueError of a bad shape)."""
+
+    def __init__(self, layer: int, error: Exception):
+        self.layer = layer
+        self.error = error
+        super().__init__(f"CentroidKV press, layer {layer}: {error}")
+
+
+@dataclass
+class CentroidKVPress(BasePress):
+    """Merges each layer's KV cache during prefill through a CentroidKV server."""
+
+    client: Any = None
+    target_ratio: Optional[float] = None
+    compression_ratio: Optional[float] = None
+    target_tokens: Optional[int] = None
+    passthrough_heads: Optional[Union[Sequence[int], Mapping[int, Sequence[int]]]] = None
+    options: dict = field(default_factory=dict)  # more Client.compress keywords
+    results: dict = field(default_factory=dict, init=False, repr=False)  # layer -> LayerResult
+
+    def __init__(self, client, *, target_ratio=None, compression_ratio=None, target_tokens=None,
+                 passthrough_heads=None, **options):
+        given = [name for name, v in (("target_ratio", target_ratio),
+                                      ("compression_ratio", compression_ratio),
+                                      ("target_tokens", target_tokens)) if v is not None]
+        if len(given) != 1:
+            raise ValueError("CentroidKVPress: give exactly one of target_ratio (share kept), "
+                             "compression_ratio (kvpress's share removed) and target_tokens"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        if target_ratio is not None and not 0.0 < float(target_ratio) <= 1.0:
+            raise ValueError(f"CentroidKVPress: target_ratio {target_ratio} is not in (0, 1] "
+                             "(the share of the cache kept)")
+        if compression_ratio is not None and not 0.0 <= float(compression_ratio) < 1.0:
+            raise ValueError(f"CentroidKVPress: compression_ratio {compression_ratio} is not "
+                             "in [0, 1) (kvpress's share of the cache removed)")
+        if target_tokens is not None and (isinstance(target_tokens, bool) or
+                                          int(target_tokens) != target_tokens or
+                                          target_tokens < 1):
+            raise ValueError(f"CentroidKVPress: target_tokens {target_tokens!r} is not a "
+                             "positive integer")
+        for name in ("keys", "values", "counts", "layer_index", "layout"):
+            if name in options:
+                raise ValueError(f"CentroidKVPress: {name} is set by the press")
+        self.client = client
+        self.target_ratio = target_ratio
+        self.compression_ratio = compression_ratio
+        self.target_tokens = target_tokens
+        self.passthrough_heads = passthrough_heads
+        self.options = options
+        self.results = {}
+
+    def kept_ratio(self) -> Optional[float]:
+        """The share of each head kept (None with target_tokens)."""
+        if self.target_tokens is not None:
+            return None
+        return float(self.target_ratio if self.target_ratio is not None
+                     else 1.0 - self.compression_ratio)
+
+    def heads_kept_whole(self, layer: int) -> Optional[list]:
+        if self.passthrough_heads is None:
+            return None
+        if isinstance(self.passthrough_heads, Mapping):
+            return list(self.passthrough_heads.get(layer, []))
+        return list(self.passthrough_heads)
+
+    def post_init_from_model(self, model) -> None:
+        enable(model)  # count-aware attention for every query after the prefill
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        """The layer's centroids as (widened keys [1, H, T, d + 1], values [1, H, T, d]),
+        heads padded to the longest (pad entries get -inf in the extra key dimension)."""
+        layer = module.layer_idx
+        if keys.shape[0] != 1:
+            raise CentroidKVPressError(layer, ValueError(
+                f"batch {keys.shape[0]}: the press compresses one sequence at a time"))
+        budget = ({"target_tokens": int(self.target_tokens)} if self.target_tokens is not None
+                  else {"target_ratio": self.kept_ratio()})
+        heads = self.heads_kept_whole(layer)
+        if heads is not None:
+            budget["passthrough_heads"] = heads
+        try:
+            result = self.client.compress(keys[0].float().contiguous(),
+                                          values[0].float().contiguous(), layer_index=layer,
+                                          **budget, **self.options)
+        except (CompressError, ValueError, TypeError) as error:
+            raise CentroidKVPressError(layer, error) from error
+        self.results[layer] = result
+        padded = padded_heads(result, dtype=keys.dtype, device=keys.device)
+        scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(keys.shape[-1])
+        wide = widen_keys(padded.keys, padded.bias.to(keys.device), scale=scaling)
+        return wide[None], padded.values[None]
+
+    def forward_hook(self, module, input, kwargs, output):
+        """kvpress's hook, except that the layer is replaced by one whose new tokens get a
+        zero (ln 1) in the extra key dimension."""
+        cache = kwargs["past_key_values"]
+        if not is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1]):
+            return output
+        layer = cache.layers[module.layer_idx]
+        if isinstance(layer, CompressedLayer):
+            raise CentroidKVPressError(module.layer_idx,
+                                       RuntimeError("this layer is already compressed"))
+        keys, values = self.compress(module, kwargs["hidden_states"], layer.keys, layer.values,
+                                     output[1], kwargs)
+        cache.layers[module.layer_idx] = CompressedLayer(keys, values, 0)
+        return output
+

@@ -1,0 +1,178 @@
+"""centroidkv.kvpress: the CentroidKV press in kvpress's own "kv-press-text-generation"
+pipeline, on stories260K converted to a LlamaForCausalLM, against a real server: the kept
+entries and counts, the answer equal to the same compression done through
+centroidkv.transformers, kvpress's compression_ratio convention, and bad input (a NaN in the
+cache, a server gone mid-prefill, a budget out of range) raising errors that name the layer."""
+from __future__ import annotations
+
+import math
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+kvpress = pytest.importorskip("kvpress")  # the suite's environment always has it (setup_python)
+from transformers import pipeline  # noqa: E402
+
+import centroidkv  # noqa: E402
+from centroidkv.convert_llama2c import to_transformers, tokenizer_to_transformers  # noqa: E402
+from centroidkv.kvpress import CentroidKVPress, CentroidKVPressError  # noqa: E402
+from centroidkv.transformers import CentroidKVCache, enable  # noqa: E402
+from server_process import SHARED_DIR, ServerProcess  # noqa: E402
+
+QUALITY = dict(chunk_size=32, sink_tokens=4, recent_tokens=32)
+QUESTION = " What did Lily find?"
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def model():
+    return to_transformers(SHARED_DIR / "models" / "stories260K.bin")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tokenizer_to_transformers(SHARED_DIR / "models" / "tok512.bin")
+
+
+@pytest.fixture(scope="module")
+def pipe(model, tokenizer):
+    return pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def context(model, tokenizer):
+    """About 300 tokens sampled from the model (seeded), as text."""
+    g = torch.Generator().manual_seed(7)
+    ids = [1] + tokenizer.encode(" Once upon a time, Lily found a", add_special_tokens=False)
+    with torch.no_grad():
+        while len(ids) < 300:
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            logits[[1, 2]] = -math.inf
+            ids.append(int(torch.multinomial(torch.softmax(logits / 0.8, -1), 1, generator=g)))
+    return tokenizer.decode(ids[1:])
+
+
+def offsets_of(result) -> np.ndarray:
+    return np.asarray(result.offsets, dtype=np.int64)
+
+
+def lengths_of(result) -> np.ndarray:
+    return np.diff(offsets_of(result))
+
+
+def counts_of(result) -> np.ndarray:
+    return np.asarray(result.counts, dtype=np.int64)
+
+
+def answer_through_the_cache(model, tokenizer, client, context, **params):
+    """The pipeline's tokens (BOS + context, then question + "\\n"), compressed by
+    CentroidKVCache after the prefill and decoded greedily: the text and the cache."""
+    enable(model)
+    context_ids = tokenizer.encode(tokenizer.bos_token + context, add_special_tokens=False)
+    question_ids = tokenizer.encode(QUESTION + "\n", add_special_tokens=False)
+    cache = CentroidKVCache(client, **params)
+    out = []
+    with torch.no_grad():
+        model(torch.tensor([context_ids]), past_key_values=cache)
+        logits = model(torch.tensor([question_ids]), past_key_values=cache).logits[0, -1]
+        for _ in range(NEW_TOKENS):
+            out.append(int(logits.argmax()))
+            if out[-1] == tokenizer.eos_token_id:
+                break
+            logits = model(torch.tensor([[out[-1]]]), past_key_values=cache).logits[0, -1]
+    return tokenizer.decode(out, skip_special_tokens=True), cache, len(context_ids)
+
+
+def test_the_press_keeps_a_quarter_with_counts_and_answers_as_the_transformers_cache(
+        model, tokenizer, pipe, context, client):
+    press = CentroidKVPress(client, target_ratio=0.25, **QUALITY)
+    answer = pipe(context, question=QUESTION, press=press, max_new_tokens=NEW_TOKENS)["answer"]
+    expected, cache, n = answer_through_the_cache(model, tokenizer, client, context,
+                                                  target_ratio=0.25, **QUALITY)
+    layers = model.config.num_hidden_layers
+    assert sorted(press.results) == list(range(layers))
+    for layer in range(layers):
+        got, want = press.results[layer], cache.results[layer]
+        lengths = lengths_of(got)
+        assert (lengths == math.ceil(0.25 * n)).all(), lengths
+        # Every token is in exactly one centroid of its head, and some were merged.
+        for h in range(got.num_heads):
+            assert int(counts_of(got)[offsets_of(got)[h]:offsets_of(got)[h + 1]].sum()) == n
+        assert int(counts_of(got).max()) > 1
+        # The same keys went to the server both ways, so the same centroids came back.
+        np.testing.assert_array_equal(np.asarray(got.keys), np.asarray(want.keys))
+        np.testing.assert_array_equal(counts_of(got), counts_of(want))
+    assert answer == expected, (answer, expected)
+    assert answer.strip(), "the model answered nothing"
+
+
+def test_compression_ratio_is_kvpress_share_removed(pipe, context, client):
+    ours = CentroidKVPress(client, target_ratio=0.25, **QUALITY)
+    theirs = CentroidKVPress(client, compression_ratio=0.75, **QUALITY)
+    a = pipe(context, question=QUESTION, press=ours, max_new_tokens=4)["answer"]
+    b = pipe(context, question=QUESTION, press=theirs, max_new_tokens=4)["answer"]
+    assert a == b
+    for layer, result in ours.results.items():
+        np.testing.assert_array_equal(counts_of(result), counts_of(theirs.results[layer]))
+
+
+def test_passthrough_heads_come_back_whole_and_layers_of_other_lengths_still_decode(
+        pipe, context, client, tokenizer):
+    # Layer 2 keeps its head 0 whole, so it is longer than the other layers: the model's one
+    # mask (built from layer 0) does not fit it, and the count-aware attention must cope.
+    press = CentroidKVPress(client, target_ratio=0.25, passthrough_heads={2: [0]}, **QUALITY)
+    answer = pipe(context, question=QUESTION, press=press, max_new_tokens=NEW_TOKENS)["answer"]
+    n = len(tokenizer.encode(tokenizer.bos_token + context, add_special_tokens=False))
+    lengths = lengths_of(press.results[2])
+    assert lengths[0] == n and (lengths[1:] == math.ceil(0.25 * n)).all()
+    assert int(counts_of(press.results[2])[:n].max()) == 1
+    assert (lengths_of(press.results[1]) == math.ceil(0.25 * n)).all()
+    assert answer.strip()
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(target_ratio=1.5), "target_ratio"),
+    (dict(target_ratio=0.0), "target_ratio"),
+    (dict(compression_ratio=1.0), "compression_ratio"),
+    (dict(target_tokens=0), "target_tokens"),
+    (dict(target_ratio=0.25, compression_ratio=0.75), "exactly one"),
+    (dict(), "exactly one"),
+])
+def test_a_budget_out_of_range_is_refused_naming_it(client, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        CentroidKVPress(client, **kwargs)
+
+
+def test_a_nan_in_the_cache_raises_naming_the_layer(model, pipe, context, client):
+    def poison(module, args, output):
+        output[0, 5, 3] = math.nan
+        return output
+
+    hook = model.model.layers[1].self_attn.k_proj.register_forward_hook(poison)
+    try:
+        with pytest.raises(CentroidKVPressError, match="layer 1") as raised:
+            pipe(context, question=QUESTION, press=CentroidKVPress(client, target_ratio=0.5),
+                 max_new_tokens=2)
+    finally:
+        hook.remove()
+    assert raised.value.layer == 1
+    assert isinstance(raised.value.error, centroidkv.InvalidArgumentError)
+    assert raised.value.error.argument == "keys"
+
+
+def test_a_server_gone_mid_prefill_raises_naming_the_layer(model, pipe, context):
+    with tempfile.TemporaryDirectory(prefix="ckv-kvpress-") as folder:
+        server = ServerProcess(f"unix://{folder}/ckv.sock")
+        with centroidkv.Client(server.target, timeout=3) as client:
+            hook = model.model.layers[2].self_attn.register_forward_pre_hook(
+                lambda module, args: server.kill())
+            press = CentroidKVPress(client, target_ratio=0.5)
+            try:
+                with pytest.raises(CentroidKVPressError, match="layer 2") as raised:
+                    pipe(context, question=QUESTION, press=press, max_new_tokens=2)
+            finally:
+                hook.remove()
+            assert sorted(press.results) == [0, 1]  # the layers before it were compressed
+            assert isinstance(raised.value.error, centroidkv.CompressError)

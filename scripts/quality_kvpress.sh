@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# CentroidKV among kvpress's presses (issue 31): builds the server and centroidkv-quality,
+# starts a server, runs bench/kvpress_quality.py on both real models (stories260K: fluent
+# text; models/longctx: fluent text and its retrieval cases), runs centroidkv-quality on the
+# same texts (the agreement check: our press against the C++ worker, kvpress's StreamingLLM
+# against ours) and writes docs/quality-kvpress.md, docs/quality-kvpress-*.json and
+# docs/quality-kvpress.png (bench/kvpress_report.py). About 25 minutes on 2 cores.
+# Outlier heads of centroidkv+outliers: the rankings calibrated on their own texts and
+# cases (docs/quality.md, docs/quality-long-retrieval.md), never on these.
+# Usage: scripts/quality_kvpress.sh [stories260k|longctx|report|all] (default all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stage=${1:-all}
+bash scripts/build.sh centroidkv_server centroidkv_quality
+bash scripts/setup_python.sh >/dev/null
+bin=${CKV_BUILD_DIR:-build}/bin
+work=$(mktemp -d /tmp/ckv-kvpress.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+with_server=(env CKV_SERVER_SOCKET=/tmp/centroidkv-quality-kvpress.sock bash scripts/with_server.sh "$bin")
+budgets=0.5,0.25,0.1
+
+run_model() {  # NAME MODEL PREFILL CONTINUATION OUTLIERS [more kvpress_quality.py args]
+  local name=$1 model=$2 prefill=$3 continuation=$4 outliers=$5
+  shift 5
+  "${with_server[@]}" .venv/bin/python bench/kvpress_quality.py --server "{server}" \
+    --model "$model" --texts 16 --prefill "$prefill" --continuation "$continuation" \
+    --budgets "$budgets" --outlier-heads "$outliers" --tokens-out "$work/$name.txt" \
+    --json-out "docs/quality-kvpress-$name.json" "$@"
+  "${with_server[@]}" "$bin/centroidkv-quality" --server "{server}" --model "$model" \
+    --tokenizer ../shared/models/tok512.bin --tokens-file "$work/$name.txt" \
+    --prefill "$prefill" --continuation "$continuation" --budgets "$budgets" \
+    --methods centroidkv,streamingllm --calibration-texts 0 --chunk-size 32 --sink-tokens 4 \
+    --recent-tokens 32 --report-md "" --report-json "docs/quality-kvpress-$name-cpp.json" --quiet
+}
+
+if [ "$stage" = stories260k ] || [ "$stage" = all ]; then
+  run_model stories260k ../shared/models/stories260K.bin 384 96 4:0,4:2,2:3
+fi
+if [ "$stage" = longctx ] || [ "$stage" = all ]; then
+  run_model longctx models/longctx/model.bin 768 128 2:0,0:1 \
+    --cases models/longctx/retrieval_cases.txt
+fi
+if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  echo "quality_kvpress: installing python3-matplotlib for the plot" >&2
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    python3-matplotlib >&2
+fi
+/usr/bin/python3 bench/kvpress_report.py docs/quality-kvpress-stories260k docs/quality-kvpress-longctx \
+  --md docs/quality-kvpress-tables.md --png docs/quality-kvpress.png

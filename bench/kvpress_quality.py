@@ -69,7 +69,7 @@ def centroidkv_press(client, kept, n, config, ranking):
     affords at this length, the others shrunk to keep the total (centroidkv+outliers)."""
     common = dict(chunk_size=CHUNK, sink_tokens=SINKS, recent_tokens=RECENT)
     heads = config.num_hidden_layers * config.num_key_value_heads
-    fit = heads_that_fit(heads, n, kept) if ranking else 0
+    fit = min(heads_that_fit(heads, n, kept), len(ranking))
     if fit == 0:
         return CentroidKVPress(client, target_ratio=kept, **common)
     whole = {}

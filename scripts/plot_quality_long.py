@@ -27,6 +27,11 @@ def accuracy(cells, key):
     return {k: hits[k] / cases[k] for k in cases}
 
 
+def style(method):
+    """Dashed for the eviction controls that keep the outlier heads whole."""
+    return "s--" if method.endswith("+outliers") and not method.startswith("centroidkv") else "o-"
+
+
 def main():
     retrieval_path, kl_path, out = sys.argv[1:4]
     with open(retrieval_path) as f:
@@ -41,14 +46,16 @@ def main():
     full_depth = accuracy(cells, lambda c: c["depth"] if c["method"] == "full" else None)
     axes[0].plot([100 * d for d in depths], [full_depth[d] for d in depths], "k--", label="full")
     for m in methods:
-        axes[0].plot([100 * d for d in depths], [by_depth.get((m, d), 0) for d in depths], "o-", label=m)
+        axes[0].plot([100 * d for d in depths], [by_depth.get((m, d), 0) for d in depths],
+                     style(m), label=m)
     axes[0].set(xlabel="depth of the deciding fact (%)", ylabel="exact match",
                 title="retrieval at 25% of the KV cache", ylim=(-0.03, 1.03))
     by_budget = accuracy(cells, lambda c: (c["method"], c["budget"]) if c["method"] != "full" else None)
     budgets = sorted({c["budget"] for c in cells if c["method"] != "full"})
     axes[1].axhline(full, color="k", linestyle="--", label="full")
     for m in methods:
-        axes[1].plot([100 * b for b in budgets], [by_budget.get((m, b), 0) for b in budgets], "o-", label=m)
+        axes[1].plot([100 * b for b in budgets], [by_budget.get((m, b), 0) for b in budgets],
+                     style(m), label=m)
     axes[1].set(xlabel="KV kept (%)", ylabel="exact match", title="retrieval against budget",
                 ylim=(-0.03, 1.03))
     kl_methods = list(dict.fromkeys(r["method"] for r in kl))
@@ -59,7 +66,7 @@ def main():
                 title="fluent text")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     axes[2].legend(fontsize=8)
     fig.suptitle("models/longctx (head dim 64): merging vs eviction, query-agnostic compression")
     fig.tight_layout()

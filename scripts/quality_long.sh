@@ -2,6 +2,7 @@
 # The long-context report (issue 30) on models/longctx: builds the server, centroidkv-retrieval
 # and centroidkv-quality, starts a server, and writes
 #   docs/quality-long-retrieval.md/.json  retrieval exact match (models/longctx/retrieval_cases.txt)
+#       (with streamingllm/h2o/snapkv+outliers: the same outlier heads kept whole, the control)
 #       per method, budget, kind, depth and length; outlier heads for centroidkv+outliers
 #       calibrated on models/longctx/calibration_cases.txt (training stories, seed 200);
 #   docs/quality-long-kl.md/.json         KL / top-1 on fluent text sampled from the model
@@ -24,7 +25,8 @@ if [ "$stage" = retrieval ] || [ "$stage" = all ]; then
     --cases models/longctx/retrieval_cases.txt \
     --calibration-cases models/longctx/calibration_cases.txt \
     --calibration-budget 0.25 \
-    --methods centroidkv,centroidkv+outliers,streamingllm,h2o,snapkv,kmeans --budgets 0.5,0.25,0.1 \
+    --methods centroidkv,centroidkv+outliers,streamingllm,h2o,snapkv,kmeans,streamingllm+outliers,h2o+outliers,snapkv+outliers \
+    --budgets 0.5,0.25,0.1 \
     --report-md docs/quality-long-retrieval.md "$@" >docs/quality-long-retrieval.json
 fi
 if [ "$stage" = kl ] || [ "$stage" = all ]; then
@@ -32,6 +34,7 @@ if [ "$stage" = kl ] || [ "$stage" = all ]; then
     --tokenizer ../shared/models/tok512.bin --texts 16 --seed 1000 --prefill 768 \
     --continuation 128 --budgets 0.5,0.25,0.1 --calibration-texts 8 --calibration-seed 5000 \
     --calibration-budget 0.25 \
+    --methods centroidkv,centroidkv+outliers,streamingllm,h2o,snapkv,kmeans,streamingllm+outliers,h2o+outliers,snapkv+outliers \
     --report-md docs/quality-long-kl.md --report-json docs/quality-long-kl.json "$@"
 fi
 if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then

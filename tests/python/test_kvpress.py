@@ -13,7 +13,7 @@ import pytest
 import torch
 
 kvpress = pytest.importorskip("kvpress")  # the suite's environment always has it (setup_python)
-from transformers import pipeline  # noqa: E402
+from transformers import DynamicCache, pipeline  # noqa: E402
 
 import centroidkv  # noqa: E402
 from centroidkv.convert_llama2c import to_transformers, tokenizer_to_transformers  # noqa: E402
@@ -130,6 +130,18 @@ def test_passthrough_heads_come_back_whole_and_layers_of_other_lengths_still_dec
     assert int(counts_of(press.results[2])[:n].max()) == 1
     assert (lengths_of(press.results[1]) == math.ceil(0.25 * n)).all()
     assert answer.strip()
+
+
+def test_a_bf16_cache_goes_out_and_comes_back_in_bf16(model, context, tokenizer, client):
+    half = to_transformers(SHARED_DIR / "models" / "stories260K.bin").to(torch.bfloat16)
+    ids = tokenizer.encode(tokenizer.bos_token + context, add_special_tokens=False)
+    press = CentroidKVPress(client, target_ratio=0.25, **QUALITY)
+    cache = DynamicCache()
+    with press(half), torch.no_grad():
+        half.model(input_ids=torch.tensor([ids]), past_key_values=cache)
+    assert cache.layers[0].keys.dtype == torch.bfloat16
+    assert press.results[0].keys.dtype == torch.bfloat16
+    assert (lengths_of(press.results[0]) == math.ceil(0.25 * len(ids))).all()
 
 
 @pytest.mark.parametrize("kwargs, name", [

@@ -124,9 +124,9 @@ class CentroidKVPress(BasePress):
         if heads is not None:
             budget["passthrough_heads"] = heads
         try:
-            result = self.client.compress(keys[0].float().contiguous(),
-                                          values[0].float().contiguous(), layer_index=layer,
-                                          **budget, **self.options)
+            # In the cache's own dtype (fp32, fp16 or bf16 go on the wire as they are).
+            result = self.client.compress(keys[0].contiguous(), values[0].contiguous(),
+                                          layer_index=layer, **budget, **self.options)
         except (CompressError, ValueError, TypeError) as error:
             raise CentroidKVPressError(layer, error) from error
         self.results[layer] = result

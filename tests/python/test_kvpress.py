@@ -132,6 +132,30 @@ def test_passthrough_heads_come_back_whole_and_layers_of_other_lengths_still_dec
     assert answer.strip()
 
 
+def test_shared_memory_carries_the_layers_where_the_server_is_local(pipe, context, client,
+                                                                     monkeypatch):
+    regions = []
+    make_region = client.shared_region
+
+    def spy(size):
+        regions.append(make_region(size))
+        return regions[-1]
+
+    monkeypatch.setattr(client, "shared_region", spy)
+    assert client.info().shared_memory  # the fixture's server is on a unix socket
+    shared = CentroidKVPress(client, target_ratio=0.25, **QUALITY)
+    a = pipe(context, question=QUESTION, press=shared, max_new_tokens=NEW_TOKENS)["answer"]
+    slabs = CentroidKVPress(client, target_ratio=0.25, shared_memory=False, **QUALITY)
+    b = pipe(context, question=QUESTION, press=slabs, max_new_tokens=NEW_TOKENS)["answer"]
+    assert len(regions) == 1, "one region for the whole prefill, none with shared_memory=False"
+    assert regions[0].region_id is None, "the region is closed when the block ends"
+    assert a == b
+    for layer, result in shared.results.items():
+        np.testing.assert_array_equal(np.asarray(result.keys),
+                                      np.asarray(slabs.results[layer].keys))
+        np.testing.assert_array_equal(counts_of(result), counts_of(slabs.results[layer]))
+
+
 def test_a_bf16_cache_goes_out_and_comes_back_in_bf16(model, context, tokenizer, client):
     half = to_transformers(SHARED_DIR / "models" / "stories260K.bin").to(torch.bfloat16)
     ids = tokenizer.encode(tokenizer.bos_token + context, add_special_tokens=False)

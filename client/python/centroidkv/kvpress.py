@@ -23,6 +23,13 @@ sink_tokens, recent_tokens, min_similarity, max_passes, tighten_per_pass, unifor
 backend, timeout, ...). `passthrough_heads` is a list of KV heads for every layer or a
 dict {layer: [heads]}: those heads come back whole (outlier heads).
 
+Shared memory: where the server may map this process's memory (a unix socket to a server
+with shared memory on: ServerInfo.shared_memory), each `with press(model)` writes every
+layer's keys and values into one registered region (centroidkv.shm) and the jobs name them
+by reference instead of sending them as slabs; the region is closed when the block ends.
+`shared_memory=None` (default) uses it where possible, True insists (an error where it is
+not), False never. fp32 and fp16 caches only (bf16 has no numpy dtype: sent as slabs).
+
 Like kvpress's own presses, the compressed cache reports the entries it holds as its
 length, and kvpress's pipeline passes the true positions of the question and answer
 tokens. A failed job (a NaN in the cache, a server gone, a bad option) raises
@@ -31,9 +38,12 @@ CentroidKVPressError naming the layer; the cache is never left silently uncompre
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
+import numpy as np
+import torch
 from kvpress.presses.base_press import BasePress, is_prefilling
 
 from .errors import CompressError
@@ -64,7 +74,7 @@ class CentroidKVPress(BasePress):
     results: dict = field(default_factory=dict, init=False, repr=False)  # layer -> LayerResult
 
     def __init__(self, client, *, target_ratio=None, compression_ratio=None, target_tokens=None,
-                 passthrough_heads=None, **options):
+                 passthrough_heads=None, shared_memory=None, **options):
         given = [name for name, v in (("target_ratio", target_ratio),
                                       ("compression_ratio", compression_ratio),
                                       ("target_tokens", target_tokens)) if v is not None]
@@ -92,7 +102,9 @@ class CentroidKVPress(BasePress):
         self.target_tokens = target_tokens
         self.passthrough_heads = passthrough_heads
         self.options = options
+        self.shared_memory = shared_memory
         self.results = {}
+        self._region = None  # the shared memory region of the current `with press(model)`
 
     def kept_ratio(self) -> Optional[float]:
         """The share of each head kept (None with target_tokens)."""
@@ -111,6 +123,37 @@ class CentroidKVPress(BasePress):
     def post_init_from_model(self, model) -> None:
         enable(model)  # count-aware attention for every query after the prefill
 
+    @contextmanager
+    def __call__(self, model):
+        """kvpress's context manager; also closes this block's shared memory region."""
+        try:
+            with super().__call__(model):
+                yield
+        finally:
+            if self._region is not None:
+                self._region.close()
+                self._region = None
+
+    def _in_region(self, module, keys, values):
+        """keys [H, n, d] and values as arrays in this block's shared memory region (made at
+        the first layer, room for every layer), or None where shared memory is not used."""
+        dtype = {torch.float32: np.float32, torch.float16: np.float16}.get(keys.dtype)
+        if self.shared_memory is False or (dtype is None and not self.shared_memory):
+            return None
+        if dtype is None:
+            raise ValueError(f"shared_memory=True takes fp32 or fp16 caches, not {keys.dtype}")
+        if self._region is None:
+            if self.shared_memory is None and not self.client.info().shared_memory:
+                return None
+            per_layer = (keys.numel() + values.numel()) * keys.element_size() + 2 * 64
+            layers = getattr(module.config, "num_hidden_layers", 1)
+            self._region = self.client.shared_region(layers * per_layer)
+        k = self._region.array(tuple(keys.shape), dtype)
+        v = self._region.array(tuple(values.shape), dtype)
+        k[...] = keys.detach().cpu().numpy()
+        v[...] = values.detach().cpu().numpy()
+        return k, v
+
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         """The layer's centroids as (widened keys [1, H, T, d + 1], values [1, H, T, d]),
         heads padded to the longest (pad entries get -inf in the extra key dimension)."""
@@ -124,9 +167,13 @@ class CentroidKVPress(BasePress):
         if heads is not None:
             budget["passthrough_heads"] = heads
         try:
-            # In the cache's own dtype (fp32, fp16 or bf16 go on the wire as they are).
-            result = self.client.compress(keys[0].contiguous(), values[0].contiguous(),
-                                          layer_index=layer, **budget, **self.options)
+            shared = self._in_region(module, keys[0], values[0])
+            if shared is not None:
+                result = self.client.compress(*shared, region=self._region, layer_index=layer,
+                                              **budget, **self.options)
+            else:  # in the cache's own dtype (fp32, fp16 or bf16 go on the wire as they are)
+                result = self.client.compress(keys[0].contiguous(), values[0].contiguous(),
+                                              layer_index=layer, **budget, **self.options)
         except (CompressError, ValueError, TypeError) as error:
             raise CentroidKVPressError(layer, error) from error
         self.results[layer] = result

@@ -175,6 +175,7 @@ def test_a_bf16_cache_goes_out_and_comes_back_in_bf16(model, context, tokenizer,
     (dict(target_tokens=0), "target_tokens"),
     (dict(target_ratio=0.25, compression_ratio=0.75), "exactly one"),
     (dict(), "exactly one"),
+    (dict(target_ratio=0.25, region=object()), "region is set by the press"),
 ])
 def test_a_budget_out_of_range_is_refused_naming_it(client, kwargs, name):
     with pytest.raises(ValueError, match=name):

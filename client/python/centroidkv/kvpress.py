@@ -70,6 +70,7 @@ class CentroidKVPress(BasePress):
     compression_ratio: Optional[float] = None
     target_tokens: Optional[int] = None
     passthrough_heads: Optional[Union[Sequence[int], Mapping[int, Sequence[int]]]] = None
+    shared_memory: Optional[bool] = None  # None: where the server may map our memory
     options: dict = field(default_factory=dict)  # more Client.compress keywords
     results: dict = field(default_factory=dict, init=False, repr=False)  # layer -> LayerResult
 
@@ -93,7 +94,7 @@ class CentroidKVPress(BasePress):
                                           target_tokens < 1):
             raise ValueError(f"CentroidKVPress: target_tokens {target_tokens!r} is not a "
                              "positive integer")
-        for name in ("keys", "values", "counts", "layer_index", "layout"):
+        for name in ("keys", "values", "counts", "layer_index", "layout", "region", "output"):
             if name in options:
                 raise ValueError(f"CentroidKVPress: {name} is set by the press")
         self.client = client

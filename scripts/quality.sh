@@ -22,12 +22,5 @@ CKV_SERVER_SOCKET=/tmp/centroidkv-quality.sock bash scripts/with_server.sh "$bin
   --model ../shared/models/stories260K.bin --tokenizer ../shared/models/tok512.bin \
   --report-md docs/quality.md --report-json docs/quality.json "$@"
 
-if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
-  echo "quality: installing python3-matplotlib for the plot" >&2
-  sudo_cmd=()
-  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-    python3-matplotlib >&2
-fi
+bash scripts/ensure_matplotlib.sh quality
 /usr/bin/python3 scripts/plot_quality.py docs/quality.json docs/quality.png >&2

@@ -41,13 +41,6 @@ if [ "$stage" = longctx ] || [ "$stage" = all ]; then
   run_model longctx models/longctx/model.bin 768 128 2:0,0:1 \
     --cases models/longctx/retrieval_cases.txt
 fi
-if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
-  echo "quality_kvpress: installing python3-matplotlib for the plot" >&2
-  sudo_cmd=()
-  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-    python3-matplotlib >&2
-fi
+bash scripts/ensure_matplotlib.sh quality_kvpress
 /usr/bin/python3 bench/kvpress_report.py docs/quality-kvpress-stories260k docs/quality-kvpress-longctx \
   --md docs/quality-kvpress-tables.md --png docs/quality-kvpress.png

@@ -37,13 +37,6 @@ if [ "$stage" = kl ] || [ "$stage" = all ]; then
     --methods centroidkv,centroidkv+outliers,streamingllm,h2o,snapkv,kmeans,streamingllm+outliers,h2o+outliers,snapkv+outliers \
     --report-md docs/quality-long-kl.md --report-json docs/quality-long-kl.json "$@"
 fi
-if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
-  echo "quality_long: installing python3-matplotlib for the plot" >&2
-  sudo_cmd=()
-  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-    python3-matplotlib >&2
-fi
+bash scripts/ensure_matplotlib.sh quality_long
 /usr/bin/python3 scripts/plot_quality_long.py docs/quality-long-retrieval.json \
   docs/quality-long-kl.json docs/quality-long.png >&2

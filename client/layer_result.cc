@@ -7,10 +7,26 @@
 namespace centroidkv::client {
 namespace {
 
-std::vector<float> Widen(const std::vector<uint8_t>& bytes, DType dtype) {
+// The rows `bytes` ([total, dim] of `result`'s dtype) as float; fp8 codes times their
+// head's scale (`scales`, [H]), rows in the result's layout.
+std::vector<float> Widen(const LayerResult& result, const std::vector<uint8_t>& bytes,
+                         int32_t dim, const std::vector<float>& scales) {
+  const DType dtype = result.dtype;
   const int64_t count = static_cast<int64_t>(bytes.size()) / DTypeSize(dtype);
   std::vector<float> out(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) out[i] = LoadAsFloat(bytes.data(), dtype, i);
+  if (!IsFp8(dtype) || dim == 0 || scales.size() != static_cast<size_t>(result.num_heads)) {
+    return out;
+  }
+  int32_t head = 0;
+  for (int64_t row = 0; row < count / dim; ++row) {
+    if (result.layout == TensorLayout::kTokenMajor) {
+      head = static_cast<int32_t>(row % result.num_heads);
+    } else {
+      while (row >= result.offsets[head + 1]) ++head;
+    }
+    for (int32_t j = 0; j < dim; ++j) out[row * dim + j] *= scales[head];
+  }
   return out;
 }
 
@@ -28,8 +44,12 @@ std::vector<uint8_t> Narrow(const std::vector<float>& values, DType dtype) {
 
 }  // namespace
 
-std::vector<float> LayerResult::KeysAsFloat() const { return Widen(keys, dtype); }
-std::vector<float> LayerResult::ValuesAsFloat() const { return Widen(values, dtype); }
+std::vector<float> LayerResult::KeysAsFloat() const {
+  return Widen(*this, keys, key_dim, key_scales);
+}
+std::vector<float> LayerResult::ValuesAsFloat() const {
+  return Widen(*this, values, value_dim, value_scales);
+}
 
 void CopyShapeAndAccount(const CompressResult& from, LayerResult* to) {
   to->num_heads = from.num_heads;
@@ -46,6 +66,8 @@ void CopyShapeAndAccount(const CompressResult& from, LayerResult* to) {
   to->head_tokens.assign(from.head_tokens.begin(), from.head_tokens.end());
   to->padded_length = from.padded_length;
   to->layout = from.layout;
+  to->key_scales = from.key_scales;
+  to->value_scales = from.value_scales;
 }
 
 LayerResult LayerResultFromEngine(uint32_t layer_index, const CompressResult& result,
@@ -54,8 +76,14 @@ LayerResult LayerResultFromEngine(uint32_t layer_index, const CompressResult& re
   out.layer_index = layer_index;
   out.dtype = output_dtype;
   CopyShapeAndAccount(result, &out);
-  out.keys = Narrow(result.keys, output_dtype);
-  out.values = Narrow(result.values, output_dtype);
+  if (IsFp8(result.dtype)) {  // quantised by the engine (CompressOptions::result_dtype)
+    out.dtype = result.dtype;
+    out.keys = result.fp8_keys;
+    out.values = result.fp8_values;
+  } else {
+    out.keys = Narrow(result.keys, output_dtype);
+    out.values = Narrow(result.values, output_dtype);
+  }
   out.counts = result.counts;
   out.assignment = result.assignment;
   return out;

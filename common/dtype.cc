@@ -1,7 +1,11 @@
 // Scalar fp16 <-> fp32 conversion (IEEE binary16, round to nearest even), written out
 // bit by bit so that it runs on any x86-64 without F16C, and the bulk forms, which use F16C
 // when the CPU has it (same results: F16C rounds to nearest even and quiets NaNs the same).
+// fp8 (OCP E4M3 / E5M2) <-> fp32: widening by a table, narrowing bit by bit.
 #include "centroidkv/common/dtype.h"
+
+#include <array>
+#include <cmath>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -19,8 +23,88 @@ std::string_view DTypeName(DType dtype) {
       return "float16";
     case DType::kBFloat16:
       return "bfloat16";
+    case DType::kFp8E4M3:
+      return "fp8_e4m3";
+    case DType::kFp8E5M2:
+      return "fp8_e5m2";
   }
   return "unknown";
+}
+
+namespace {
+
+// The layout of an fp8 format: mantissa bits, exponent bias, the largest finite code.
+struct Fp8Format {
+  int mantissa_bits;
+  int bias;
+  uint8_t max_code;
+};
+
+constexpr Fp8Format kE4M3{3, 7, 0x7e};
+constexpr Fp8Format kE5M2{2, 15, 0x7b};
+
+const Fp8Format& FormatOf(DType dtype) { return dtype == DType::kFp8E4M3 ? kE4M3 : kE5M2; }
+
+// The value of every code of a format, from its definition.
+std::array<float, 256> Fp8Table(const Fp8Format& format, bool has_infinity) {
+  std::array<float, 256> table{};
+  const int m_bits = format.mantissa_bits;
+  for (int code = 0; code < 256; ++code) {
+    const int magnitude = code & 0x7f;
+    const int exponent = magnitude >> m_bits;
+    const int mantissa = magnitude & ((1 << m_bits) - 1);
+    float value;
+    if (magnitude > format.max_code) {
+      value = has_infinity && mantissa == 0 ? HUGE_VALF : std::nanf("");
+    } else if (exponent == 0) {
+      value = std::ldexp(static_cast<float>(mantissa), 1 - format.bias - m_bits);
+    } else {
+      value = std::ldexp(static_cast<float>((1 << m_bits) + mantissa), exponent - format.bias - m_bits);
+    }
+    table[code] = (code & 0x80) ? -value : value;
+  }
+  return table;
+}
+
+}  // namespace
+
+float Fp8ToFloat(uint8_t bits, DType dtype) {
+  static const std::array<float, 256> e4m3 = Fp8Table(kE4M3, /*has_infinity=*/false);
+  static const std::array<float, 256> e5m2 = Fp8Table(kE5M2, /*has_infinity=*/true);
+  return dtype == DType::kFp8E4M3 ? e4m3[bits] : e5m2[bits];
+}
+
+uint8_t FloatToFp8(float value, DType dtype) {
+  const Fp8Format& format = FormatOf(dtype);
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);  // NaN
+  float magnitude;
+  std::memcpy(&magnitude, &abs_bits, sizeof(magnitude));
+  if (magnitude >= Fp8MaxFinite(dtype)) return static_cast<uint8_t>(sign | format.max_code);
+  const int m_bits = format.mantissa_bits;
+  const int min_normal_exponent = 1 - format.bias;
+  if (magnitude < std::ldexp(1.0f, min_normal_exponent)) {
+    // Subnormal (or zero): multiples of 2^(min_normal_exponent - m_bits), scaled exactly
+    // to an integer part and a fraction, rounded to nearest even. 2^m_bits is the smallest
+    // normal code, so a carry is still correct.
+    const float scaled = std::ldexp(magnitude, m_bits - min_normal_exponent);
+    auto code = static_cast<uint32_t>(scaled);
+    const float fraction = scaled - static_cast<float>(code);
+    if (fraction > 0.5f || (fraction == 0.5f && (code & 1u))) ++code;
+    return static_cast<uint8_t>(sign | code);
+  }
+  // Normal: keep m_bits of the float's 23 mantissa bits, rounded to nearest even (a carry
+  // into the exponent is still correct), and rebias the exponent.
+  const int shift = 23 - m_bits;
+  uint32_t kept = abs_bits >> shift;
+  const uint32_t remainder = abs_bits & ((1u << shift) - 1u);
+  const uint32_t halfway = 1u << (shift - 1);
+  if (remainder > halfway || (remainder == halfway && (kept & 1u))) ++kept;
+  const uint32_t code = kept - (static_cast<uint32_t>(127 - format.bias) << m_bits);
+  return static_cast<uint8_t>(sign | (code > format.max_code ? format.max_code : code));
 }
 
 float HalfToFloat(uint16_t bits) {
@@ -133,6 +217,12 @@ void LoadAsFloats(const void* data, DType dtype, int64_t first, int64_t count, f
       for (int64_t i = 0; i < count; ++i) out[i] = BFloat16ToFloat(in[i]);
       return;
     }
+    case DType::kFp8E4M3:
+    case DType::kFp8E5M2: {
+      const uint8_t* in = static_cast<const uint8_t*>(data) + first;
+      for (int64_t i = 0; i < count; ++i) out[i] = Fp8ToFloat(in[i], dtype);
+      return;
+    }
   }
 }
 
@@ -154,6 +244,12 @@ void StoreFromFloats(void* data, DType dtype, int64_t first, int64_t count, cons
     case DType::kBFloat16: {
       uint16_t* out = static_cast<uint16_t*>(data) + first;
       for (int64_t i = 0; i < count; ++i) out[i] = FloatToBFloat16(in[i]);
+      return;
+    }
+    case DType::kFp8E4M3:
+    case DType::kFp8E5M2: {
+      uint8_t* out = static_cast<uint8_t*>(data) + first;
+      for (int64_t i = 0; i < count; ++i) out[i] = FloatToFp8(in[i], dtype);
       return;
     }
   }

@@ -28,6 +28,7 @@ struct TypeInfo {
 constexpr TypeInfo kTypes[] = {
     {NpyType::kFloat32, "<f4", 4}, {NpyType::kFloat16, "<f2", 2}, {NpyType::kUInt32, "<u4", 4},
     {NpyType::kInt32, "<i4", 4},   {NpyType::kInt64, "<i8", 8},   {NpyType::kUInt64, "<u8", 8},
+    {NpyType::kUInt8, "|u1", 1},  // fp8 codes
 };
 
 // Finds the value text of `key` in the header dict: what follows "'key':" up to the next

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/field_status.h"
 #include "centroidkv/common/status_macros.h"
+#include "kernels/fp8_rows.h"
 #include "kernels/ragged_layer.h"
 #include "kernels/result_shape.h"
 
@@ -63,6 +65,35 @@ absl::Status CheckDims(const LayerView& layer, const EngineLimits& limits) {
                       absl::StrCat("num_heads * num_tokens * (key_dim + value_dim) = ", elements,
                                    " elements exceeds the per-job limit of ",
                                    limits.max_layer_elements));
+  }
+  return absl::OkStatus();
+}
+
+// The fp8 scales `scales` (field `field`) of a tensor in `dtype` (field `dtype_field`):
+// for an fp8 dtype one entry or one per head, each finite and > 0 (none: dynamic, where
+// `empty_allowed`); for any other dtype none.
+absl::Status CheckScales(const char* field, std::span<const float> scales, DType dtype,
+                         const char* dtype_field, const LayerView& layer,
+                         bool empty_allowed = false) {
+  if (!IsFp8(dtype)) {
+    if (scales.empty()) return absl::OkStatus();
+    return InvalidFieldError(
+        {field}, absl::StrCat(field, " are for fp8 tensors only (", dtype_field, " is ",
+                              std::string(DTypeName(dtype)), ")"));
+  }
+  if (scales.empty() && empty_allowed) return absl::OkStatus();
+  if (scales.size() != 1 && scales.size() != static_cast<size_t>(layer.num_heads)) {
+    return InvalidFieldError(
+        {field}, absl::StrCat(field, " has ", scales.size(), " entries; an ", std::string(DTypeName(dtype)),
+                              " tensor needs 1 (per layer) or num_heads (", layer.num_heads,
+                              ", per head)", empty_allowed ? ", or none (dynamic)" : ""));
+  }
+  for (size_t h = 0; h < scales.size(); ++h) {
+    if (!(scales[h] > 0.0f) || !std::isfinite(scales[h])) {
+      return InvalidFieldError({field, static_cast<int32_t>(h)},
+                               absl::StrCat(field, "[", h, "] is ", scales[h],
+                                            "; a scale must be finite and > 0"));
+    }
   }
   return absl::OkStatus();
 }
@@ -122,7 +153,14 @@ absl::Status CheckOptions(const LayerView& layer, const CompressOptions& options
   if (options.pad_to < 0) {
     return InvalidFieldError({"pad_to"}, "pad_to must not be negative");
   }
-  return absl::OkStatus();
+  CKV_RETURN_IF_ERROR(CheckScales("key_scales", layer.key_scales, layer.dtype, "dtype", layer));
+  CKV_RETURN_IF_ERROR(
+      CheckScales("value_scales", layer.value_scales, layer.dtype, "dtype", layer));
+  CKV_RETURN_IF_ERROR(CheckScales("output_key_scales", options.result_key_scales,
+                                  options.result_dtype, "output_dtype", layer,
+                                  /*empty_allowed=*/true));
+  return CheckScales("output_value_scales", options.result_value_scales, options.result_dtype,
+                     "output_dtype", layer, /*empty_allowed=*/true);
 }
 
 // Whether none of `count` elements of a buffer of `dtype` is Inf or NaN: an all-ones
@@ -151,6 +189,10 @@ bool AllFinite(const void* data, DType dtype, int64_t count) {
       return NoneHasMaxExponent<uint16_t>(data, count, 0x7c00u);
     case DType::kBFloat16:
       return NoneHasMaxExponent<uint16_t>(data, count, 0x7f80u);
+    case DType::kFp8E4M3:  // no infinities; NaN is S.1111.111
+      return NoneHasMaxExponent<uint8_t>(data, count, 0x7fu);
+    case DType::kFp8E5M2:
+      return NoneHasMaxExponent<uint8_t>(data, count, 0x7cu);
   }
   return false;
 }
@@ -345,6 +387,9 @@ absl::Status CheckRowTarget(const ResultRowTarget& target, const LayerView& laye
 absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& options,
                                 const CompressControl& control, bool reuse,
                                 CompressResult* result) const {
+  if (IsFp8(layer.dtype) || IsFp8(options.result_dtype)) {
+    return RunFp8(layer, options, control, reuse, result);
+  }
   CKV_ASSIGN_OR_RETURN(LayerPlan plan, Plan(layer, options, limits_, !ChecksLayerData()));
   if (control.IsCancelled()) {
     return absl::CancelledError("job cancelled before it started");
@@ -378,6 +423,33 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   FillAccount(plan, layer, result);
   RoundResultRows(options.result_dtype, result);
   return ShapeRows(options, result);
+}
+
+// fp8 in or out, the same for every backend: the input widened exactly to float32 and
+// multiplied by its scales (one float multiply per element), the job run on that, and the
+// float32 result divided by the result scales and rounded once (nearest even, saturating),
+// straight into the caller's memory when it gives some.
+absl::Status ClusterEngine::RunFp8(const LayerView& layer, const CompressOptions& options,
+                                   const CompressControl& control, bool reuse,
+                                   CompressResult* result) const {
+  CKV_RETURN_IF_ERROR(ValidateJobShape(layer, options, limits_));
+  if (layer.keys == nullptr || layer.values == nullptr) {
+    return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
+                                                            : "values are missing");
+  }
+  std::vector<float> wide_keys, wide_values;
+  const LayerView input =
+      IsFp8(layer.dtype) ? WidenFp8Layer(layer, &wide_keys, &wide_values) : layer;
+  if (!IsFp8(options.result_dtype)) return Run(input, options, control, reuse, result);
+  CompressOptions float_options = options;
+  float_options.result_dtype = DType::kFloat32;
+  float_options.result_key_scales.clear();
+  float_options.result_value_scales.clear();
+  CompressControl float_control = control;
+  float_control.row_target = nullptr;
+  CKV_RETURN_IF_ERROR(Run(input, float_options, float_control, reuse, result));
+  QuantiseResultToFp8(options, control.row_target, result);
+  return absl::OkStatus();
 }
 
 absl::Status ClusterEngine::CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,

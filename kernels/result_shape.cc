@@ -36,6 +36,10 @@ void ClearResult(CompressResult* result) {
   result->values.clear();
   result->half_keys.clear();
   result->half_values.clear();
+  result->fp8_keys.clear();
+  result->fp8_values.clear();
+  result->key_scales.clear();
+  result->value_scales.clear();
   result->counts.clear();
   result->assignment.clear();
   result->rows_in_target = false;

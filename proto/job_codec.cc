@@ -92,7 +92,8 @@ LayerView JobAnnouncement::View(const void* keys, const void* values,
   LayerView view{.dtype = dtype, .layout = layout, .num_heads = num_heads, .num_tokens = num_tokens,
       .key_dim = key_dim, .value_dim = value_dim, .keys = keys, .values = values,
       .counts = has_counts ? counts : nullptr,
-      .head_offsets = head_offsets.empty() ? nullptr : head_offsets.data()};
+      .head_offsets = head_offsets.empty() ? nullptr : head_offsets.data(),
+      .key_scales = key_scales, .value_scales = value_scales};
   return view;
 }
 
@@ -128,6 +129,12 @@ v1::StartJob StartJobToProto(uint64_t job_id, uint32_t layer_index, const LayerV
   start.set_timeout_ms(static_cast<uint32_t>(
       std::clamp<int64_t>(timeout.count(), 0, std::numeric_limits<uint32_t>::max())));
   start.set_priority(priority);
+  start.mutable_key_scales()->Add(layer.key_scales.begin(), layer.key_scales.end());
+  start.mutable_value_scales()->Add(layer.value_scales.begin(), layer.value_scales.end());
+  start.mutable_output_key_scales()->Add(options.result_key_scales.begin(),
+                                         options.result_key_scales.end());
+  start.mutable_output_value_scales()->Add(options.result_value_scales.begin(),
+                                           options.result_value_scales.end());
   return start;
 }
 
@@ -166,6 +173,20 @@ absl::StatusOr<JobAnnouncement> StartJobFromProto(const v1::StartJob& start) {
     job.options = *std::move(parsed);
   }
   job.options.compute_assignment = start.return_assignment();
+  job.key_scales.assign(start.key_scales().begin(), start.key_scales().end());
+  job.value_scales.assign(start.value_scales().begin(), start.value_scales().end());
+  if (!IsFp8(job.output_dtype) &&
+      (start.output_key_scales_size() > 0 || start.output_value_scales_size() > 0)) {
+    const char* field = start.output_key_scales_size() > 0 ? "start_job.output_key_scales"
+                                                           : "start_job.output_value_scales";
+    return InvalidFieldError({field}, absl::StrCat(field, " are for fp8 results only (output_dtype is ",
+                                                   std::string(DTypeName(job.output_dtype)), ")"));
+  }
+  if (IsFp8(job.output_dtype)) job.options.result_dtype = job.output_dtype;
+  job.options.result_key_scales.assign(start.output_key_scales().begin(),
+                                       start.output_key_scales().end());
+  job.options.result_value_scales.assign(start.output_value_scales().begin(),
+                                         start.output_value_scales().end());
   job.options.pad_heads = start.pad_heads();
   CKV_ASSIGN_OR_RETURN(job.options.pad_to, Dim(start.pad_to(), "pad_to", true));
   job.options.exact_target = start.exact_target();
@@ -262,6 +283,8 @@ v1::JobResult JobResultHeaderToProto(uint64_t job_id, uint32_t layer_index,
   }
   header.set_padded_length(static_cast<uint32_t>(result.padded_length));
   header.set_layout(LayoutToProto(result.layout));
+  header.mutable_key_scales()->Add(result.key_scales.begin(), result.key_scales.end());
+  header.mutable_value_scales()->Add(result.value_scales.begin(), result.value_scales.end());
   return header;
 }
 
@@ -276,6 +299,8 @@ absl::Status JobResultHeaderFromProto(const v1::JobResult& header, CompressResul
   result->value_dim = static_cast<int32_t>(header.value_dim());
   result->offsets.assign(header.offsets().begin(), header.offsets().end());
   result->passes_run = static_cast<int32_t>(header.passes_run());
+  result->key_scales.assign(header.key_scales().begin(), header.key_scales().end());
+  result->value_scales.assign(header.value_scales().begin(), header.value_scales().end());
   AccountFromProto(header, result);
   provenance->backend = header.backend();
   provenance->compute_seconds = header.compute_seconds();

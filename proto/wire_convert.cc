@@ -26,10 +26,15 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
       return DType::kFloat16;
     case v1::DTYPE_BFLOAT16:
       return DType::kBFloat16;
+    case v1::DTYPE_FP8_E4M3:
+      return DType::kFp8E4M3;
+    case v1::DTYPE_FP8_E5M2:
+      return DType::kFp8E5M2;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " is ", static_cast<int>(dtype),
-                       ", not a known dtype (DTYPE_FLOAT32, DTYPE_FLOAT16, DTYPE_BFLOAT16)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " is ", static_cast<int>(dtype),
+          ", not a known dtype (DTYPE_FLOAT32, DTYPE_FLOAT16, DTYPE_BFLOAT16, DTYPE_FP8_E4M3, "
+          "DTYPE_FP8_E5M2)"));
   }
 }
 
@@ -41,6 +46,10 @@ v1::DType DTypeToProto(DType dtype) {
       return v1::DTYPE_FLOAT16;
     case DType::kBFloat16:
       return v1::DTYPE_BFLOAT16;
+    case DType::kFp8E4M3:
+      return v1::DTYPE_FP8_E4M3;
+    case DType::kFp8E5M2:
+      return v1::DTYPE_FP8_E5M2;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -158,7 +167,9 @@ v1::CompressionParams OptionsToProto(const CompressOptions& options) {
 std::string WireField(absl::string_view engine_field) {
   static constexpr absl::string_view kStartJobFields[] = {
       "num_heads", "num_tokens", "key_dim", "value_dim", "head_tokens", "layout", "dtype",
-      "pad_to",    "pad_heads",  "exact_target", "output_layout", "timeout_ms", "priority"};
+      "pad_to",    "pad_heads",  "exact_target", "output_layout", "timeout_ms", "priority",
+      "key_scales", "value_scales", "output_key_scales", "output_value_scales",
+      "output_dtype"};
   static constexpr absl::string_view kTensors[] = {"keys", "values", "counts"};
   for (absl::string_view tensor : kTensors) {
     if (engine_field == tensor) return std::string(engine_field);

@@ -21,6 +21,21 @@ absl::Status FromEngine(const absl::Status& status) {
   return FieldError(status.code(), *location, absl::StrCat("start_job: ", status.message()));
 }
 
+// The float32 copies an fp8 job makes above the backend (kernels/fp8_rows.h): the widened
+// input, and the float result rows before they are quantised. Part of the job's footprint,
+// so that fp8 jobs stay within the server's memory bound too.
+uint64_t Fp8StagingBytes(const LayerView& shape, const CompressOptions& options,
+                         DType output_dtype) {
+  const uint64_t row_floats = uint64_t(shape.key_dim) + uint64_t(shape.value_dim);
+  uint64_t bytes = 0;
+  if (IsFp8(shape.dtype)) bytes += uint64_t(shape.TotalRows()) * row_floats * sizeof(float);
+  if (IsFp8(output_dtype)) {
+    const ResultBytes rows = MaxResultTensorBytes(shape, options, DType::kFloat32);
+    bytes += rows.keys + rows.values;
+  }
+  return bytes;
+}
+
 PooledInput Allocate(InputPool* inputs, uint64_t size) {
   if (inputs != nullptr) return inputs->Acquire(size);
   return PooledInput(new uint8_t[size], InputReturner{nullptr, size});
@@ -71,8 +86,8 @@ absl::StatusOr<std::unique_ptr<IncomingJob>> IncomingJob::Create(const v1::Start
     // Keys and values are read in place: only the counts are buffered.
     if (job->regions_->has_input()) bytes.keys = bytes.values = 0;
   }
-  job->footprint_bytes_ =
-      bytes.total() + MaxResultBytes(shape, spec.options, spec.output_dtype);
+  job->footprint_bytes_ = bytes.total() + MaxResultBytes(shape, spec.options, spec.output_dtype) +
+                          Fp8StagingBytes(shape, spec.options, spec.output_dtype);
   job->inputs_ = inputs;
   job->bytes_ = bytes;
   job->view_ = shape;

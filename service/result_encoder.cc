@@ -25,7 +25,11 @@ std::vector<SlabWriter::Tensor> ResultTensors(const CompressResult& result, DTyp
   std::vector<SlabWriter::Tensor> tensors(4);
   tensors[0] = {v1::TENSOR_OUT_KEYS, bytes.keys, nullptr, {}};
   tensors[1] = {v1::TENSOR_OUT_VALUES, bytes.values, nullptr, {}};
-  if (result.dtype != DType::kFloat32) {
+  if (IsFp8(result.dtype)) {
+    // fp8 codes, quantised above the backend (CompressOptions::result_dtype).
+    tensors[0].data = result.fp8_keys.data();
+    tensors[1].data = result.fp8_values.data();
+  } else if (result.dtype != DType::kFloat32) {
     // The engine wrote the rows in the output dtype (CompressOptions::result_dtype).
     tensors[0].data = result.half_keys.data();
     tensors[1].data = result.half_values.data();

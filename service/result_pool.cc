@@ -23,6 +23,8 @@ uint64_t ResultPool::CapacityBytes(const CompressResult& result) {
   return result.offsets.capacity() * sizeof(int64_t) + result.keys.capacity() * sizeof(float) +
          result.values.capacity() * sizeof(float) +
          (result.half_keys.capacity() + result.half_values.capacity()) * sizeof(uint16_t) +
+         result.fp8_keys.capacity() + result.fp8_values.capacity() +
+         (result.key_scales.capacity() + result.value_scales.capacity()) * sizeof(float) +
          result.counts.capacity() * sizeof(uint32_t) +
          result.assignment.capacity() * sizeof(int32_t);
 }
@@ -49,8 +51,10 @@ uint64_t ResultPool::ResultBytesFor(const LayerView& layer, const CompressOption
   }
   const uint64_t rows = static_cast<uint64_t>(passthrough * n + (layer.num_heads - passthrough) * t);
   uint64_t bytes = (static_cast<uint64_t>(layer.num_heads) + 1) * sizeof(int64_t);
-  bytes += rows * (static_cast<uint64_t>(layer.key_dim) + layer.value_dim) *
-           DTypeSize(options.result_dtype);
+  // fp8 rows are quantised from float32 rows the result holds first.
+  const int32_t row_element_bytes =
+      DTypeSize(options.result_dtype) + (IsFp8(options.result_dtype) ? 4 : 0);
+  bytes += rows * (static_cast<uint64_t>(layer.key_dim) + layer.value_dim) * row_element_bytes;
   bytes += rows * sizeof(uint32_t);
   if (options.compute_assignment) {
     bytes += static_cast<uint64_t>(layer.num_heads) * static_cast<uint64_t>(n) * sizeof(int32_t);

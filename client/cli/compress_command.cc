@@ -39,6 +39,9 @@ struct CompressFlags {
   bool shm = false;
   CompressOptions options;  // bound by AddCompressOptionFlags
   DType output_dtype = DType::kFloat32;
+  // fp8 input: keys.npy / values.npy hold uint8 codes of this format, with these scales.
+  DType input_dtype = DType::kFloat32;
+  std::vector<float> key_scales, value_scales;
   BackendKind backend = BackendKind::kAuto;
   int32_t slab_kib = 256;
   uint32_t layer_index = 0;
@@ -56,11 +59,21 @@ struct LoadedLayer {
   LayerView view;
 };
 
-absl::StatusOr<DType> NpyToDType(const NpyArray& array, const std::string& path) {
+// The dtype of an input file: float32 or float16, or uint8 codes of the fp8 format
+// `input_dtype` names (--input-dtype).
+absl::StatusOr<DType> NpyToDType(const NpyArray& array, const std::string& path,
+                                 DType input_dtype) {
+  if (IsFp8(input_dtype)) {
+    if (array.type == NpyType::kUInt8) return input_dtype;
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": --input-dtype ", std::string(DTypeName(input_dtype)),
+        " reads uint8 codes, got ", NpyDescr(array.type)));
+  }
   if (array.type == NpyType::kFloat32) return DType::kFloat32;
   if (array.type == NpyType::kFloat16) return DType::kFloat16;
   return absl::InvalidArgumentError(
-      absl::StrCat(path, ": keys and values must be float32 or float16, got ",
+      absl::StrCat(path, ": keys and values must be float32 or float16 (or uint8 fp8 codes "
+                         "with --input-dtype fp8_e4m3 / fp8_e5m2), got ",
                    NpyDescr(array.type)));
 }
 
@@ -122,8 +135,8 @@ absl::StatusOr<std::unique_ptr<LoadedLayer>> LoadRaggedLayer(const CompressFlags
   CKV_ASSIGN_OR_RETURN(layer->values, ReadNpy(flags.values_path));
   CKV_RETURN_IF_ERROR(CheckRank(layer->keys, 2, flags.keys_path, "[total, dk]"));
   CKV_RETURN_IF_ERROR(CheckRank(layer->values, 2, flags.values_path, "[total, dv]"));
-  CKV_ASSIGN_OR_RETURN(DType dtype, NpyToDType(layer->keys, flags.keys_path));
-  CKV_ASSIGN_OR_RETURN(DType value_dtype, NpyToDType(layer->values, flags.values_path));
+  CKV_ASSIGN_OR_RETURN(DType dtype, NpyToDType(layer->keys, flags.keys_path, flags.input_dtype));
+  CKV_ASSIGN_OR_RETURN(DType value_dtype, NpyToDType(layer->values, flags.values_path, flags.input_dtype));
   const int64_t total = layer->keys.shape[0];
   if (value_dtype != dtype || layer->values.shape[0] != total) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -201,8 +214,8 @@ absl::StatusOr<std::unique_ptr<LoadedLayer>> LoadLayer(CompressFlags& flags) {
   CKV_ASSIGN_OR_RETURN(layer->values, ReadNpy(flags.values_path));
   CKV_RETURN_IF_ERROR(CheckRank(layer->keys, 3, flags.keys_path, "[H, n, dk]"));
   CKV_RETURN_IF_ERROR(CheckRank(layer->values, 3, flags.values_path, "[H, n, dv]"));
-  CKV_ASSIGN_OR_RETURN(DType key_dtype, NpyToDType(layer->keys, flags.keys_path));
-  CKV_ASSIGN_OR_RETURN(DType value_dtype, NpyToDType(layer->values, flags.values_path));
+  CKV_ASSIGN_OR_RETURN(DType key_dtype, NpyToDType(layer->keys, flags.keys_path, flags.input_dtype));
+  CKV_ASSIGN_OR_RETURN(DType value_dtype, NpyToDType(layer->values, flags.values_path, flags.input_dtype));
   if (key_dtype != value_dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
         flags.values_path, ": values are ", std::string(DTypeName(value_dtype)),
@@ -252,7 +265,9 @@ client::LayerJob MakeJob(const CompressFlags& flags, const LayerView& view) {
 absl::StatusOr<client::LayerResult> RunLocal(const client::LayerJob& job) {
   auto engines = EngineSet::CreateAvailable();
   CKV_ASSIGN_OR_RETURN(const ClusterEngine* engine, engines->Select(job.backend));
-  CKV_ASSIGN_OR_RETURN(CompressResult result, engine->Compress(job.layer, job.options));
+  CompressOptions options = job.options;
+  if (IsFp8(*job.output_dtype)) options.result_dtype = *job.output_dtype;  // quantised there
+  CKV_ASSIGN_OR_RETURN(CompressResult result, engine->Compress(job.layer, options));
   client::LayerResult packed =
       client::LayerResultFromEngine(job.layer_index, result, *job.output_dtype);
   packed.backend = std::string(engine->name());
@@ -312,7 +327,18 @@ absl::Status WriteOutputs(const std::string& dir, const client::LayerResult& res
   if (error) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", error.message()));
   const int64_t total = result.total_entries();
   auto path = [&dir](const char* name) { return (fs::path(dir) / name).string(); };
-  if (result.dtype == DType::kBFloat16) {
+  if (IsFp8(result.dtype)) {
+    // .npy has no fp8: the codes go out as uint8, each head's scales beside them.
+    CKV_RETURN_IF_ERROR(WriteNpy(path("out_keys.npy"), NpyType::kUInt8, {total, result.key_dim},
+                                 result.keys.data()));
+    CKV_RETURN_IF_ERROR(WriteNpy(path("out_values.npy"), NpyType::kUInt8,
+                                 {total, result.value_dim}, result.values.data()));
+    const int64_t heads = result.num_heads;
+    CKV_RETURN_IF_ERROR(WriteNpy(path("out_key_scales.npy"), NpyType::kFloat32, {heads},
+                                 result.key_scales.data()));
+    CKV_RETURN_IF_ERROR(WriteNpy(path("out_value_scales.npy"), NpyType::kFloat32, {heads},
+                                 result.value_scales.data()));
+  } else if (result.dtype == DType::kBFloat16) {
     // .npy has no bfloat16: the rows go out widened to float32, which holds them exactly.
     const std::vector<float> keys = result.KeysAsFloat(), values = result.ValuesAsFloat();
     CKV_RETURN_IF_ERROR(
@@ -383,6 +409,8 @@ void RunCompress(CompressFlags& flags, int* exit_code) {
   };
   auto layer = LoadLayer(flags);
   if (!layer.ok()) return fail(layer.status());
+  (*layer)->view.key_scales = flags.key_scales;
+  (*layer)->view.value_scales = flags.value_scales;
   const client::LayerJob job = MakeJob(flags, (*layer)->view);
   const auto start = std::chrono::steady_clock::now();
   auto result = flags.local ? RunLocal(job) : RunRemote(flags, job);
@@ -423,7 +451,22 @@ void AddCompressCommand(CLI::App& app, int* exit_code) {
       ->excludes(server);
   AddCompressOptionFlags(cmd, &flags->options);
   AddDTypeOption(cmd, "--output-dtype", &flags->output_dtype,
-                 "Element type of the result rows: float32 is exact, the others round once");
+                 "Element type of the result rows: float32 is exact, the others round once "
+                 "(fp8: uint8 codes in out_keys/out_values.npy, scales in out_*_scales.npy)");
+  AddDTypeOption(cmd, "--input-dtype", &flags->input_dtype,
+                 "fp8_e4m3 or fp8_e5m2: keys.npy / values.npy hold uint8 fp8 codes");
+  cmd->add_option("--key-scales", flags->key_scales,
+                  "fp8 input: the keys' scale, one (per layer) or one per head, e.g. 0.02,0.03")
+      ->delimiter(',');
+  cmd->add_option("--value-scales", flags->value_scales, "fp8 input: the values' scales")
+      ->delimiter(',');
+  cmd->add_option("--output-key-scales", flags->options.result_key_scales,
+                  "fp8 output: static key scales, one or one per head (default: per head, "
+                  "from the result's largest magnitude)")
+      ->delimiter(',');
+  cmd->add_option("--output-value-scales", flags->options.result_value_scales,
+                  "fp8 output: static value scales")
+      ->delimiter(',');
   AddBackendOption(cmd, "--backend", &flags->backend,
                    "Engine of the server (or of --local); identity only measures transport");
   cmd->add_option("--slab-kib", flags->slab_kib, "Slab size sent to the server, KiB")

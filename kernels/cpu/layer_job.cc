@@ -23,6 +23,8 @@ ElemType ElemTypeOf(DType dtype) {
     case DType::kBFloat16:
       return ElemType::kBF16;
     case DType::kFloat32:
+    case DType::kFp8E4M3:  // fp8 jobs reach the backend as float32 (kernels/fp8_rows.h)
+    case DType::kFp8E5M2:
       break;
   }
   return ElemType::kF32;

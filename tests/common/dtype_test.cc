@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <ostream>
@@ -208,7 +209,8 @@ TEST(BulkConvertTest, MatchesTheScalarConversionsBitForBit) {
   }
   for (uint32_t h = 0; h <= 0xffffu; h += 7) floats.push_back(HalfToFloat(static_cast<uint16_t>(h)));
   floats.push_back(std::bit_cast<float>(0x7f800001u));  // a signalling NaN
-  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFp8E4M3,
+                      DType::kFp8E5M2}) {
     const int64_t n = static_cast<int64_t>(floats.size());
     std::vector<uint8_t> bulk(static_cast<size_t>(n + 3) * DTypeSize(dtype), 0xab);
     std::vector<uint8_t> scalar = bulk;
@@ -285,6 +287,7 @@ TEST_P(LoadStoreTest, StoreRoundsOnceAndLoadWidens) {
     float expected = inputs[i];
     if (dtype == DType::kFloat16) expected = HalfToFloat(FloatToHalf(inputs[i]));
     if (dtype == DType::kBFloat16) expected = BFloat16ToFloat(FloatToBFloat16(inputs[i]));
+    if (IsFp8(dtype)) expected = Fp8ToFloat(FloatToFp8(inputs[i], dtype), dtype);
     EXPECT_EQ(LoadAsFloat(buffer, dtype, i), expected) << "element " << i;
   }
 }
@@ -304,7 +307,8 @@ TEST_P(LoadStoreTest, StoreTouchesOnlyItsElement) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, LoadStoreTest,
-                         ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
+                         ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                           DType::kFp8E4M3, DType::kFp8E5M2),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            switch (info.param) {
                              case DType::kFloat32:
@@ -313,9 +317,155 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, LoadStoreTest,
                                return std::string("Float16");
                              case DType::kBFloat16:
                                return std::string("BFloat16");
+                             case DType::kFp8E4M3:
+                               return std::string("Fp8E4M3");
+                             case DType::kFp8E5M2:
+                               return std::string("Fp8E5M2");
                            }
                            return std::string("Unknown");
                          });
+
+// ---- fp8 (OCP E4M3 "fn" and E5M2) ----
+
+struct Fp8Layout {
+  DType dtype;
+  int mantissa_bits;
+  int bias;
+  bool has_infinity;
+};
+
+class Fp8Test : public ::testing::TestWithParam<Fp8Layout> {};
+
+// The value of an fp8 code from the OCP definition (not from the code under test);
+// NaN for the NaN codes.
+double Fp8ValueByFormula(uint8_t code, const Fp8Layout& f) {
+  const double sign = (code & 0x80) ? -1.0 : 1.0;
+  const int exponent = (code & 0x7f) >> f.mantissa_bits;
+  const int mantissa = code & ((1 << f.mantissa_bits) - 1);
+  const int top = (1 << (7 - f.mantissa_bits)) - 1;
+  if (f.has_infinity && exponent == top) return mantissa == 0 ? sign * HUGE_VAL : std::nan("");
+  if (!f.has_infinity && (code & 0x7f) == 0x7f) return std::nan("");
+  if (exponent == 0) return sign * std::ldexp(mantissa, 1 - f.bias - f.mantissa_bits);
+  return sign * std::ldexp((1 << f.mantissa_bits) + mantissa, exponent - f.bias - f.mantissa_bits);
+}
+
+// The finite non-negative codes in increasing order of value.
+std::vector<uint8_t> FiniteCodes(const Fp8Layout& f) {
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 0x80; ++c) {
+    if (std::isfinite(Fp8ValueByFormula(static_cast<uint8_t>(c), f))) codes.push_back(c);
+  }
+  return codes;
+}
+
+// Round to nearest even by brute force over every finite code (`codes`, their values
+// `values`), saturating to the largest.
+uint8_t NearestFp8(float value, const std::vector<uint8_t>& codes,
+                   const std::vector<double>& values) {
+  const double magnitude = std::fabs(static_cast<double>(value));
+  size_t best = 0;
+  for (size_t i = 0; i < codes.size(); ++i) {
+    const double d = std::fabs(values[i] - magnitude);
+    const double best_d = std::fabs(values[best] - magnitude);
+    if (d < best_d || (d == best_d && (codes[i] & 1) == 0)) best = i;
+  }
+  if (magnitude >= values.back()) best = codes.size() - 1;
+  return static_cast<uint8_t>(codes[best] | (std::signbit(value) ? 0x80 : 0));
+}
+
+TEST_P(Fp8Test, EveryCodeWidensToItsDefinedValue) {
+  const Fp8Layout f = GetParam();
+  for (int c = 0; c < 256; ++c) {
+    const double expected = Fp8ValueByFormula(static_cast<uint8_t>(c), f);
+    const float widened = Fp8ToFloat(static_cast<uint8_t>(c), f.dtype);
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(widened)) << "code " << c;
+    } else {
+      EXPECT_EQ(static_cast<double>(widened), expected) << "code " << c;
+      EXPECT_EQ(std::signbit(widened), (c & 0x80) != 0) << "code " << c;
+    }
+  }
+}
+
+TEST_P(Fp8Test, EveryFiniteCodeRoundTrips) {
+  const Fp8Layout f = GetParam();
+  for (int c = 0; c < 256; ++c) {
+    const float widened = Fp8ToFloat(static_cast<uint8_t>(c), f.dtype);
+    if (!std::isfinite(widened)) continue;
+    EXPECT_EQ(FloatToFp8(widened, f.dtype), c) << "code " << c;
+  }
+}
+
+// Every midpoint between neighbouring codes, one float ulp either side of it, and a sweep
+// over the whole float range: each narrows to the brute-force nearest-even code.
+TEST_P(Fp8Test, NarrowingRoundsToNearestEvenAndSaturates) {
+  const Fp8Layout f = GetParam();
+  std::vector<float> probes;
+  const std::vector<uint8_t> codes = FiniteCodes(f);
+  std::vector<double> values;
+  for (uint8_t code : codes) values.push_back(Fp8ValueByFormula(code, f));
+  for (size_t i = 0; i + 1 < codes.size(); ++i) {
+    const float mid = static_cast<float>(
+        (Fp8ValueByFormula(codes[i], f) + Fp8ValueByFormula(codes[i + 1], f)) / 2);
+    for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, kInf)}) {
+      probes.push_back(x);
+      probes.push_back(-x);
+    }
+  }
+  for (uint64_t bits = 0; bits < 0x7f800000u; bits += 9973) {  // a prime stride
+    float x;
+    const auto b = static_cast<uint32_t>(bits);
+    std::memcpy(&x, &b, sizeof(x));
+    probes.push_back(x);
+    probes.push_back(-x);
+  }
+  int64_t mismatches = 0;
+  for (float x : probes) {
+    const uint8_t got = FloatToFp8(x, f.dtype);
+    const uint8_t want = NearestFp8(x, codes, values);
+    if (got != want && ++mismatches <= 10) {
+      ADD_FAILURE() << std::hexfloat << x << " narrowed to 0x" << std::hex << int(got)
+                    << ", nearest even is 0x" << int(want);
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << probes.size() << " probes";
+}
+
+TEST_P(Fp8Test, OverflowSaturatesAndNaNStaysNaN) {
+  const Fp8Layout f = GetParam();
+  const uint8_t max_code = FiniteCodes(f).back();
+  const float max = Fp8MaxFinite(f.dtype);
+  EXPECT_EQ(Fp8ToFloat(max_code, f.dtype), max);
+  for (float x : {max, std::nextafter(max, kInf), 2 * max, 1e30f, kInf}) {
+    EXPECT_EQ(FloatToFp8(x, f.dtype), max_code) << x;
+    EXPECT_EQ(FloatToFp8(-x, f.dtype), max_code | 0x80) << -x;
+  }
+  EXPECT_TRUE(std::isnan(Fp8ToFloat(FloatToFp8(std::nanf(""), f.dtype), f.dtype)));
+  EXPECT_EQ(FloatToFp8(0.0f, f.dtype), 0x00);
+  EXPECT_EQ(FloatToFp8(-0.0f, f.dtype), 0x80);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Fp8Test,
+                         ::testing::Values(Fp8Layout{DType::kFp8E4M3, 3, 7, false},
+                                           Fp8Layout{DType::kFp8E5M2, 2, 15, true}),
+                         [](const ::testing::TestParamInfo<Fp8Layout>& info) {
+                           return std::string(info.param.dtype == DType::kFp8E4M3 ? "E4M3"
+                                                                                  : "E5M2");
+                         });
+
+TEST(Fp8Test, KnownValues) {
+  EXPECT_EQ(FloatToFp8(1.0f, DType::kFp8E4M3), 0x38);
+  EXPECT_EQ(FloatToFp8(1.0f, DType::kFp8E5M2), 0x3c);
+  EXPECT_EQ(FloatToFp8(448.0f, DType::kFp8E4M3), 0x7e);
+  EXPECT_EQ(FloatToFp8(57344.0f, DType::kFp8E5M2), 0x7b);
+  EXPECT_EQ(FloatToFp8(std::ldexp(1.0f, -9), DType::kFp8E4M3), 0x01);   // smallest subnormal
+  EXPECT_EQ(FloatToFp8(std::ldexp(1.0f, -16), DType::kFp8E5M2), 0x01);
+  EXPECT_EQ(FloatToFp8(std::ldexp(1.0f, -10), DType::kFp8E4M3), 0x00);  // tie to even (0)
+  EXPECT_EQ(FloatToFp8(1.0625f, DType::kFp8E4M3), 0x38);  // halfway 1 / 1.125: even
+  EXPECT_EQ(FloatToFp8(1.1875f, DType::kFp8E4M3), 0x3a);  // halfway 1.125 / 1.25: even
+  EXPECT_EQ(DTypeSize(DType::kFp8E4M3), 1);
+  EXPECT_EQ(DTypeName(DType::kFp8E5M2), "fp8_e5m2");
+}
 
 }  // namespace
 }  // namespace centroidkv

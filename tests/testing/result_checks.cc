@@ -20,6 +20,8 @@ void ExpectOptionsEqual(const CompressOptions& expected, const CompressOptions& 
   EXPECT_EQ(actual.passthrough_heads, expected.passthrough_heads);
   EXPECT_EQ(actual.compute_assignment, expected.compute_assignment);
   EXPECT_EQ(actual.result_dtype, expected.result_dtype);
+  EXPECT_EQ(actual.result_key_scales, expected.result_key_scales);
+  EXPECT_EQ(actual.result_value_scales, expected.result_value_scales);
   EXPECT_EQ(actual.exact_target, expected.exact_target);
   EXPECT_EQ(actual.pad_heads, expected.pad_heads);
   EXPECT_EQ(actual.pad_to, expected.pad_to);
@@ -34,6 +36,10 @@ void ExpectBitIdentical(const CompressResult& expected, const CompressResult& ac
   EXPECT_EQ(actual.dtype, expected.dtype);
   EXPECT_EQ(actual.half_keys, expected.half_keys);
   EXPECT_EQ(actual.half_values, expected.half_values);
+  EXPECT_EQ(actual.fp8_keys, expected.fp8_keys);
+  EXPECT_EQ(actual.fp8_values, expected.fp8_values);
+  EXPECT_EQ(actual.key_scales, expected.key_scales);
+  EXPECT_EQ(actual.value_scales, expected.value_scales);
   ASSERT_EQ(actual.keys.size(), expected.keys.size());
   ASSERT_EQ(actual.values.size(), expected.values.size());
   for (size_t i = 0; i < expected.keys.size(); ++i) {

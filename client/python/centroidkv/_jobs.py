@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 
 from . import _wire
-from .arrays import (DTYPE_SIZE, Kind, ResultMemory, counts_to_wire, dtype_code,
+from .arrays import (DTYPE_SIZE, FP8_DTYPES, Kind, ResultMemory, counts_to_wire, dtype_code,
                      ints_from_wire, is_torch, rows_from_wire, to_wire)
 from .errors import CompressError, invalid_argument, make_error
 from .result import LayerResult
@@ -121,9 +121,13 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
              backend: str = "auto", head_tokens=None, offsets=None, pad_heads: bool = False,
              pad_to: Optional[int] = None, exact_target: bool = False,
              output_layout: Optional[str] = None, timeout: Optional[float] = None,
-             priority: Optional[int] = None, region=None, output=None, **params) -> Job:
+             priority: Optional[int] = None, region=None, output=None, input_dtype=None,
+             key_scale=None, value_scale=None, output_key_scale=None,
+             output_value_scale=None, **params) -> Job:
     """The Job of one compress() call. `keys` may be a LayerResult (a previous result sent
-    back as it is: its rows, counts and per-head lengths). With `region` (a SharedRegion)
+    back as it is: its rows, counts, per-head lengths and fp8 scales). fp8 input takes
+    key_scale / value_scale (a float, or one per head); an fp8 output_dtype takes static
+    output_key_scale / output_value_scale, or none for per-head dynamic ones. With `region` (a SharedRegion)
     the tensors must lie in it and go by reference: the StartJob names them, no slabs. With
     `output` (a ResultSpace) the server writes the result there: no result slabs."""
     unknown = set(params) - set(PARAM_NAMES)
@@ -134,6 +138,9 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
                 offsets is not None:
             raise TypeError("compress(result): values, counts, head_tokens and offsets come "
                             "from the result")
+        if key_scale is None and keys.key_scales is not None:  # fp8 rows (maybe uint8 codes)
+            key_scale, value_scale = keys.key_scales, keys.value_scales
+            input_dtype = input_dtype or keys.dtype
         keys, values, counts, layout, offsets = _result_as_input(keys)
     elif values is None:
         raise TypeError("compress() needs keys and values (or a LayerResult)")
@@ -144,8 +151,12 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
                                "token_major")
     if backend not in _BACKENDS:
         raise invalid_argument("backend", f"'{backend}' is not one of {', '.join(_BACKENDS)}")
-    k, kind = to_wire(keys, "keys")
-    v, _ = to_wire(values, "values")
+    fp8 = dtype_code(input_dtype, "input_dtype")
+    if fp8 and fp8 not in FP8_DTYPES:
+        raise invalid_argument("input_dtype", "names the fp8 format of uint8 codes: "
+                               "fp8_e4m3 or fp8_e5m2")
+    k, kind = to_wire(keys, "keys", fp8)
+    v, _ = to_wire(values, "values", fp8)
     ragged = head_tokens is not None or offsets is not None
     rank = 2 if ragged else 3
     what = "2-D [rows, d] (ragged input)" if ragged else f"3-D ({layout})"
@@ -179,6 +190,17 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
         return_assignment=bool(return_assignment),
         output_dtype=dtype_code(output_dtype, "output_dtype"), backend=_BACKENDS[backend],
         head_tokens=tokens_per_head, pad_heads=bool(pad_heads), exact_target=bool(exact_target))
+    for name, scale, into in (("key_scale", key_scale, start.key_scales),
+                              ("value_scale", value_scale, start.value_scales),
+                              ("output_key_scale", output_key_scale, start.output_key_scales),
+                              ("output_value_scale", output_value_scale,
+                               start.output_value_scales)):
+        if scale is not None:
+            into.extend(_scales(name, scale))
+    if k.dtype in FP8_DTYPES and (not start.key_scales or not start.value_scales):
+        raise invalid_argument("key_scale" if not start.key_scales else "value_scale",
+                               f"is needed for {pb.DType.Name(k.dtype)} input (a float, or one "
+                               "per head; vLLM's k_scale / v_scale)")
     if pad_to is not None:
         start.pad_to = _uint("pad_to", pad_to)
     if output_layout is not None:
@@ -198,6 +220,16 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
             raise invalid_argument("priority", f"must be an int32 (got {priority!r})")
         start.priority = int(priority)
     return Job(job_id, layer_index, start, tensors, kind, output)
+
+
+def _scales(name: str, scale) -> list:
+    """An fp8 scale argument (a number, a sequence, a numpy array or a tensor) as floats."""
+    if is_torch(scale):
+        scale = scale.detach().float().cpu().numpy()
+    values = np.asarray(scale, dtype=np.float64).reshape(-1)
+    if values.size == 0:
+        raise invalid_argument(name, "is empty (give a float, or one per head)")
+    return [float(x) for x in values]
 
 
 def _by_reference(region, tensors: list, start: pb.StartJob) -> None:
@@ -357,7 +389,11 @@ class Assembler:
             head_entries=np.asarray(header.head_entries, dtype=np.int64),
             head_input_tokens=np.asarray(header.head_input_tokens, dtype=np.int64),
             head_tokens=np.asarray(header.head_tokens, dtype=np.int64),
-            stop_reasons=tuple(STOP_REASONS.get(r, "unspecified") for r in header.stop_reasons))
+            stop_reasons=tuple(STOP_REASONS.get(r, "unspecified") for r in header.stop_reasons),
+            dtype=pb.DType.Name(header.dtype)[len("DTYPE_"):].lower(),
+            key_scales=np.asarray(header.key_scales, np.float32) if header.key_scales else None,
+            value_scales=(np.asarray(header.value_scales, np.float32)
+                          if header.value_scales else None))
         return job_id, result
 
 

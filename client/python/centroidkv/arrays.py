@@ -1,5 +1,10 @@
-"""Caller arrays <-> wire bytes: numpy arrays and torch tensors (fp32, fp16, bf16) in, the
-same kind out. torch is imported only when the caller passes a tensor.
+"""Caller arrays <-> wire bytes: numpy arrays and torch tensors (fp32, fp16, bf16, fp8) in,
+the same kind out. torch is imported only when the caller passes a tensor.
+
+fp8 (OCP E4M3 / E5M2, one byte per element, standing for value x scale): torch
+float8_e4m3fn / float8_e5m2 tensors, ml_dtypes float8 arrays, or uint8 numpy arrays of the
+codes with input_dtype="fp8_e4m3" / "fp8_e5m2". fp8 results come back as the same kind
+(uint8 code arrays when the caller sent uint8 codes and ml_dtypes is not installed).
 
 On the way out an array becomes a flat uint8 view of its own memory (no copy when it is
 C-contiguous on the CPU); on the way in, result bytes land in a preallocated numpy buffer
@@ -20,8 +25,13 @@ from .errors import invalid_argument
 from .v1 import centroidkv_pb2 as pb
 
 DTYPE_NAMES = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
-               "bfloat16": pb.DTYPE_BFLOAT16}
-DTYPE_SIZE = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT16: 2, pb.DTYPE_BFLOAT16: 2}
+               "bfloat16": pb.DTYPE_BFLOAT16, "fp8_e4m3": pb.DTYPE_FP8_E4M3,
+               "fp8_e5m2": pb.DTYPE_FP8_E5M2}
+DTYPE_SIZE = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT16: 2, pb.DTYPE_BFLOAT16: 2,
+              pb.DTYPE_FP8_E4M3: 1, pb.DTYPE_FP8_E5M2: 1}
+FP8_DTYPES = (pb.DTYPE_FP8_E4M3, pb.DTYPE_FP8_E5M2)
+# numpy (ml_dtypes) and torch names of the fp8 formats.
+_FP8_NAMES = {"float8_e4m3fn": pb.DTYPE_FP8_E4M3, "float8_e5m2": pb.DTYPE_FP8_E5M2}
 _NUMPY_DTYPE = {pb.DTYPE_FLOAT32: np.dtype(np.float32), pb.DTYPE_FLOAT16: np.dtype(np.float16)}
 
 
@@ -36,6 +46,7 @@ class Kind:
     torch: bool
     device: Any = None            # torch device of the input
     numpy_bf16: Any = None        # the numpy bfloat16 dtype (ml_dtypes) the caller used
+    numpy_fp8: bool = False       # the caller sent ml_dtypes float8 arrays
 
 
 @dataclass
@@ -52,21 +63,34 @@ def dtype_code(dtype: Any, field: str) -> int:
         return pb.DTYPE_UNSPECIFIED
     name = str(dtype).replace("torch.", "")
     name = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
-            "fp16": "float16"}.get(name, name)
+            "fp16": "float16", "fp8": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
+            "float8_e5m2": "fp8_e5m2"}.get(name, name)
     if name not in DTYPE_NAMES:
-        raise invalid_argument(field, f"dtype {dtype} is not one of float32, float16, bfloat16")
+        raise invalid_argument(field, f"dtype {dtype} is not one of float32, float16, "
+                               "bfloat16, fp8_e4m3, fp8_e5m2")
     return DTYPE_NAMES[name]
 
 
-def to_wire(x: Any, field: str) -> tuple[WireArray, Kind]:
-    """keys / values: a 3-D float32, float16 or bfloat16 array or tensor."""
+_SUPPORTED = "float32, float16, bfloat16 or fp8 (float8_e4m3fn, float8_e5m2)"
+
+
+def to_wire(x: Any, field: str, fp8: int = 0) -> tuple[WireArray, Kind]:
+    """keys / values: a float32, float16, bfloat16 or fp8 array or tensor; `fp8` (a pb fp8
+    dtype) reads a uint8 numpy array as fp8 codes."""
     if is_torch(x):
         torch = sys.modules["torch"]
         kind = Kind(torch=True, device=x.device)
         code = {torch.float32: pb.DTYPE_FLOAT32, torch.float16: pb.DTYPE_FLOAT16,
                 torch.bfloat16: pb.DTYPE_BFLOAT16}.get(x.dtype)
         if code is None:
-            raise invalid_argument(field, f"dtype {x.dtype} is not float32, float16 or bfloat16")
+            code = _FP8_NAMES.get(str(x.dtype).replace("torch.", ""))
+        if code is None and fp8 and x.dtype == torch.uint8:
+            code = fp8
+        if code is None:
+            raise invalid_argument(field, f"dtype {x.dtype} is not {_SUPPORTED}")
+        if fp8 and code != fp8:
+            raise invalid_argument(field, f"dtype {x.dtype} is not the input_dtype "
+                                   f"{pb.DType.Name(fp8)}")
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -80,8 +104,17 @@ def to_wire(x: Any, field: str) -> tuple[WireArray, Kind]:
     elif a.dtype.name == "bfloat16" and a.dtype.itemsize == 2:  # ml_dtypes.bfloat16
         code = pb.DTYPE_BFLOAT16
         kind.numpy_bf16 = a.dtype
+    elif a.dtype.name in _FP8_NAMES and a.dtype.itemsize == 1:  # ml_dtypes float8
+        code = _FP8_NAMES[a.dtype.name]
+        kind.numpy_fp8 = True
+    elif fp8 and a.dtype == np.uint8:
+        code = fp8
     else:
-        raise invalid_argument(field, f"dtype {a.dtype} is not float32, float16 or bfloat16")
+        raise invalid_argument(field, f"dtype {a.dtype} is not {_SUPPORTED} (uint8 fp8 codes "
+                               "need input_dtype='fp8_e4m3' or 'fp8_e5m2')")
+    if fp8 and code != fp8:
+        raise invalid_argument(field, f"dtype {a.dtype} is not the input_dtype "
+                               f"{pb.DType.Name(fp8)}")
     a = np.ascontiguousarray(a)
     return WireArray(code, a.shape, memoryview(a.reshape(-1).view(np.uint8)), a), kind
 
@@ -171,7 +204,8 @@ def rows_from_wire(buf: np.ndarray, dtype: int, shape: tuple, kind: Kind):
     if kind.torch:
         torch = sys.modules["torch"]
         tdtype = {pb.DTYPE_FLOAT32: torch.float32, pb.DTYPE_FLOAT16: torch.float16,
-                  pb.DTYPE_BFLOAT16: torch.bfloat16}[dtype]
+                  pb.DTYPE_BFLOAT16: torch.bfloat16, pb.DTYPE_FP8_E4M3: torch.float8_e4m3fn,
+                  pb.DTYPE_FP8_E5M2: torch.float8_e5m2}[dtype]
         t = torch.from_numpy(buf).view(tdtype).reshape(shape)
         return t if kind.device is None or kind.device.type == "cpu" else t.to(kind.device)
     if dtype == pb.DTYPE_BFLOAT16:
@@ -180,7 +214,41 @@ def rows_from_wire(buf: np.ndarray, dtype: int, shape: tuple, kind: Kind):
             return buf.view(bf16).reshape(shape)
         # No numpy bfloat16 type installed: widen exactly to float32 (bf16 is its top half).
         return (buf.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    if dtype in FP8_DTYPES:
+        # ml_dtypes float8 to a caller who sent those, else uint8 codes (result.float_keys()
+        # widens either).
+        fp8 = _ml_fp8(dtype) if kind.numpy_fp8 else None
+        return buf.view(fp8 if fp8 is not None else np.uint8).reshape(shape)
     return buf.view(_NUMPY_DTYPE[dtype]).reshape(shape)
+
+
+def fp8_to_float32(codes: np.ndarray, dtype: int) -> np.ndarray:
+    """fp8 codes (uint8, any shape) widened exactly to float32, from the formats'
+    definitions (OCP: E4M3 without infinities, NaN 0x7f/0xff; E5M2 as IEEE)."""
+    c = np.asarray(codes).view(np.uint8).astype(np.int32)
+    mantissa_bits, bias = (3, 7) if dtype == pb.DTYPE_FP8_E4M3 else (2, 15)
+    magnitude = c & 0x7F
+    exponent = magnitude >> mantissa_bits
+    mantissa = magnitude & ((1 << mantissa_bits) - 1)
+    normal = np.ldexp(((1 << mantissa_bits) + mantissa).astype(np.float64),
+                      exponent - bias - mantissa_bits)
+    subnormal = np.ldexp(mantissa.astype(np.float64), 1 - bias - mantissa_bits)
+    value = np.where(exponent == 0, subnormal, normal)
+    if dtype == pb.DTYPE_FP8_E4M3:
+        value = np.where(magnitude == 0x7F, np.nan, value)
+    else:
+        top = exponent == 0x1F
+        value = np.where(top & (mantissa == 0), np.inf, np.where(top, np.nan, value))
+    return np.where(c & 0x80, -value, value).astype(np.float32)
+
+
+def _ml_fp8(dtype: int) -> Optional[np.dtype]:
+    try:
+        import ml_dtypes  # noqa: F401 (optional: numpy has no fp8 type of its own)
+    except ImportError:
+        return None
+    module = sys.modules["ml_dtypes"]
+    return np.dtype(module.float8_e4m3fn if dtype == pb.DTYPE_FP8_E4M3 else module.float8_e5m2)
 
 
 def ints_from_wire(a: np.ndarray, kind: Kind):

@@ -258,6 +258,11 @@ class Client(ClientCore):
         uniform_heads, passthrough_heads; None = the server's default), layout,
         output_dtype, return_assignment, backend, pad_heads, pad_to, exact_target,
         output_layout, timeout (the job's deadline in seconds, on the server), priority.
+        fp8 (docs/fp8.md): torch float8 / ml_dtypes float8 keys and values, or uint8 codes
+        with input_dtype="fp8_e4m3" / "fp8_e5m2", take key_scale and value_scale (a float,
+        or one per head: vLLM's k_scale / v_scale); output_dtype="fp8_e4m3" / "fp8_e5m2"
+        returns fp8 rows with the result's key_scales / value_scales, static when
+        output_key_scale / output_value_scale are given, else per head from the rows.
         Raises CompressError."""
         jobs = self._one_job(keys, values, counts, layer_index, options)
         return [result for _, result in self._run(jobs)][0]

@@ -13,7 +13,8 @@ _PARAMS = ("target_ratio", "target_tokens", "chunk_size", "sink_tokens", "recent
            "passthrough_heads")
 _START_JOB = ("job_id", "num_heads", "num_tokens", "key_dim", "value_dim", "dtype", "layout",
               "output_dtype", "backend", "head_tokens", "pad_heads", "pad_to", "exact_target",
-              "timeout_ms", "priority", "output_layout", "return_assignment", "has_counts")
+              "timeout_ms", "priority", "output_layout", "return_assignment", "has_counts",
+              "key_scales", "value_scales", "output_key_scales", "output_value_scales")
 _FIELDS = sorted(
     [f"start_job.params.{p}" for p in _PARAMS] + [f"start_job.{f}" for f in _START_JOB] +
     ["slab.byte_offset", "slab.tensor", "slab.data", "slab.job_id", "keys", "values", "counts",

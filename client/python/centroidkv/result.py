@@ -1,6 +1,7 @@
 """What calls return: LayerResult (one compressed layer) and ServerInfo (GetInfo)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
@@ -30,6 +31,12 @@ class LayerResult:
     "similarity_floor", "max_passes", "protected", "uniform_heads"); target_tokens (t) and
     target_reached (every compressed head has at most t entries).
 
+    fp8 results (output_dtype "fp8_e4m3" / "fp8_e5m2"): keys and values hold the fp8 codes
+    (torch float8 tensors, ml_dtypes arrays, or uint8 codes), key_scales / value_scales
+    (float32 [H]) each head's scale: a row element of head h stands for its fp8 value x
+    key_scales[h] (vLLM's k_scale / v_scale, per head). float_keys() / float_values() widen
+    any result's rows to float32 with its scales.
+
     A LayerResult goes back for another round as it is: client.compress(result, ...)."""
 
     keys: Any
@@ -52,6 +59,33 @@ class LayerResult:
     head_input_tokens: Any = None
     head_tokens: Any = None
     stop_reasons: tuple = ()
+    dtype: str = ""               # of keys and values: "float32", ..., "fp8_e4m3"
+    key_scales: Any = None        # fp8 results: [H] float32 scales, else None
+    value_scales: Any = None
+
+    def float_keys(self):
+        """The keys as float32 numpy rows, fp8 codes times their head's scale."""
+        return self._widened(self.keys, self.key_scales)
+
+    def float_values(self):
+        """The values as float32 numpy rows, fp8 codes times their head's scale."""
+        return self._widened(self.values, self.value_scales)
+
+    def _widened(self, rows, scales):
+        import numpy as np
+
+        from .arrays import fp8_to_float32, is_torch
+        from .v1 import centroidkv_pb2 as pb
+        a = rows.detach().cpu() if is_torch(rows) else rows
+        if scales is None:
+            return (a.float().numpy() if is_torch(a) else np.asarray(a, np.float32))
+        code = pb.DTYPE_FP8_E4M3 if self.dtype == "fp8_e4m3" else pb.DTYPE_FP8_E5M2
+        raw = a.view(sys.modules["torch"].uint8).numpy() if is_torch(a) else np.asarray(a)
+        wide = fp8_to_float32(raw, code)
+        if self.layout == "token_major":  # [L, H, d]: head h is axis 1
+            return wide * np.asarray(scales, np.float32)[None, :, None]
+        per_row = np.repeat(np.asarray(scales, np.float32), np.diff(np.asarray(self.offsets)))
+        return wide * per_row[:, None]
 
     @property
     def total_entries(self) -> int:

@@ -103,7 +103,8 @@ class SharedRegion:
         result here instead of as slabs."""
         code = dtype_code(dtype, "dtype")
         if code == 0:
-            raise invalid_argument("dtype", "must be float32, float16 or bfloat16")
+            raise invalid_argument("dtype", "must be float32, float16, bfloat16, fp8_e4m3 or "
+                                   "fp8_e5m2")
         for name, value in (("heads", heads), ("tokens", tokens), ("key_dim", key_dim),
                             ("value_dim", value_dim)):
             if int(value) <= 0:

@@ -22,6 +22,7 @@
 #include "service/server.h"
 #include "tests/client/client_testing.h"
 #include "tests/testing/golden.h"
+#include "tests/testing/golden_fp8.h"
 
 namespace centroidkv::cli {
 namespace {
@@ -462,6 +463,81 @@ TEST_F(CliTest, ShmOverAUnixSocketWritesTheGoldenResult) {
                                        Quoted((dir_ / "tcp").string()) + Where(false) + " 2>&1");
   EXPECT_NE(tcp.exit_code, 0) << tcp.output;
   EXPECT_NE(tcp.output.find("unix socket"), std::string::npos) << tcp.output;
+}
+
+// fp8: --input-dtype with uint8 code files and their scales, --output-dtype fp8 with static
+// or dynamic result scales; the out files (uint8 codes, out_*_scales.npy) are the fp8
+// golden case's, through a server, in-process and over shared memory.
+std::string ScaleList(const std::vector<float>& scales) {
+  std::string list;
+  for (float scale : scales) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.9g", static_cast<double>(scale));  // round-trips
+    list += (list.empty() ? "" : ",") + std::string(text);
+  }
+  return list;
+}
+
+std::vector<uint8_t> ArrayBytes(const fs::path& dir, const char* name) {
+  absl::StatusOr<NpyArray> array = ReadNpy((dir / name).string());
+  EXPECT_TRUE(array.ok()) << array.status();
+  return array.ok() ? array->bytes : std::vector<uint8_t>{};
+}
+
+std::vector<uint8_t> AsBytes(const void* data, size_t bytes) {
+  const auto* begin = static_cast<const uint8_t*>(data);
+  return std::vector<uint8_t>(begin, begin + bytes);
+}
+
+TEST_F(CliTest, Fp8GoldenCasesThroughServerLocalAndShm) {
+  const std::string socket = (dir_ / "ckv.sock").string();
+  auto unix_server =
+      service::Server::Start(client::testutil::TestServerOptions("unix://" + socket));
+  ASSERT_TRUE(unix_server.ok()) << unix_server.status();
+  for (const std::string& name : test::ListFp8GoldenCases()) {
+    absl::StatusOr<test::Fp8GoldenCase> golden = test::LoadFp8GoldenCase(name);
+    ASSERT_TRUE(golden.ok()) << golden.status();
+    const std::string in = test::Fp8GoldenRoot() + "/" + name;
+    const CompressOptions& options = golden->options;
+    std::string flags = " --keys " + Quoted(in + "/keys.npy") + " --values " +
+                        Quoted(in + "/values.npy") + " --input-dtype " +
+                        std::string(DTypeName(golden->dtype)) + " --key-scales " +
+                        ScaleList(golden->key_scales) + " --value-scales " +
+                        ScaleList(golden->value_scales) + " --output-dtype " +
+                        std::string(DTypeName(options.result_dtype)) +
+                        ParameterFlags(options);
+    if (!options.result_key_scales.empty()) {
+      flags += " --output-key-scales " + ScaleList(options.result_key_scales) +
+               " --output-value-scales " + ScaleList(options.result_value_scales);
+    }
+    const std::string wheres[] = {Where(false), Where(true),
+                                  " --shm --server " + Quoted((*unix_server)->target())};
+    for (const std::string& where : wheres) {
+      SCOPED_TRACE(name + where);
+      const fs::path out = dir_ / "out";
+      fs::remove_all(out);
+      const CommandResult run =
+          RunCommand(Binary() + " compress --quiet --out " + Quoted(out.string()) + flags +
+                     where + " 2>&1");
+      ASSERT_EQ(run.exit_code, 0) << run.output;
+      const CompressResult& expected = golden->expected;
+      EXPECT_EQ(ArrayBytes(out, "out_keys.npy"), expected.fp8_keys);
+      EXPECT_EQ(ArrayBytes(out, "out_values.npy"), expected.fp8_values);
+      EXPECT_EQ(ArrayBytes(out, "out_key_scales.npy"),
+                AsBytes(expected.key_scales.data(), expected.key_scales.size() * 4));
+      EXPECT_EQ(ArrayBytes(out, "out_value_scales.npy"),
+                AsBytes(expected.value_scales.data(), expected.value_scales.size() * 4));
+      EXPECT_EQ(ArrayBytes(out, "out_counts.npy"),
+                AsBytes(expected.counts.data(), expected.counts.size() * 4));
+    }
+  }
+  // uint8 files without --input-dtype are refused, naming what is missing.
+  const std::string in = test::Fp8GoldenRoot() + "/" + test::ListFp8GoldenCases().front();
+  const CommandResult bare = RunCommand(Binary() + " compress --local --keys " +
+                                        Quoted(in + "/keys.npy") + " --values " +
+                                        Quoted(in + "/values.npy") + " 2>&1");
+  EXPECT_EQ(bare.exit_code, 2) << bare.output;
+  EXPECT_NE(bare.output.find("--input-dtype"), std::string::npos) << bare.output;
 }
 
 }  // namespace

@@ -111,6 +111,10 @@ struct LayerResult {
   std::vector<uint32_t> head_tokens;     // [H] input entries per head
   int32_t padded_length = 0;             // rows per head when padded
   TensorLayout layout = TensorLayout::kHeadMajor;  // of keys, values and counts
+  // fp8 results: each head's scale ([H]); a key element of head h stands for its fp8 value
+  // x key_scales[h]. Empty for other dtypes.
+  std::vector<float> key_scales;
+  std::vector<float> value_scales;
   // A job with LayerJob::shm_output: the tensors were written to the region (keys, values,
   // counts and assignment above stay empty); these point at them, valid while the region
   // lives and until its slot is used again. Sizes as the vectors above would have.
@@ -126,12 +130,14 @@ struct LayerResult {
   std::optional<RegionTensors> in_region;
 
   int64_t total_entries() const { return offsets.empty() ? 0 : offsets.back(); }
+  // The rows as float (fp8 rows times their head's scale).
   std::vector<float> KeysAsFloat() const;
   std::vector<float> ValuesAsFloat() const;
 };
 
 // Packs an in-process engine result the way the server would send it, rounding keys and
-// values once to `output_dtype` (used by `centroidkv compress --local`).
+// values once to `output_dtype` (used by `centroidkv compress --local`); a result the engine
+// quantised to fp8 itself (CompressOptions::result_dtype) is taken as it is.
 LayerResult LayerResultFromEngine(uint32_t layer_index, const CompressResult& result,
                                   DType output_dtype);
 

@@ -1,6 +1,12 @@
 // Element types of KV tensors and the scalar conversions between them.
 // fp16 (IEEE binary16) and bf16 are widened to float exactly; narrowing rounds to nearest,
-// ties to even, as the hardware does. Thread-safe: pure functions.
+// ties to even, as the hardware does. The two OCP fp8 formats (E4M3 "fn": no infinities,
+// finite maximum 448; E5M2: finite maximum 57344) widen exactly too, and narrow to nearest
+// even saturating to the finite maximum (an overflow never becomes NaN or Inf, as CUDA's
+// __NV_SATFINITE conversion). An fp8 tensor stands for its elements times a scale
+// (LayerView::key_scales,
+// CompressResult::key_scales); these conversions are of the raw, unscaled elements. Thread-safe: pure
+// functions.
 #pragma once
 
 #include <cstdint>
@@ -9,12 +15,23 @@
 
 namespace centroidkv {
 
-enum class DType : uint8_t { kFloat32, kFloat16, kBFloat16 };
+enum class DType : uint8_t { kFloat32, kFloat16, kBFloat16, kFp8E4M3, kFp8E5M2 };
 
-// Bytes per element: 4, 2, 2.
-constexpr int32_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+constexpr bool IsFp8(DType dtype) {
+  return dtype == DType::kFp8E4M3 || dtype == DType::kFp8E5M2;
+}
 
-// "float32", "float16", "bfloat16".
+// Bytes per element: 4, 2, 2, 1, 1.
+constexpr int32_t DTypeSize(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : IsFp8(dtype) ? 1 : 2;
+}
+
+// The largest finite value of an fp8 format: 448 (E4M3), 57344 (E5M2).
+constexpr float Fp8MaxFinite(DType dtype) {
+  return dtype == DType::kFp8E4M3 ? 448.0f : 57344.0f;
+}
+
+// "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2".
 std::string_view DTypeName(DType dtype);
 
 inline float BFloat16ToFloat(uint16_t bits) {
@@ -37,6 +54,12 @@ inline uint16_t FloatToBFloat16(float value) {
 float HalfToFloat(uint16_t bits);
 uint16_t FloatToHalf(float value);
 
+// fp8 (dtype kFp8E4M3 or kFp8E5M2) <-> float. Widening is exact (a table); narrowing
+// rounds to nearest even and saturates to +-Fp8MaxFinite (Inf included); NaN stays NaN
+// (0x7f / 0xff in both formats).
+float Fp8ToFloat(uint8_t bits, DType dtype);
+uint8_t FloatToFp8(float value, DType dtype);
+
 // Reads element `index` of a buffer of `dtype` as float.
 inline float LoadAsFloat(const void* data, DType dtype, int64_t index) {
   switch (dtype) {
@@ -46,6 +69,9 @@ inline float LoadAsFloat(const void* data, DType dtype, int64_t index) {
       return HalfToFloat(static_cast<const uint16_t*>(data)[index]);
     case DType::kBFloat16:
       return BFloat16ToFloat(static_cast<const uint16_t*>(data)[index]);
+    case DType::kFp8E4M3:
+    case DType::kFp8E5M2:
+      return Fp8ToFloat(static_cast<const uint8_t*>(data)[index], dtype);
   }
   return 0.0f;
 }
@@ -61,6 +87,10 @@ inline void StoreFromFloat(void* data, DType dtype, int64_t index, float value) 
       return;
     case DType::kBFloat16:
       static_cast<uint16_t*>(data)[index] = FloatToBFloat16(value);
+      return;
+    case DType::kFp8E4M3:
+    case DType::kFp8E5M2:
+      static_cast<uint8_t*>(data)[index] = FloatToFp8(value, dtype);
       return;
   }
 }

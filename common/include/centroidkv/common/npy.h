@@ -13,7 +13,7 @@
 
 namespace centroidkv {
 
-enum class NpyType : uint8_t { kFloat32, kFloat16, kUInt32, kInt32, kInt64, kUInt64 };
+enum class NpyType : uint8_t { kFloat32, kFloat16, kUInt32, kInt32, kInt64, kUInt64, kUInt8 };
 
 // numpy's descr string for the type, e.g. "<f4".
 std::string NpyDescr(NpyType type);

@@ -131,6 +131,8 @@ class ClusterEngine {
  private:
   absl::Status Run(const LayerView& layer, const CompressOptions& options,
                    const CompressControl& control, bool reuse, CompressResult* result) const;
+  absl::Status RunFp8(const LayerView& layer, const CompressOptions& options,
+                      const CompressControl& control, bool reuse, CompressResult* result) const;
 
   EngineLimits limits_;
 };

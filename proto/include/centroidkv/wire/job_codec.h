@@ -33,14 +33,19 @@ struct JobAnnouncement {
   int32_t value_dim = 0;
   std::vector<int64_t> head_offsets;  // [H + 1] when ragged, else empty
   bool has_counts = false;
-  CompressOptions options;  // options.compute_assignment = return_assignment
+  std::vector<float> key_scales;    // fp8 input: 1 or H entries each, else empty
+  std::vector<float> value_scales;
+  // options.compute_assignment = return_assignment; for an fp8 output_dtype,
+  // options.result_dtype = output_dtype and its result scales (output_*_scales).
+  CompressOptions options;
   DType output_dtype = DType::kFloat32;
   BackendKind backend = BackendKind::kAuto;
   std::chrono::milliseconds timeout{0};  // zero: none
   int32_t priority = 0;
 
   // The shape as a LayerView over `keys`, `values`, `counts` (counts null unless
-  // has_counts); head_offsets point into this object, which must outlive the view.
+  // has_counts); head_offsets and the scales point into this object, which must outlive
+  // the view.
   LayerView View(const void* keys, const void* values, const uint32_t* counts) const;
 };
 

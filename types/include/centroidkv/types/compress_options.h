@@ -35,6 +35,14 @@ struct CompressOptions {
   // float32 result rounded once, to nearest even): half the bytes to write and to send when
   // the caller wants half precision anyway (the service's output_dtype).
   DType result_dtype = DType::kFloat32;
+  // fp8 results (result_dtype kFp8E4M3 / kFp8E5M2; done above the backends): the scales the
+  // rows are stored with, a row element standing for fp8 x scale (vLLM's k_scale /
+  // v_scale). One entry (per layer) or one per head: static scales, each finite and > 0,
+  // values beyond scale x the format's maximum saturating. Empty (the default): dynamic, each
+  // head's scale is its rows' largest magnitude / the format's maximum (1 for an all-zero
+  // head). CompressResult::key_scales / value_scales return the scales used, per head.
+  std::vector<float> result_key_scales{};
+  std::vector<float> result_value_scales{};
 
   // Above the backends (ClusterEngine::Compress), identical for every backend:
   // Keep merging past the similarity floor and max_passes until every compressed head has

@@ -22,8 +22,10 @@ struct ResultRowTarget {
 };
 
 // The output of one layer job: heads concatenated along the entry axis, in
-// CompressOptions::result_dtype: float32 rows in `keys` / `values`, or fp16 / bf16 rows (each
-// the float32 result rounded once) in `half_keys` / `half_values`; the other pair is empty.
+// CompressOptions::result_dtype: float32 rows in `keys` / `values`, fp16 / bf16 rows (each
+// the float32 result rounded once) in `half_keys` / `half_values`, or fp8 rows (each the
+// float32 result divided by its head's scale, rounded once, saturating) in `fp8_keys` /
+// `fp8_values` with the scales in `key_scales` / `value_scales`; the other pairs are empty.
 // When `rows_in_target` is set, both pairs are empty and the rows are in the caller's
 // ResultRowTarget (CompressControl::row_target) instead.
 struct CompressResult {
@@ -37,6 +39,10 @@ struct CompressResult {
   std::vector<float> values;         // [total, value_dim]
   std::vector<uint16_t> half_keys;   // [total, key_dim] fp16 / bf16 bits otherwise
   std::vector<uint16_t> half_values; // [total, value_dim]
+  std::vector<uint8_t> fp8_keys;     // [total, key_dim] fp8 codes when dtype is fp8
+  std::vector<uint8_t> fp8_values;   // [total, value_dim]
+  std::vector<float> key_scales;     // [H] fp8: head h's rows stand for code x key_scales[h]
+  std::vector<float> value_scales;   // [H]
   std::vector<uint32_t> counts;      // [total]
   std::vector<int32_t> assignment;   // [H, n] head-local output row of each input entry,
                                      // empty unless CompressOptions::compute_assignment
@@ -57,10 +63,12 @@ struct CompressResult {
   // Elements of the key / value rows, whichever array holds them.
   size_t key_elements() const {
     if (rows_in_target) return static_cast<size_t>(total_entries()) * key_dim;
+    if (IsFp8(dtype)) return fp8_keys.size();
     return dtype == DType::kFloat32 ? keys.size() : half_keys.size();
   }
   size_t value_elements() const {
     if (rows_in_target) return static_cast<size_t>(total_entries()) * value_dim;
+    if (IsFp8(dtype)) return fp8_values.size();
     return dtype == DType::kFloat32 ? values.size() : half_values.size();
   }
 };

@@ -47,8 +47,12 @@ struct KindName {
 };
 
 inline constexpr KindName<DType> kDTypeNames[] = {
-    {"float32", DType::kFloat32}, {"float16", DType::kFloat16}, {"bfloat16", DType::kBFloat16},
-    {"fp32", DType::kFloat32},    {"fp16", DType::kFloat16},    {"bf16", DType::kBFloat16}};
+    {"float32", DType::kFloat32},        {"float16", DType::kFloat16},
+    {"bfloat16", DType::kBFloat16},      {"fp8_e4m3", DType::kFp8E4M3},
+    {"fp8_e5m2", DType::kFp8E5M2},       {"fp32", DType::kFloat32},
+    {"fp16", DType::kFloat16},           {"bf16", DType::kBFloat16},
+    {"float8_e4m3fn", DType::kFp8E4M3},  {"float8_e5m2", DType::kFp8E5M2},
+    {"fp8", DType::kFp8E4M3}};
 inline constexpr KindName<TensorLayout> kTensorLayoutNames[] = {
     {"head_major", TensorLayout::kHeadMajor}, {"token_major", TensorLayout::kTokenMajor}};
 inline constexpr KindName<BackendKind> kBackendKindNames[] = {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "centroidkv/types/kinds.h"
 
@@ -25,6 +26,11 @@ struct LayerView {
   const uint32_t* counts = nullptr;  // H * n entries, or null for "all 1"
   // [H + 1] when ragged: head h owns rows head_offsets[h] .. head_offsets[h + 1]; else null.
   const int64_t* head_offsets = nullptr;
+  // fp8 input only (dtype kFp8E4M3 / kFp8E5M2): element e of a key row of head h stands for
+  // e x key_scales[h] (vLLM's k_scale / v_scale). One entry (per layer: every head) or one
+  // per head; each finite and > 0. Empty for other dtypes.
+  std::span<const float> key_scales{};
+  std::span<const float> value_scales{};
 
   // Entries of head `head` (num_tokens unless ragged), and rows of the whole layer.
   int32_t HeadTokens(int32_t head) const {
@@ -46,6 +52,11 @@ struct LayerView {
     return layout == TensorLayout::kHeadMajor
                ? static_cast<int64_t>(head) * num_tokens + token
                : static_cast<int64_t>(token) * num_heads + head;
+  }
+  // The scale of head `head`'s key / value elements (fp8 input).
+  float KeyScale(int32_t head) const { return key_scales[key_scales.size() == 1 ? 0 : head]; }
+  float ValueScale(int32_t head) const {
+    return value_scales[value_scales.size() == 1 ? 0 : head];
   }
   uint32_t CountAt(int32_t head, int32_t token) const {
     return counts == nullptr ? 1u : counts[RowIndex(head, token)];

@@ -31,9 +31,13 @@
 //                    and the fp32 peak measured with that level's vectors: every level shipped
 //                    can be measured on one machine; default: the level chosen at run time)
 //   --fresh=0|1 (also time each job into a fresh result: Compress instead of CompressInto)
-//   --result_dtype=float32[,float16,bfloat16]  (CompressOptions::result_dtype of the timed
-//                    jobs; several side by side, each with its own memory floor, which then
-//                    writes the result rows in that dtype; the first is the headline)
+//   --result_dtype=float32[,float16,bfloat16,fp8_e4m3,fp8_e5m2]  (CompressOptions::result_dtype
+//                    of the timed jobs; several side by side, each with its own memory floor,
+//                    which then writes the result rows in that dtype; the first is the
+//                    headline; fp8 with per-head dynamic scales)
+//   --input_dtype=float16|fp8_e4m3|fp8_e5m2  (the workload's rows as the engine gets them:
+//                    fp16, or quantised to fp8 with per-head scales; the memory floor reads
+//                    those bytes; the FAISS peer always works on the fp16 rows)
 //   --dump_dir=DIR  (keys.npy, values.npy, meta.json, assignment_C<chunk>.npy for the
 //                    PyTorch peer)  --summary_out=FILE (the JSON summary)
 //
@@ -95,6 +99,7 @@ struct Flags {
   bool check = true;
   bool fresh = true;
   std::vector<DType> result_dtypes = {DType::kFloat32};
+  DType input_dtype = DType::kFloat16;  // or fp8 (the fp16 rows quantised per head)
   std::string dump_dir;
   std::string summary_out;
 };
@@ -163,13 +168,19 @@ Flags ParseFlags(int argc, char** argv) {
     } else if (name == "result_dtype") {
       flags.result_dtypes.clear();
       for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        std::optional<DType> dtype;
-        for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-          if (DTypeName(d) == std::string_view(part.data(), part.size())) dtype = d;
+        const std::optional<DType> dtype =
+            ParseKind<DType>(kDTypeNames, std::string_view(part.data(), part.size()));
+        if (!dtype.has_value()) {
+          Die("--result_dtype: float32, float16, bfloat16, fp8_e4m3 or fp8_e5m2: " + value);
         }
-        if (!dtype.has_value()) Die("--result_dtype: float32, float16 or bfloat16: " + value);
         flags.result_dtypes.push_back(*dtype);
       }
+    } else if (name == "input_dtype") {
+      const std::optional<DType> dtype = ParseKind<DType>(kDTypeNames, value);
+      if (!dtype.has_value() || !(*dtype == DType::kFloat16 || IsFp8(*dtype))) {
+        Die("--input_dtype: float16, fp8_e4m3 or fp8_e5m2: " + value);
+      }
+      flags.input_dtype = *dtype;
     } else if (name == "check") {
       flags.check = ParseNumber<int32_t>(name, value) != 0;
     } else if (name == "dump_dir") {
@@ -473,6 +484,10 @@ void SetUp(const Flags& flags, BenchRun* run) {
             << spec.dim << " (fp16, seed " << spec.seed << ")\n"
             << std::flush;
   run->workload = MakeWorkload(spec);
+  if (IsFp8(flags.input_dtype)) {
+    AddFp8Rows(flags.input_dtype, &run->workload);
+    std::cout << "input as " << DTypeName(flags.input_dtype) << " codes, per-head scales\n";
+  }
   run->view = run->workload.View();
   run->tokens = static_cast<double>(spec.heads) * spec.tokens;
   run->kv_bytes = static_cast<double>(run->workload.KvBytes());

@@ -1,6 +1,7 @@
 #include "bench/workload.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +32,37 @@ LayerView Workload::View() const {
       .num_heads = spec.heads, .num_tokens = spec.tokens, .key_dim = spec.dim,
       .value_dim = spec.dim, .keys = keys.data(), .values = values.data()};
   view.counts = nullptr;  // fresh tokens: every count is 1
+  if (IsFp8(fp8)) {
+    view.dtype = fp8;
+    view.keys = fp8_keys.data();
+    view.values = fp8_values.data();
+    view.key_scales = key_scales;
+    view.value_scales = value_scales;
+  }
   return view;
+}
+
+void AddFp8Rows(DType dtype, Workload* workload) {
+  const size_t per_head = static_cast<size_t>(workload->spec.tokens) * workload->spec.dim;
+  auto quantise = [&](const std::vector<uint16_t>& rows, std::vector<uint8_t>* codes,
+                      std::vector<float>* scales) {
+    codes->resize(rows.size());
+    scales->assign(static_cast<size_t>(workload->spec.heads), 0.0f);
+    for (int32_t h = 0; h < workload->spec.heads; ++h) {
+      float amax = 0.0f;
+      for (size_t i = per_head * h; i < per_head * (h + 1); ++i) {
+        amax = std::max(amax, std::fabs(HalfToFloat(rows[i])));
+      }
+      const float scale = amax > 0.0f ? amax / Fp8MaxFinite(dtype) : 1.0f;
+      (*scales)[h] = scale;
+      for (size_t i = per_head * h; i < per_head * (h + 1); ++i) {
+        (*codes)[i] = FloatToFp8(HalfToFloat(rows[i]) / scale, dtype);
+      }
+    }
+  };
+  quantise(workload->keys, &workload->fp8_keys, &workload->key_scales);
+  quantise(workload->values, &workload->fp8_values, &workload->value_scales);
+  workload->fp8 = dtype;
 }
 
 Workload MakeWorkload(const WorkloadSpec& spec) {

@@ -1,5 +1,5 @@
 // The SPEC section 5 kernel workload: one layer job of H heads x n tokens, head dim d, fp16
-// keys and values, head-major, built from a seed. Shared by the engine benchmark and the
+// keys and values (or those as fp8 codes with per-head scales), head-major, built from a seed. Shared by the engine benchmark and the
 // FAISS peer; the PyTorch peer reads the same bytes from the .npy files WriteWorkloadNpy
 // leaves behind, so every contender works on identical data.
 #pragma once
@@ -27,16 +27,26 @@ struct Workload {
   WorkloadSpec spec;
   std::vector<uint16_t> keys;    // fp16 bits, [H, n, d]
   std::vector<uint16_t> values;  // fp16 bits, [H, n, d]
+  // With fp8 (AsFp8): the same rows as fp8 codes, each head scaled by its largest magnitude
+  // / the format's maximum; View() then gives these.
+  DType fp8 = DType::kFloat16;  // kFloat16: none
+  std::vector<uint8_t> fp8_keys, fp8_values;
+  std::vector<float> key_scales, value_scales;
 
   LayerView View() const;
-  // Input bytes of keys plus values.
-  int64_t KvBytes() const { return static_cast<int64_t>(keys.size() + values.size()) * 2; }
+  // Input bytes of keys plus values, as View() gives them.
+  int64_t KvBytes() const {
+    return static_cast<int64_t>(keys.size() + values.size()) * (IsFp8(fp8) ? 1 : 2);
+  }
 };
 
 // Synthetic clustered data from SynthesizeHead (centroidkv/common/synthetic_kv.h, the same
 // generator as `centroidkv generate`), rounded to fp16: stream 2h for head h's keys, 2h + 1
 // for its values.
 Workload MakeWorkload(const WorkloadSpec& spec);
+
+// Adds the fp8 form of the workload's rows in `dtype` (per-head dynamic scales).
+void AddFp8Rows(DType dtype, Workload* workload);
 
 // One chunk of the compressible range: entries [begin, begin + length) of a head.
 struct ChunkSpan {

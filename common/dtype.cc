@@ -4,7 +4,9 @@
 // fp8 (OCP E4M3 / E5M2) <-> fp32: widening by a table, narrowing bit by bit.
 #include "centroidkv/common/dtype.h"
 
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 
 #if defined(__x86_64__)
@@ -195,7 +197,155 @@ __attribute__((target("avx,f16c"))) int64_t FloatsToHalvesF16c(const float* in, 
 }
 #endif
 
+// The AVX2 forms of WidenFp8 / NarrowToFp8 for one format: 8 elements at a time, the same
+// arithmetic as the scalar code (exact bit manipulation, then one IEEE multiply or
+// division), so the same bits; the caller does the tail.
+#if defined(__x86_64__)
+bool HasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+struct Fp8Lanes {
+  int mantissa_bits;
+  int bias;
+  int max_code;
+  bool e4m3;
+};
+
+Fp8Lanes LanesOf(DType dtype) {
+  return dtype == DType::kFp8E4M3 ? Fp8Lanes{3, 7, 0x7e, true} : Fp8Lanes{2, 15, 0x7b, false};
+}
+
+__attribute__((target("avx2"))) int64_t WidenFp8Avx2(const uint8_t* codes, int64_t count,
+                                                     DType dtype, float scale, float* out) {
+  const Fp8Lanes f = LanesOf(dtype);
+  const __m256i magnitude_mask = _mm256_set1_epi32(0x7f);
+  const __m256i sign_mask = _mm256_set1_epi32(0x80);
+  const __m256i rebias = _mm256_set1_epi32((127 - f.bias) << 23);
+  const __m256i smallest_normal = _mm256_set1_epi32(1 << f.mantissa_bits);
+  const __m256 subnormal_unit = _mm256_set1_ps(std::ldexp(1.0f, 1 - f.bias - f.mantissa_bits));
+  const __m256i top = _mm256_set1_epi32(f.max_code);  // codes above it are Inf / NaN
+  const __m256i infinity_code = _mm256_set1_epi32(0x7c);
+  const __m256 nan = _mm256_set1_ps(std::nanf(""));
+  const __m256 infinity = _mm256_set1_ps(HUGE_VALF);
+  const __m256 s = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i x =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    const __m256i magnitude = _mm256_and_si256(x, magnitude_mask);
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, sign_mask), 24);
+    const __m256 normal = _mm256_castsi256_ps(
+        _mm256_add_epi32(_mm256_slli_epi32(magnitude, 23 - f.mantissa_bits), rebias));
+    const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(magnitude), subnormal_unit);
+    __m256 v = _mm256_blendv_ps(
+        normal, subnormal, _mm256_castsi256_ps(_mm256_cmpgt_epi32(smallest_normal, magnitude)));
+    const __m256i special = _mm256_cmpgt_epi32(magnitude, top);
+    __m256 special_value = nan;
+    if (!f.e4m3) {
+      special_value = _mm256_blendv_ps(
+          nan, infinity, _mm256_castsi256_ps(_mm256_cmpeq_epi32(magnitude, infinity_code)));
+    }
+    v = _mm256_blendv_ps(v, special_value, _mm256_castsi256_ps(special));
+    v = _mm256_or_ps(v, _mm256_castsi256_ps(sign));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(v, s));
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) int64_t NarrowToFp8Avx2(const float* in, int64_t count,
+                                                        DType dtype, float scale,
+                                                        uint8_t* codes) {
+  const Fp8Lanes f = LanesOf(dtype);
+  const int shift = 23 - f.mantissa_bits;
+  const int min_normal_exponent = 1 - f.bias;
+  const __m256 s = _mm256_set1_ps(scale);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i nan_above = _mm256_set1_epi32(0x7f800000);
+  const __m256i max_bits = _mm256_set1_epi32(std::bit_cast<int32_t>(Fp8MaxFinite(dtype)));
+  const __m256i normal_bits =
+      _mm256_set1_epi32(std::bit_cast<int32_t>(std::ldexp(1.0f, min_normal_exponent)));
+  const __m256 to_subnormal = _mm256_set1_ps(std::ldexp(1.0f, f.mantissa_bits - min_normal_exponent));
+  const __m256i half_minus_one = _mm256_set1_epi32((1 << (shift - 1)) - 1);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i rebias = _mm256_set1_epi32((127 - f.bias) << f.mantissa_bits);
+  const __m256i max_code = _mm256_set1_epi32(f.max_code);
+  const __m256i nan_code = _mm256_set1_epi32(0x7f);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i bits = _mm256_castps_si256(_mm256_div_ps(_mm256_loadu_ps(in + i), s));
+    const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(bits, 31), 7);
+    const __m256i magnitude = _mm256_and_si256(bits, abs_mask);
+    // Normal: keep mantissa_bits, nearest even (a carry into the exponent is correct).
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(magnitude, shift), one);
+    const __m256i kept = _mm256_srli_epi32(
+        _mm256_add_epi32(magnitude, _mm256_add_epi32(half_minus_one, odd)), shift);
+    __m256i code = _mm256_sub_epi32(kept, rebias);
+    // Subnormal: the magnitude scaled exactly to units of the smallest subnormal, rounded
+    // to nearest even whatever the rounding mode.
+    const __m256 scaled = _mm256_mul_ps(_mm256_castsi256_ps(magnitude), to_subnormal);
+    const __m256i subnormal = _mm256_cvttps_epi32(
+        _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    code = _mm256_blendv_epi8(code, subnormal, _mm256_cmpgt_epi32(normal_bits, magnitude));
+    const __m256i saturated = _mm256_or_si256(_mm256_cmpgt_epi32(magnitude, max_bits),
+                                              _mm256_cmpeq_epi32(magnitude, max_bits));
+    code = _mm256_blendv_epi8(code, max_code, saturated);
+    code = _mm256_blendv_epi8(code, nan_code, _mm256_cmpgt_epi32(magnitude, nan_above));
+    code = _mm256_or_si256(code, sign);
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code),
+                                           _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packus_epi16(words, words));
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) int64_t MaxMagnitudeAvx2(const float* in, int64_t count,
+                                                         float* found) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {  // max_ps keeps the running max when a lane is NaN
+    m0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(in + i), abs_mask), m0);
+    m1 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(in + i + 8), abs_mask), m1);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
+  for (float lane : lanes) *found = std::max(*found, lane);
+  return i;
+}
+#endif
+
 }  // namespace
+
+float MaxMagnitude(const float* in, int64_t count) {
+  float found = 0.0f;
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (HasAvx2()) i = MaxMagnitudeAvx2(in, count, &found);
+#endif
+  for (; i < count; ++i) {
+    const float x = std::fabs(in[i]);
+    if (x > found) found = x;
+  }
+  return found;
+}
+
+void WidenFp8(const uint8_t* codes, int64_t count, DType dtype, float scale, float* out) {
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (HasAvx2()) i = WidenFp8Avx2(codes, count, dtype, scale, out);
+#endif
+  for (; i < count; ++i) out[i] = Fp8ToFloat(codes[i], dtype) * scale;
+}
+
+void NarrowToFp8(const float* in, int64_t count, DType dtype, float scale, uint8_t* codes) {
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (HasAvx2()) i = NarrowToFp8Avx2(in, count, dtype, scale, codes);
+#endif
+  for (; i < count; ++i) codes[i] = FloatToFp8(in[i] / scale, dtype);
+}
 
 void LoadAsFloats(const void* data, DType dtype, int64_t first, int64_t count, float* out) {
   switch (dtype) {
@@ -218,11 +368,9 @@ void LoadAsFloats(const void* data, DType dtype, int64_t first, int64_t count, f
       return;
     }
     case DType::kFp8E4M3:
-    case DType::kFp8E5M2: {
-      const uint8_t* in = static_cast<const uint8_t*>(data) + first;
-      for (int64_t i = 0; i < count; ++i) out[i] = Fp8ToFloat(in[i], dtype);
+    case DType::kFp8E5M2:
+      WidenFp8(static_cast<const uint8_t*>(data) + first, count, dtype, 1.0f, out);
       return;
-    }
   }
 }
 
@@ -247,11 +395,9 @@ void StoreFromFloats(void* data, DType dtype, int64_t first, int64_t count, cons
       return;
     }
     case DType::kFp8E4M3:
-    case DType::kFp8E5M2: {
-      uint8_t* out = static_cast<uint8_t*>(data) + first;
-      for (int64_t i = 0; i < count; ++i) out[i] = FloatToFp8(in[i], dtype);
+    case DType::kFp8E5M2:
+      NarrowToFp8(in, count, dtype, 1.0f, static_cast<uint8_t*>(data) + first);
       return;
-    }
   }
 }
 

@@ -437,9 +437,18 @@ absl::Status ClusterEngine::RunFp8(const LayerView& layer, const CompressOptions
     return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
                                                             : "values are missing");
   }
-  std::vector<float> wide_keys, wide_values;
-  const LayerView input =
-      IsFp8(layer.dtype) ? WidenFp8Layer(layer, &wide_keys, &wide_values) : layer;
+  // The scratch leaves the result while the job runs (the stages below may clear it), and
+  // goes back only to a result that is reused (CompressInto).
+  std::vector<float> scratch = std::move(result->fp8_input_scratch);
+  const LayerView input = IsFp8(layer.dtype) ? WidenFp8Layer(layer, &scratch) : layer;
+  absl::Status status = RunFp8Stages(input, options, control, reuse, result);
+  if (reuse) result->fp8_input_scratch = std::move(scratch);
+  return status;
+}
+
+absl::Status ClusterEngine::RunFp8Stages(const LayerView& input, const CompressOptions& options,
+                                         const CompressControl& control, bool reuse,
+                                         CompressResult* result) const {
   if (!IsFp8(options.result_dtype)) return Run(input, options, control, reuse, result);
   CompressOptions float_options = options;
   float_options.result_dtype = DType::kFloat32;

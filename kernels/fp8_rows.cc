@@ -11,95 +11,103 @@
 namespace centroidkv {
 namespace {
 
-// `elements` codes from `in`, widened and multiplied by `scale`, into `out`.
-void WidenRow(const uint8_t* in, int64_t elements, DType dtype, float scale, float* out) {
-  for (int64_t j = 0; j < elements; ++j) out[j] = Fp8ToFloat(in[j], dtype) * scale;
+// Calls fn(head, first element, elements) over `rows` ([total, dim] in `result`'s layout):
+// one call per head when heads are contiguous (head-major), else one per row (token-major).
+template <typename Fn>
+void ForEachHeadSpan(const CompressResult& result, const std::vector<float>& rows, int32_t dim,
+                     Fn fn) {
+  if (dim == 0 || result.num_heads == 0) return;
+  if (result.layout == TensorLayout::kTokenMajor) {
+    const int64_t total = static_cast<int64_t>(rows.size()) / dim;
+    for (int64_t r = 0; r < total; ++r) {
+      fn(static_cast<int32_t>(r % result.num_heads), r * dim, int64_t{dim});
+    }
+    return;
+  }
+  for (int32_t h = 0; h < result.num_heads; ++h) {
+    const int64_t first = result.offsets[h] * dim;
+    fn(h, first, result.offsets[h + 1] * dim - first);
+  }
 }
 
-// The head that row `row` of `result` belongs to.
-class RowHeads {
- public:
-  explicit RowHeads(const CompressResult& result) : result_(result) {}
-  int32_t HeadOf(int64_t row) {
-    if (result_.layout == TensorLayout::kTokenMajor) {
-      return static_cast<int32_t>(row % result_.num_heads);
+// The scale of a head whose largest magnitude is `amax`: it maps amax to the format's
+// maximum (1 for an all-zero head; never below FLT_MIN, so that the division stays finite).
+float DynamicScale(float amax, DType dtype) {
+  return amax > 0.0f ? std::max(amax / Fp8MaxFinite(dtype), std::numeric_limits<float>::min())
+                     : 1.0f;
+}
+
+// `rows` quantised into `out` with `given` scales (one, or one per head) or per-head dynamic
+// ones; returns each head's scale. Head-major heads are done one at a time, the amax and
+// the narrowing over the same rows while they are still in cache.
+std::vector<float> QuantiseTensor(const CompressResult& result, const std::vector<float>& rows,
+                                  int32_t dim, const std::vector<float>& given, DType dtype,
+                                  uint8_t* out) {
+  const auto heads = static_cast<size_t>(result.num_heads);
+  std::vector<float> scales = given.size() == 1 ? std::vector<float>(heads, given[0]) : given;
+  const bool dynamic = scales.empty();
+  if (dynamic && result.layout == TensorLayout::kTokenMajor) {  // heads interleaved: amax first
+    std::vector<float> amax(heads, 0.0f);
+    ForEachHeadSpan(result, rows, dim, [&](int32_t h, int64_t first, int64_t elements) {
+      amax[h] = std::max(amax[h], MaxMagnitude(rows.data() + first, elements));
+    });
+    for (float a : amax) scales.push_back(DynamicScale(a, dtype));
+  } else if (dynamic) {
+    scales.assign(heads, 1.0f);
+  }
+  ForEachHeadSpan(result, rows, dim, [&](int32_t h, int64_t first, int64_t elements) {
+    if (dynamic && result.layout != TensorLayout::kTokenMajor) {
+      scales[h] = DynamicScale(MaxMagnitude(rows.data() + first, elements), dtype);
     }
-    while (row >= result_.offsets[head_ + 1]) ++head_;  // rows are visited in order
-    return head_;
-  }
-
- private:
-  const CompressResult& result_;
-  int32_t head_ = 0;
-};
-
-void QuantiseRows(const CompressResult& result, const std::vector<float>& rows, int32_t dim,
-                  const std::vector<float>& scales, DType dtype, uint8_t* out) {
-  RowHeads heads(result);
-  const int64_t total = dim == 0 ? 0 : static_cast<int64_t>(rows.size()) / dim;
-  for (int64_t r = 0; r < total; ++r) {
-    const float scale = scales[heads.HeadOf(r)];
-    const float* in = rows.data() + r * dim;
-    uint8_t* codes = out + r * dim;
-    for (int32_t j = 0; j < dim; ++j) codes[j] = FloatToFp8(in[j] / scale, dtype);
-  }
+    NarrowToFp8(rows.data() + first, elements, dtype, scales[h], out + first);
+  });
+  return scales;
 }
 
 }  // namespace
 
-LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* keys,
-                        std::vector<float>* values) {
+LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* scratch) {
   const int64_t rows = layer.TotalRows();
-  keys->resize(static_cast<size_t>(rows * layer.key_dim));
-  values->resize(static_cast<size_t>(rows * layer.value_dim));
+  const auto key_elements = static_cast<size_t>(rows * layer.key_dim);
+  const size_t needed = key_elements + static_cast<size_t>(rows * layer.value_dim);
+  if (scratch->size() < needed) scratch->resize(needed);
+  float* keys = scratch->data();
+  float* values = scratch->data() + key_elements;
   const auto* key_codes = static_cast<const uint8_t*>(layer.keys);
   const auto* value_codes = static_cast<const uint8_t*>(layer.values);
+  // Head-major (and ragged) heads are contiguous: one sweep per head and tensor.
+  const bool contiguous = layer.layout == TensorLayout::kHeadMajor;
   for (int32_t h = 0; h < layer.num_heads; ++h) {
     const float key_scale = layer.KeyScale(h);
     const float value_scale = layer.ValueScale(h);
+    if (contiguous) {
+      const int64_t k = layer.KeyOffset(h, 0);
+      const int64_t v = layer.ValueOffset(h, 0);
+      const int64_t tokens = layer.HeadTokens(h);
+      WidenFp8(key_codes + k, tokens * layer.key_dim, layer.dtype, key_scale, keys + k);
+      WidenFp8(value_codes + v, tokens * layer.value_dim, layer.dtype, value_scale,
+               values + v);
+      continue;
+    }
     for (int32_t t = 0; t < layer.HeadTokens(h); ++t) {
       const int64_t k = layer.KeyOffset(h, t);
       const int64_t v = layer.ValueOffset(h, t);
-      WidenRow(key_codes + k, layer.key_dim, layer.dtype, key_scale, keys->data() + k);
-      WidenRow(value_codes + v, layer.value_dim, layer.dtype, value_scale, values->data() + v);
+      WidenFp8(key_codes + k, layer.key_dim, layer.dtype, key_scale, keys + k);
+      WidenFp8(value_codes + v, layer.value_dim, layer.dtype, value_scale, values + v);
     }
   }
   LayerView wide = layer;
   wide.dtype = DType::kFloat32;
-  wide.keys = keys->data();
-  wide.values = values->data();
+  wide.keys = keys;
+  wide.values = values;
   wide.key_scales = {};
   wide.value_scales = {};
   return wide;
 }
 
-std::vector<float> Fp8HeadScales(const CompressResult& result, const std::vector<float>& rows,
-                                 int32_t dim, const std::vector<float>& given, DType dtype) {
-  const auto heads = static_cast<size_t>(result.num_heads);
-  if (given.size() == 1) return std::vector<float>(heads, given[0]);
-  if (!given.empty()) return given;
-  std::vector<float> amax(heads, 0.0f);
-  RowHeads row_heads(result);
-  const int64_t total = dim == 0 ? 0 : static_cast<int64_t>(rows.size()) / dim;
-  for (int64_t r = 0; r < total; ++r) {
-    float& head_max = amax[row_heads.HeadOf(r)];
-    for (int32_t j = 0; j < dim; ++j) head_max = std::max(head_max, std::fabs(rows[r * dim + j]));
-  }
-  for (float& scale : amax) {
-    scale = scale > 0.0f
-                ? std::max(scale / Fp8MaxFinite(dtype), std::numeric_limits<float>::min())
-                : 1.0f;
-  }
-  return amax;
-}
-
 void QuantiseResultToFp8(const CompressOptions& options, const ResultRowTarget* target,
                          CompressResult* result) {
   const DType dtype = options.result_dtype;
-  result->key_scales =
-      Fp8HeadScales(*result, result->keys, result->key_dim, options.result_key_scales, dtype);
-  result->value_scales = Fp8HeadScales(*result, result->values, result->value_dim,
-                                       options.result_value_scales, dtype);
   const size_t key_bytes = result->keys.size();  // one byte per fp8 element
   const size_t value_bytes = result->values.size();
   uint8_t* keys = nullptr;
@@ -116,8 +124,10 @@ void QuantiseResultToFp8(const CompressOptions& options, const ResultRowTarget* 
     keys = result->fp8_keys.data();
     values = result->fp8_values.data();
   }
-  QuantiseRows(*result, result->keys, result->key_dim, result->key_scales, dtype, keys);
-  QuantiseRows(*result, result->values, result->value_dim, result->value_scales, dtype, values);
+  result->key_scales = QuantiseTensor(*result, result->keys, result->key_dim,
+                                      options.result_key_scales, dtype, keys);
+  result->value_scales = QuantiseTensor(*result, result->values, result->value_dim,
+                                        options.result_value_scales, dtype, values);
   result->keys.clear();
   result->values.clear();
   result->dtype = dtype;

@@ -12,20 +12,16 @@
 namespace centroidkv {
 
 // `layer` (fp8, its scales checked) as float32: element e of head h becomes
-// float(e) x scale(h), one correctly rounded float multiply, into `keys` / `values`. The
-// view borrows those two and `layer`'s counts and head offsets; it has no scales.
-LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* keys,
-                        std::vector<float>* values);
-
-// The scale of each of `heads` heads for rows `rows` ([total, dim] of `result`'s layout):
-// `given` broadcast (one entry) or as is (one per head), or, when empty, each head's largest
-// magnitude / the format's maximum (1 for an all-zero head; never below FLT_MIN).
-std::vector<float> Fp8HeadScales(const CompressResult& result, const std::vector<float>& rows,
-                                 int32_t dim, const std::vector<float>& given, DType dtype);
+// float(e) x scale(h), one correctly rounded float multiply, into `scratch` (keys, then
+// values; grown when too small, never shrunk). The view borrows `scratch` and `layer`'s
+// counts and head offsets; it has no scales.
+LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* scratch);
 
 // A float32 `result` (any layout, padded or not) in options.result_dtype (fp8): each element
-// divided by its head's scale (Fp8HeadScales of options.result_key_scales /
-// result_value_scales) and rounded once, to nearest even, saturating. The codes go to
+// divided by its head's scale and rounded once, to nearest even, saturating. The scales are
+// options.result_key_scales / result_value_scales (one entry, or one per head), or when
+// empty each head's largest magnitude / the format's maximum (1 for an all-zero head; never
+// below FLT_MIN). The codes go to
 // `target` when it is given and holds them (then rows_in_target), else to fp8_keys /
 // fp8_values; the float rows are emptied and the scales set.
 void QuantiseResultToFp8(const CompressOptions& options, const ResultRowTarget* target,

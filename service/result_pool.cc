@@ -24,6 +24,7 @@ uint64_t ResultPool::CapacityBytes(const CompressResult& result) {
          result.values.capacity() * sizeof(float) +
          (result.half_keys.capacity() + result.half_values.capacity()) * sizeof(uint16_t) +
          result.fp8_keys.capacity() + result.fp8_values.capacity() +
+         result.fp8_input_scratch.capacity() * sizeof(float) +
          (result.key_scales.capacity() + result.value_scales.capacity()) * sizeof(float) +
          result.counts.capacity() * sizeof(uint32_t) +
          result.assignment.capacity() * sizeof(int32_t);

@@ -38,7 +38,7 @@ absl::StatusOr<std::vector<client::LayerResult>> RunJobs(client::Client& client,
     job.options.passthrough_heads = PassthroughHeadsOf(options, layer);
     job.options.compute_assignment = false;
     job.options.output_layout = TensorLayout::kHeadMajor;
-    job.output_dtype = DType::kFloat32;
+    job.output_dtype = options.output_dtype;
     job.backend = options.backend;
     if (absl::StatusOr<uint64_t> id = stream->Submit(job); !id.ok()) {
       // The server may have ended the stream over an earlier job: report its reason.
@@ -65,16 +65,16 @@ absl::StatusOr<std::vector<client::LayerResult>> RunJobs(client::Client& client,
   return results;
 }
 
-// Checks that a result has the shape of what was sent.
-absl::Status CheckResult(const client::LayerResult& result, const LayerTensors& sent) {
+// Checks that a result has the shape of what was sent, in `dtype`.
+absl::Status CheckResult(const client::LayerResult& result, const LayerTensors& sent,
+                         DType dtype) {
+  const size_t row_bytes = static_cast<size_t>(sent.head_size) * DTypeSize(dtype);
   if (result.num_heads != sent.num_heads || result.key_dim != sent.head_size ||
-      result.value_dim != sent.head_size || result.dtype != DType::kFloat32 ||
+      result.value_dim != sent.head_size || result.dtype != dtype ||
       result.offsets.size() != static_cast<size_t>(sent.num_heads) + 1 ||
       static_cast<int64_t>(result.counts.size()) != result.total_entries() ||
-      result.keys.size() !=
-          result.counts.size() * static_cast<size_t>(sent.head_size) * sizeof(float) ||
-      result.values.size() !=
-          result.counts.size() * static_cast<size_t>(sent.head_size) * sizeof(float)) {
+      result.keys.size() != result.counts.size() * row_bytes ||
+      result.values.size() != result.counts.size() * row_bytes) {
     return absl::InternalError(
         absl::StrCat("layer ", result.layer_index, ": the result's shape does not match the job"));
   }
@@ -109,7 +109,7 @@ absl::StatusOr<CompressCacheStats> CompressCache(client::Client& client,
   CKV_ASSIGN_OR_RETURN(std::vector<client::LayerResult> results, RunJobs(client, options, tensors));
   const int32_t hs = cache->head_size();
   for (size_t layer = 0; layer < results.size(); ++layer) {
-    CKV_RETURN_IF_ERROR(CheckResult(results[layer], tensors[layer]));
+    CKV_RETURN_IF_ERROR(CheckResult(results[layer], tensors[layer], options.output_dtype));
   }
   for (size_t layer = 0; layer < results.size(); ++layer) {
     const client::LayerResult& result = results[layer];

@@ -37,6 +37,10 @@ struct CompressCacheOptions {
   // outlier heads). Layers past the end use compression.passthrough_heads.
   std::vector<std::vector<int32_t>> passthrough_per_layer;
   BackendKind backend = BackendKind::kAuto;
+  // The dtype the centroids come back in, widened into the float cache as the attention of
+  // a serving engine would read them: float32 (exact), fp16 / bf16, or fp8 with the scales
+  // of compression.result_key_scales / result_value_scales (none: per head, dynamic).
+  DType output_dtype = DType::kFloat32;
 };
 
 // The service's account of one layer (JobResult's target fields).

@@ -453,6 +453,46 @@ INSTANTIATE_TEST_SUITE_P(Formats, Fp8Test,
                                                                                   : "E5M2");
                          });
 
+// The bulk scaled forms (AVX2 where the CPU has it) against the scalar ones, bit for bit:
+// every code at several scales, and probes (midpoints, a sweep, specials) narrowed with them,
+// at lengths that leave a scalar tail.
+TEST_P(Fp8Test, BulkScaledFormsMatchTheScalarOnes) {
+  const Fp8Layout f = GetParam();
+  const float scales[] = {1.0f, 0.0173f, 3.5e-5f, 211.0f, 1e-30f};
+  std::vector<uint8_t> codes;
+  for (int rep = 0; rep < 3; ++rep) {
+    for (int c = 0; c < 256; ++c) codes.push_back(static_cast<uint8_t>(c * 37 + rep));
+  }
+  codes.push_back(0x11);  // a tail of 1 after 768
+  std::vector<float> probes;
+  for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 65521) {
+    probes.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
+  }
+  for (float x : {0.0f, -0.0f, kInf, -kInf, std::nanf(""), 1e-40f, -1e-44f}) probes.push_back(x);
+  for (float scale : scales) {
+    SCOPED_TRACE(scale);
+    std::vector<float> wide(codes.size());
+    WidenFp8(codes.data(), static_cast<int64_t>(codes.size()), f.dtype, scale, wide.data());
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const float want = Fp8ToFloat(codes[i], f.dtype) * scale;
+      ASSERT_EQ(std::bit_cast<uint32_t>(wide[i]), std::bit_cast<uint32_t>(want))
+          << "code 0x" << std::hex << int(codes[i]);
+    }
+    for (uint8_t code : FiniteCodes(f)) {  // and every midpoint, scaled
+      const float x = Fp8ToFloat(code, f.dtype) * scale;
+      probes.push_back(x);
+      probes.push_back(std::nextafter(x, kInf));
+    }
+    std::vector<uint8_t> narrow(probes.size());
+    NarrowToFp8(probes.data(), static_cast<int64_t>(probes.size()), f.dtype, scale,
+                narrow.data());
+    for (size_t i = 0; i < probes.size(); ++i) {
+      ASSERT_EQ(narrow[i], FloatToFp8(probes[i] / scale, f.dtype))
+          << std::hexfloat << probes[i] << " / " << scale;
+    }
+  }
+}
+
 TEST(Fp8Test, KnownValues) {
   EXPECT_EQ(FloatToFp8(1.0f, DType::kFp8E4M3), 0x38);
   EXPECT_EQ(FloatToFp8(1.0f, DType::kFp8E5M2), 0x3c);

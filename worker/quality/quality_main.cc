@@ -60,6 +60,10 @@ struct Flags {
   bool calibrate_only = false;
   int32_t kmeans_iterations = 25;
   BackendKind backend = BackendKind::kAuto;
+  // The dtype CentroidKV's centroids come back in (fp8: with static --output-scales, or
+  // per-head dynamic scales).
+  DType output_dtype = DType::kFloat32;
+  std::vector<float> output_scales;
   std::string report_md = "docs/quality.md";
   std::string report_json = "docs/quality.json";
   bool quiet = false;
@@ -119,6 +123,13 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--kmeans-iterations", f.kmeans_iterations, "Lloyd iterations of k-means")
       ->capture_default_str();
   cli::AddBackendOption(&app, "--backend", &f.backend, "server backend");
+  cli::AddDTypeOption(&app, "--output-dtype", &f.output_dtype,
+                      "dtype of CentroidKV's centroids (float32, float16, bfloat16, fp8_e4m3, "
+                      "fp8_e5m2); the cache holds them widened");
+  app.add_option("--output-scales", f.output_scales,
+                 "fp8 results: a static scale for keys and values, one or one per KV head "
+                 "(default: per-head dynamic scales)")
+      ->delimiter(',');
   app.add_option("--report-md", f.report_md, "markdown report (\"\" for none)")
       ->capture_default_str();
   app.add_option("--report-json", f.report_json,
@@ -166,6 +177,9 @@ MethodSettings ToMethodSettings(const Flags& f) {
   MethodSettings s;
   s.centroidkv.compression = f.compression;
   s.centroidkv.backend = f.backend;
+  s.centroidkv.output_dtype = f.output_dtype;
+  s.centroidkv.compression.result_key_scales = f.output_scales;
+  s.centroidkv.compression.result_value_scales = f.output_scales;
   s.outliers_share_budget = f.outliers_share_budget;
   s.kmeans_iterations = f.kmeans_iterations;
   return s;
@@ -390,6 +404,14 @@ absl::Status Run(const Flags& f, const std::string& command) {
   CKV_ASSIGN_OR_RETURN(const client::ServerInfo info, client->GetInfo());
   context.backend = f.backend == BackendKind::kAuto ? info.default_backend
                                                     : std::string(BackendKindName(f.backend));
+  if (f.output_dtype != DType::kFloat32) {
+    context.backend += absl::StrCat(
+        ", centroids returned as ", std::string(DTypeName(f.output_dtype)),
+        !IsFp8(f.output_dtype) ? ""
+        : f.output_scales.empty()
+            ? " (per-head dynamic scales)"
+            : absl::StrCat(" (static scale ", absl::StrJoin(f.output_scales, ","), ")"));
+  }
   if (f.online) return RunOnlineMode(f, command, transformer, *client, context.backend);
   CKV_RETURN_IF_ERROR(ResolveOutliers(f, transformer, *client, &settings, &context));
   if (f.calibrate_only) {

@@ -102,4 +102,13 @@ inline void StoreFromFloat(void* data, DType dtype, int64_t index, float value) 
 void LoadAsFloats(const void* data, DType dtype, int64_t first, int64_t count, float* out);
 void StoreFromFloats(void* data, DType dtype, int64_t first, int64_t count, const float* in);
 
+// fp8 with a scale, in bulk (AVX2 when the CPU has it), bit-identical to the scalar forms:
+// out[i] = Fp8ToFloat(codes[i], dtype) * scale, and codes[i] = FloatToFp8(in[i] / scale,
+// dtype) (one float multiply / division each).
+void WidenFp8(const uint8_t* codes, int64_t count, DType dtype, float scale, float* out);
+void NarrowToFp8(const float* in, int64_t count, DType dtype, float scale, uint8_t* codes);
+
+// The largest |in[i]| of `count` floats (0 for none; NaN ignored), AVX2 where the CPU has it.
+float MaxMagnitude(const float* in, int64_t count);
+
 }  // namespace centroidkv

@@ -133,6 +133,9 @@ class ClusterEngine {
                    const CompressControl& control, bool reuse, CompressResult* result) const;
   absl::Status RunFp8(const LayerView& layer, const CompressOptions& options,
                       const CompressControl& control, bool reuse, CompressResult* result) const;
+  absl::Status RunFp8Stages(const LayerView& input, const CompressOptions& options,
+                            const CompressControl& control, bool reuse,
+                            CompressResult* result) const;
 
   EngineLimits limits_;
 };

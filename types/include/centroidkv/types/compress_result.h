@@ -58,6 +58,10 @@ struct CompressResult {
   std::vector<uint64_t> head_input_tokens;  // [H] sum of the input counts per head
   std::vector<StopReason> stop_reasons;     // [H]
   bool rows_in_target = false;       // the rows went to CompressControl::row_target
+  // Not part of the result: the widened input of an fp8 job (kernels/fp8_rows.h), kept with
+  // the result's other buffers so that a CompressInto caller that reuses its result (and
+  // counts its capacity, as the service's ResultPool does) pays for the pages once.
+  std::vector<float> fp8_input_scratch;
 
   int64_t total_entries() const { return offsets.empty() ? 0 : offsets.back(); }
   // Elements of the key / value rows, whichever array holds them.

@@ -440,7 +440,7 @@ absl::Status ClusterEngine::RunFp8(const LayerView& layer, const CompressOptions
   // The scratch leaves the result while the job runs (the stages below may clear it), and
   // goes back only to a result that is reused (CompressInto).
   std::vector<float> scratch = std::move(result->fp8_input_scratch);
-  const LayerView input = IsFp8(layer.dtype) ? WidenFp8Layer(layer, &scratch) : layer;
+  const LayerView input = IsFp8(layer.dtype) ? WidenFp8Layer(*this, layer, &scratch) : layer;
   absl::Status status = RunFp8Stages(input, options, control, reuse, result);
   if (reuse) result->fp8_input_scratch = std::move(scratch);
   return status;
@@ -457,7 +457,7 @@ absl::Status ClusterEngine::RunFp8Stages(const LayerView& input, const CompressO
   CompressControl float_control = control;
   float_control.row_target = nullptr;
   CKV_RETURN_IF_ERROR(Run(input, float_options, float_control, reuse, result));
-  QuantiseResultToFp8(options, control.row_target, result);
+  QuantiseResultToFp8(*this, options, control.row_target, result);
   return absl::OkStatus();
 }
 

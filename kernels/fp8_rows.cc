@@ -11,23 +11,20 @@
 namespace centroidkv {
 namespace {
 
-// Calls fn(head, first element, elements) over `rows` ([total, dim] in `result`'s layout):
-// one call per head when heads are contiguous (head-major), else one per row (token-major).
+// Calls fn(first element, elements) over the rows of head `head` of `rows` ([total, dim] in
+// `result`'s layout): one span when heads are contiguous (head-major), else one per row
+// (token-major: row r * H + h).
 template <typename Fn>
-void ForEachHeadSpan(const CompressResult& result, const std::vector<float>& rows, int32_t dim,
-                     Fn fn) {
-  if (dim == 0 || result.num_heads == 0) return;
+void ForEachSpanOfHead(const CompressResult& result, const std::vector<float>& rows,
+                       int32_t dim, int32_t head, Fn fn) {
+  if (dim == 0) return;
   if (result.layout == TensorLayout::kTokenMajor) {
     const int64_t total = static_cast<int64_t>(rows.size()) / dim;
-    for (int64_t r = 0; r < total; ++r) {
-      fn(static_cast<int32_t>(r % result.num_heads), r * dim, int64_t{dim});
-    }
+    for (int64_t r = head; r < total; r += result.num_heads) fn(r * dim, int64_t{dim});
     return;
   }
-  for (int32_t h = 0; h < result.num_heads; ++h) {
-    const int64_t first = result.offsets[h] * dim;
-    fn(h, first, result.offsets[h + 1] * dim - first);
-  }
+  const int64_t first = result.offsets[head] * dim;
+  fn(first, result.offsets[head + 1] * dim - first);
 }
 
 // The scale of a head whose largest magnitude is `amax`: it maps amax to the format's
@@ -38,35 +35,34 @@ float DynamicScale(float amax, DType dtype) {
 }
 
 // `rows` quantised into `out` with `given` scales (one, or one per head) or per-head dynamic
-// ones; returns each head's scale. Head-major heads are done one at a time, the amax and
-// the narrowing over the same rows while they are still in cache.
-std::vector<float> QuantiseTensor(const CompressResult& result, const std::vector<float>& rows,
-                                  int32_t dim, const std::vector<float>& given, DType dtype,
-                                  uint8_t* out) {
+// ones, a head per task of `engine`; returns each head's scale. A head's amax and its
+// narrowing read the same rows back to back, while they are still in cache.
+std::vector<float> QuantiseTensor(const ClusterEngine& engine, const CompressResult& result,
+                                  const std::vector<float>& rows, int32_t dim,
+                                  const std::vector<float>& given, DType dtype, uint8_t* out) {
   const auto heads = static_cast<size_t>(result.num_heads);
   std::vector<float> scales = given.size() == 1 ? std::vector<float>(heads, given[0]) : given;
   const bool dynamic = scales.empty();
-  if (dynamic && result.layout == TensorLayout::kTokenMajor) {  // heads interleaved: amax first
-    std::vector<float> amax(heads, 0.0f);
-    ForEachHeadSpan(result, rows, dim, [&](int32_t h, int64_t first, int64_t elements) {
-      amax[h] = std::max(amax[h], MaxMagnitude(rows.data() + first, elements));
-    });
-    for (float a : amax) scales.push_back(DynamicScale(a, dtype));
-  } else if (dynamic) {
-    scales.assign(heads, 1.0f);
-  }
-  ForEachHeadSpan(result, rows, dim, [&](int32_t h, int64_t first, int64_t elements) {
-    if (dynamic && result.layout != TensorLayout::kTokenMajor) {
-      scales[h] = DynamicScale(MaxMagnitude(rows.data() + first, elements), dtype);
+  if (dynamic) scales.assign(heads, 1.0f);
+  engine.ForEachIndependent(result.num_heads, [&](int32_t h) {
+    if (dynamic) {
+      float amax = 0.0f;
+      ForEachSpanOfHead(result, rows, dim, h, [&](int64_t first, int64_t elements) {
+        amax = std::max(amax, MaxMagnitude(rows.data() + first, elements));
+      });
+      scales[h] = DynamicScale(amax, dtype);
     }
-    NarrowToFp8(rows.data() + first, elements, dtype, scales[h], out + first);
+    ForEachSpanOfHead(result, rows, dim, h, [&](int64_t first, int64_t elements) {
+      NarrowToFp8(rows.data() + first, elements, dtype, scales[h], out + first);
+    });
   });
   return scales;
 }
 
 }  // namespace
 
-LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* scratch) {
+LayerView WidenFp8Layer(const ClusterEngine& engine, const LayerView& layer,
+                        std::vector<float>* scratch) {
   const int64_t rows = layer.TotalRows();
   const auto key_elements = static_cast<size_t>(rows * layer.key_dim);
   const size_t needed = key_elements + static_cast<size_t>(rows * layer.value_dim);
@@ -75,19 +71,17 @@ LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* scratch) {
   float* values = scratch->data() + key_elements;
   const auto* key_codes = static_cast<const uint8_t*>(layer.keys);
   const auto* value_codes = static_cast<const uint8_t*>(layer.values);
-  // Head-major (and ragged) heads are contiguous: one sweep per head and tensor.
-  const bool contiguous = layer.layout == TensorLayout::kHeadMajor;
-  for (int32_t h = 0; h < layer.num_heads; ++h) {
+  // A head per task; head-major (and ragged) heads are contiguous: one sweep per tensor.
+  engine.ForEachIndependent(layer.num_heads, [&](int32_t h) {
     const float key_scale = layer.KeyScale(h);
     const float value_scale = layer.ValueScale(h);
-    if (contiguous) {
+    if (layer.layout == TensorLayout::kHeadMajor) {
       const int64_t k = layer.KeyOffset(h, 0);
       const int64_t v = layer.ValueOffset(h, 0);
       const int64_t tokens = layer.HeadTokens(h);
       WidenFp8(key_codes + k, tokens * layer.key_dim, layer.dtype, key_scale, keys + k);
-      WidenFp8(value_codes + v, tokens * layer.value_dim, layer.dtype, value_scale,
-               values + v);
-      continue;
+      WidenFp8(value_codes + v, tokens * layer.value_dim, layer.dtype, value_scale, values + v);
+      return;
     }
     for (int32_t t = 0; t < layer.HeadTokens(h); ++t) {
       const int64_t k = layer.KeyOffset(h, t);
@@ -95,7 +89,7 @@ LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* scratch) {
       WidenFp8(key_codes + k, layer.key_dim, layer.dtype, key_scale, keys + k);
       WidenFp8(value_codes + v, layer.value_dim, layer.dtype, value_scale, values + v);
     }
-  }
+  });
   LayerView wide = layer;
   wide.dtype = DType::kFloat32;
   wide.keys = keys;
@@ -105,8 +99,8 @@ LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* scratch) {
   return wide;
 }
 
-void QuantiseResultToFp8(const CompressOptions& options, const ResultRowTarget* target,
-                         CompressResult* result) {
+void QuantiseResultToFp8(const ClusterEngine& engine, const CompressOptions& options,
+                         const ResultRowTarget* target, CompressResult* result) {
   const DType dtype = options.result_dtype;
   const size_t key_bytes = result->keys.size();  // one byte per fp8 element
   const size_t value_bytes = result->values.size();
@@ -124,9 +118,9 @@ void QuantiseResultToFp8(const CompressOptions& options, const ResultRowTarget* 
     keys = result->fp8_keys.data();
     values = result->fp8_values.data();
   }
-  result->key_scales = QuantiseTensor(*result, result->keys, result->key_dim,
+  result->key_scales = QuantiseTensor(engine, *result, result->keys, result->key_dim,
                                       options.result_key_scales, dtype, keys);
-  result->value_scales = QuantiseTensor(*result, result->values, result->value_dim,
+  result->value_scales = QuantiseTensor(engine, *result, result->values, result->value_dim,
                                         options.result_value_scales, dtype, values);
   result->keys.clear();
   result->values.clear();

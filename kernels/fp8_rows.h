@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "centroidkv/kernels/engine.h"
 #include "centroidkv/types/compress_options.h"
 #include "centroidkv/types/compress_result.h"
 #include "centroidkv/types/layer_view.h"
@@ -14,8 +15,10 @@ namespace centroidkv {
 // `layer` (fp8, its scales checked) as float32: element e of head h becomes
 // float(e) x scale(h), one correctly rounded float multiply, into `scratch` (keys, then
 // values; grown when too small, never shrunk). The view borrows `scratch` and `layer`'s
-// counts and head offsets; it has no scales.
-LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* scratch);
+// counts and head offsets; it has no scales. A head per task of `engine`
+// (ClusterEngine::ForEachIndependent).
+LayerView WidenFp8Layer(const ClusterEngine& engine, const LayerView& layer,
+                        std::vector<float>* scratch);
 
 // A float32 `result` (any layout, padded or not) in options.result_dtype (fp8): each element
 // divided by its head's scale and rounded once, to nearest even, saturating. The scales are
@@ -24,7 +27,8 @@ LayerView WidenFp8Layer(const LayerView& layer, std::vector<float>* scratch);
 // below FLT_MIN). The codes go to
 // `target` when it is given and holds them (then rows_in_target), else to fp8_keys /
 // fp8_values; the float rows are emptied and the scales set.
-void QuantiseResultToFp8(const CompressOptions& options, const ResultRowTarget* target,
-                         CompressResult* result);
+// A head per task of `engine`.
+void QuantiseResultToFp8(const ClusterEngine& engine, const CompressOptions& options,
+                         const ResultRowTarget* target, CompressResult* result);
 
 }  // namespace centroidkv

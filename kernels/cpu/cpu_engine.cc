@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_engine.h"
 
+#include <tbb/parallel_for.h>
+
 #include "kernels/cpu/layer_job.h"
 
 namespace centroidkv::cpu {
@@ -31,6 +33,11 @@ CpuEngine::CpuEngine(EngineLimits limits, CpuEngineOptions options)
       scratch_(std::make_unique<ScratchPool>()) {}
 
 CpuEngine::~CpuEngine() = default;
+
+void CpuEngine::ForEachIndependent(int32_t count,
+                                   const std::function<void(int32_t)>& fn) const {
+  tbb::parallel_for(int32_t{0}, count, [&fn](int32_t i) { fn(i); });
+}
 
 absl::Status CpuEngine::CompressImpl(const LayerPlan& plan, const LayerView& layer,
                                      const CompressControl& control, CompressResult* out) const {

@@ -55,6 +55,8 @@ class CpuEngine final : public ClusterEngine {
   bool WritesResultDType(DType) const override { return true; }
   // The result writer streams rows to any memory, a client's shared memory region included.
   bool WritesRowsInPlace() const override { return true; }
+  // oneTBB tasks in the caller's arena, like the engine's own.
+  void ForEachIndependent(int32_t count, const std::function<void(int32_t)>& fn) const override;
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,

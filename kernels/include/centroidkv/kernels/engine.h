@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,13 @@ class ClusterEngine {
   // instead of the result's arrays: the service then writes a job's rows straight into the
   // client's shared memory, with no copy.
   virtual bool WritesRowsInPlace() const { return false; }
+
+  // Runs fn(0) .. fn(count - 1), each call independent of the others: the per-head work the
+  // stages above the backends do (fp8 widening and quantisation). The default runs them in
+  // order on the caller's thread; a backend with a thread pool runs them on it.
+  virtual void ForEachIndependent(int32_t count, const std::function<void(int32_t)>& fn) const {
+    for (int32_t i = 0; i < count; ++i) fn(i);
+  }
 
   const EngineLimits& limits() const { return limits_; }
 

@@ -390,6 +390,12 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   if (IsFp8(layer.dtype) || IsFp8(options.result_dtype)) {
     return RunFp8(layer, options, control, reuse, result);
   }
+  // A reused result may hold an earlier fp8 job's codes and scales, which no backend
+  // touches: they must not travel with this job's result.
+  result->fp8_keys.clear();
+  result->fp8_values.clear();
+  result->key_scales.clear();
+  result->value_scales.clear();
   CKV_ASSIGN_OR_RETURN(LayerPlan plan, Plan(layer, options, limits_, !ChecksLayerData()));
   if (control.IsCancelled()) {
     return absl::CancelledError("job cancelled before it started");

@@ -234,6 +234,28 @@ TEST_P(EngineConformanceTest, Fp8RowsGoIntoCallerMemory) {
   EXPECT_EQ(keys[key_bytes], 0xee) << "a byte past the result was written";
 }
 
+// One result reused for an fp8 job and then a float one (as the service's result pool
+// does): nothing of the fp8 job (codes, scales) stays in the float result.
+TEST_P(EngineConformanceTest, AReusedResultKeepsNoFp8StateOfAnEarlierJob) {
+  const RandomLayer layer = RandomLayer::Generate(Spec(2, 96, 8, 8, 175));
+  CompressOptions fp8 = Opts().Chunk(32);
+  fp8.result_dtype = DType::kFp8E4M3;
+  CompressResult reused;
+  ASSERT_TRUE(engine_->CompressInto(layer.view(), fp8, &reused).ok());
+  ASSERT_EQ(reused.key_scales.size(), 2u);
+  for (const DType dtype : {DType::kFloat32, DType::kFloat16}) {
+    CompressOptions plain = Opts().Chunk(32);
+    plain.result_dtype = dtype;
+    ASSERT_TRUE(engine_->CompressInto(layer.view(), fp8, &reused).ok());
+    ASSERT_TRUE(engine_->CompressInto(layer.view(), plain, &reused).ok());
+    CompressResult fresh;
+    ASSERT_NO_FATAL_FAILURE(Run(layer.view(), plain, &fresh));
+    ExpectBitIdentical(fresh, reused);
+    EXPECT_TRUE(reused.key_scales.empty() && reused.value_scales.empty());
+    EXPECT_TRUE(reused.fp8_keys.empty() && reused.fp8_values.empty());
+  }
+}
+
 TEST_P(EngineConformanceTest, BadFp8ScalesAreRefusedNamingTheField) {
   const RandomLayer source = RandomLayer::Generate(Spec(3, 64, 8, 8, 174));
   const Fp8Layer layer = Fp8Layer::From(source, DType::kFp8E4M3);

@@ -230,5 +230,58 @@ TEST(JobCodecTest, AJobErrorKeepsItsCodeAndLocation) {
   EXPECT_FALSE(GetFieldLocation(StatusFromJobError(odd)).has_value());
 }
 
+// fp8: the input's scales and the static result scales go out with the StartJob and come
+// back as the job (the output dtype into options.result_dtype); result scales ride the
+// header; result scales with an output that is not fp8 are refused naming the field.
+TEST(JobCodecTest, Fp8ScalesTravelBothWays) {
+  const std::vector<float> key_scales = {0.5f, 0.25f}, value_scales = {0.125f};
+  LayerView layer{.dtype = DType::kFp8E4M3, .num_heads = 2, .num_tokens = 4, .key_dim = 3,
+                  .value_dim = 2};
+  layer.key_scales = key_scales;
+  layer.value_scales = value_scales;
+  CompressOptions options;
+  options.result_key_scales = {2.0f};
+  options.result_value_scales = {3.0f, 4.0f};
+  const v1::StartJob start = StartJobToProto(1, 0, layer, options, DType::kFp8E5M2,
+                                             BackendKind::kCpu, std::chrono::milliseconds(0), 0);
+  EXPECT_EQ(start.dtype(), v1::DTYPE_FP8_E4M3);
+  EXPECT_EQ(start.output_dtype(), v1::DTYPE_FP8_E5M2);
+  absl::StatusOr<JobAnnouncement> job = StartJobFromProto(start);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->key_scales, key_scales);
+  EXPECT_EQ(job->value_scales, value_scales);
+  EXPECT_EQ(job->options.result_dtype, DType::kFp8E5M2);
+  EXPECT_EQ(job->options.result_key_scales, options.result_key_scales);
+  EXPECT_EQ(job->options.result_value_scales, options.result_value_scales);
+  const LayerView view = job->View(nullptr, nullptr, nullptr);
+  EXPECT_EQ(view.KeyScale(1), 0.25f);
+  EXPECT_EQ(view.ValueScale(1), 0.125f);  // one entry: every head
+  EXPECT_EQ(InputBytesOf(view).keys, 2u * 4 * 3);  // one byte per element
+
+  v1::StartJob half = start;
+  half.set_output_dtype(v1::DTYPE_FLOAT16);
+  absl::StatusOr<JobAnnouncement> refused = StartJobFromProto(half);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetFieldLocation(refused.status())->field, "start_job.output_key_scales");
+
+  CompressResult result = SomeResult();
+  result.dtype = DType::kFp8E4M3;
+  result.half_keys.clear();
+  result.half_values.clear();
+  result.fp8_keys.assign(4 * 3, 0x38);
+  result.fp8_values.assign(4 * 2, 0x38);
+  result.key_scales = {0.5f, 0.75f};
+  result.value_scales = {1.5f, 2.5f};
+  const v1::JobResult header =
+      JobResultHeaderToProto(5, 0, result, DType::kFp8E4M3, {"cpu", 0.0, 0.0});
+  EXPECT_EQ(header.out_keys_bytes(), 12u);
+  CompressResult back;
+  ResultProvenance provenance;
+  ASSERT_TRUE(JobResultHeaderFromProto(header, &back, &provenance).ok());
+  EXPECT_EQ(back.dtype, DType::kFp8E4M3);
+  EXPECT_EQ(back.key_scales, result.key_scales);
+  EXPECT_EQ(back.value_scales, result.value_scales);
+}
+
 }  // namespace
 }  // namespace centroidkv

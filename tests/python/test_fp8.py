@@ -89,6 +89,21 @@ def test_float_view_of_an_fp8_result(client):
         assert np.all(np.abs(wide[~inside]) == np.float32(limit))
 
 
+@requires_torch
+def test_padded_heads_widen_fp8_rows_with_their_scales(client):
+    from centroidkv.torch import padded_heads
+
+    case = load_fp8(CASES[0])
+    result = client.compress(torch.from_numpy(case["keys"]).view(torch.float8_e4m3fn),
+                             torch.from_numpy(case["values"]).view(torch.float8_e4m3fn),
+                             **{k: v for k, v in fp8_options(case).items() if k != "input_dtype"})
+    padded = padded_heads(result)
+    for h in range(result.num_heads):
+        lo, hi = int(result.offsets[h]), int(result.offsets[h + 1])
+        assert np.array_equal(padded.keys[h, :hi - lo].numpy(), result.float_keys()[lo:hi])
+        assert np.array_equal(padded.values[h, :hi - lo].numpy(), result.float_values()[lo:hi])
+
+
 def test_a_result_goes_back_with_its_scales(client):
     case = load_fp8(CASES[0])
     first = client.compress(case["keys"], case["values"], **fp8_options(case))

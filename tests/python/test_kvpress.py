@@ -18,6 +18,7 @@ from transformers import DynamicCache, pipeline  # noqa: E402
 import centroidkv  # noqa: E402
 from centroidkv.convert_llama2c import to_transformers, tokenizer_to_transformers  # noqa: E402
 from centroidkv.kvpress import CentroidKVPress, CentroidKVPressError  # noqa: E402
+from centroidkv.torch import padded_heads  # noqa: E402
 from centroidkv.transformers import CentroidKVCache, enable  # noqa: E402
 from server_process import SHARED_DIR, ServerProcess  # noqa: E402
 
@@ -106,6 +107,19 @@ def test_the_press_keeps_a_quarter_with_counts_and_answers_as_the_transformers_c
         np.testing.assert_array_equal(counts_of(got), counts_of(want))
     assert answer == expected, (answer, expected)
     assert answer.strip(), "the model answered nothing"
+
+
+def test_fp8_centroids_go_into_the_cache_widened_with_their_scales(pipe, context, client):
+    press = CentroidKVPress(client, target_ratio=0.25, output_dtype="fp8_e4m3", **QUALITY)
+    answer = pipe(context, question=QUESTION, press=press, max_new_tokens=4)["answer"]
+    assert answer.strip()
+    for result in press.results.values():
+        assert result.dtype == "fp8_e4m3" and result.key_scales.shape == (result.num_heads,)
+        padded = padded_heads(result)
+        for h in range(result.num_heads):
+            lo, hi = int(result.offsets[h]), int(result.offsets[h + 1])
+            np.testing.assert_array_equal(padded.keys[h, :hi - lo].numpy(),
+                                          result.float_keys()[lo:hi])
 
 
 def test_compression_ratio_is_kvpress_share_removed(pipe, context, client):

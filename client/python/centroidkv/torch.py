@@ -47,13 +47,18 @@ def log_count_bias(counts, *, dtype=torch.float32, device=None) -> torch.Tensor:
 
 
 def padded_heads(result: LayerResult, *, dtype=None, device=None) -> PaddedHeads:
-    """The result's heads as [H, T, d] tensors (T = the longest head), with the additive
-    bias [H, T]: ln(count) for real entries, -inf for padding."""
+    """The result's heads as [H, T, d] tensors (T = the longest head; fp8 rows widened with
+    their scales), with the additive bias [H, T]: ln(count) for real entries, -inf for
+    padding."""
     offsets = _as_tensor(result.offsets).to(torch.int64).cpu()
     lengths = offsets[1:] - offsets[:-1]
     heads, longest = result.num_heads, int(lengths.max()) if lengths.numel() else 0
-    keys = _as_tensor(result.keys, dtype, device)
-    values = _as_tensor(result.values, dtype, device)
+    if result.key_scales is not None:  # fp8 rows: each code x its head's scale
+        keys = _as_tensor(result.float_keys(), dtype or torch.float32, device)
+        values = _as_tensor(result.float_values(), dtype or torch.float32, device)
+    else:
+        keys = _as_tensor(result.keys, dtype, device)
+        values = _as_tensor(result.values, dtype, device)
     bias_rows = log_count_bias(result.counts, device=device)
     # Row r of head h sits at offsets[h] + r; pad slots point at row 0 and are masked.
     slot = torch.arange(longest)

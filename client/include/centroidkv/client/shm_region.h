@@ -65,7 +65,9 @@ class ShmLayerStack {
   // tensors are elsewhere; one that produces them in the slot needs no copy.
   void Fill(int32_t i, const LayerView& layer) const;
   // The job of layer `i`: input read in place, result written to output slot `output`
-  // (default: slot i), which must not be in use by another job in flight.
+  // (default: slot i), which must not be in use by another job in flight. fp8 layers: the
+  // job carries the shape's key / value scales; set job.layer.key_scales / value_scales to
+  // the layer's own where they differ by layer.
   LayerJob Job(int32_t i, int32_t output = -1) const;
   ShmRegion& region() const { return *region_; }
 

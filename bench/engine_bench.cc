@@ -38,6 +38,10 @@
 //   --input_dtype=float16|fp8_e4m3|fp8_e5m2  (the workload's rows as the engine gets them:
 //                    fp16, or quantised to fp8 with per-head scales; the memory floor reads
 //                    those bytes; the FAISS peer always works on the fp16 rows)
+//   --profile_seconds=S  (after the timed runs, each chunk's headline job again for S
+//                    seconds under `perf record`, its samples grouped by pipeline stage:
+//                    bench/stage_profile.h; a table, and "profile" in the summary JSON)
+//   --profile_dir=DIR (where the perf data go; default /tmp)
 //   --dump_dir=DIR  (keys.npy, values.npy, meta.json, assignment_C<chunk>.npy for the
 //                    PyTorch peer)  --summary_out=FILE (the JSON summary)
 //
@@ -70,6 +74,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/cpu_peak.h"
+#include "bench/stage_profile.h"
 #include "bench/workload.h"
 #include "centroidkv/common/npy.h"
 #include "centroidkv/kernels/engine_factory.h"
@@ -102,6 +107,8 @@ struct Flags {
   DType input_dtype = DType::kFloat16;  // or fp8 (the fp16 rows quantised per head)
   std::string dump_dir;
   std::string summary_out;
+  double profile_seconds = 0.0;  // 0: no per-stage profile
+  std::string profile_dir = "/tmp";
 };
 
 [[noreturn]] void Die(const std::string& message) {
@@ -183,6 +190,10 @@ Flags ParseFlags(int argc, char** argv) {
       flags.input_dtype = *dtype;
     } else if (name == "check") {
       flags.check = ParseNumber<int32_t>(name, value) != 0;
+    } else if (name == "profile_seconds") {
+      flags.profile_seconds = ParseNumber<double>(name, value);
+    } else if (name == "profile_dir") {
+      flags.profile_dir = value;
     } else if (name == "dump_dir") {
       flags.dump_dir = value;
     } else if (name == "summary_out") {
@@ -678,6 +689,45 @@ std::shared_ptr<FaissState> RegisterFaissPeers(const Flags& flags, BenchRun* run
 }
 #endif
 
+// With --profile_seconds: per chunk size, the headline job (CompressInto into one kept
+// result, as timed) under perf, grouped by stage (stage_profile.h); a table on stdout.
+std::map<int32_t, StageProfile> ProfileChunks(const Flags& flags, const BenchRun& run) {
+  std::map<int32_t, StageProfile> profiles;
+  if (flags.profile_seconds <= 0.0) return profiles;
+  for (int32_t chunk : flags.chunks) {
+    const CompressOptions options = OptionsFor(flags, chunk, flags.result_dtypes.front());
+    CompressResult reused;
+    auto job = [&] { return run.engine->CompressInto(run.view, options, &reused); };
+    if (absl::Status status = job(); !status.ok()) Die(status.ToString());  // faulted in
+    const std::string data = flags.profile_dir + "/centroidkv-cpu-bench-C" +
+                             std::to_string(chunk) + "-" + run.kernel_level + ".perf.data";
+    std::cout << "profiling chunk " << chunk << " for " << flags.profile_seconds << " s\n"
+              << std::flush;
+    absl::StatusOr<StageProfile> profile =
+        ProfileStages(job, flags.profile_seconds, /*frequency=*/2999, data);
+    if (!profile.ok()) Die("--profile_seconds: " + profile.status().ToString());
+    profiles[chunk] = *std::move(profile);
+  }
+  std::cout << "\nwhere the time goes (share of the process's perf samples, kernel level "
+            << run.kernel_level << "):\n" << std::setw(52) << std::left << "stage" << std::right;
+  for (const auto& [chunk, profile] : profiles) std::cout << std::setw(9) << ("C=" + std::to_string(chunk));
+  std::cout << "\n";
+  for (size_t i = 0; i < StageNames().size(); ++i) {
+    std::cout << std::setw(52) << std::left << StageNames()[i] << std::right;
+    for (const auto& [chunk, profile] : profiles) {
+      std::cout << std::setw(8) << std::fixed << std::setprecision(1)
+                << 100.0 * profile.stages[i].share << "%";
+    }
+    std::cout << "\n";
+  }
+  std::cout << std::setw(52) << std::left << "(samples, jobs)" << std::right;
+  for (const auto& [chunk, profile] : profiles) {
+    std::cout << "  " << profile.samples << "/" << profile.jobs;
+  }
+  std::cout << std::defaultfloat << std::setprecision(6) << "\n";
+  return profiles;
+}
+
 // The fp32 FMA peak again after the timed runs (the best of both is used), and the AMX
 // bf16 peak where the CPU has one.
 AfterRuns MeasurePeaksAfter(const BenchRun& run) {
@@ -709,7 +759,7 @@ AfterRuns MeasurePeaksAfter(const BenchRun& run) {
 // The summary, from the medians: a table on stdout, then the JSON line (also written to
 // --summary_out); the headline is the first result dtype.
 void Report(const Flags& flags, BenchRun& run, const CapturingReporter& reporter,
-            const AfterRuns& after) {
+            const AfterRuns& after, const std::map<int32_t, StageProfile>& profiles) {
   const WorkloadSpec& spec = flags.workload;
   const std::string& engine_name = run.engine_name;
   const std::string& kernel_level = run.kernel_level;
@@ -845,7 +895,24 @@ void Report(const Flags& flags, BenchRun& run, const CapturingReporter& reporter
     }
     json << "]}";
   }
-  json << "]}";
+  json << "]";
+  if (!profiles.empty()) {
+    json << ", \"profile\": [";
+    bool first_profile = true;
+    for (const auto& [chunk, profile] : profiles) {
+      json << (first_profile ? "" : ", ") << "{\"chunk\": " << chunk
+           << ", \"samples\": " << profile.samples << ", \"jobs\": " << profile.jobs
+           << ", \"perf_data\": \"" << profile.perf_data << "\", \"stages\": {";
+      for (size_t i = 0; i < profile.stages.size(); ++i) {
+        json << (i ? ", " : "") << "\"" << profile.stages[i].stage
+             << "\": " << profile.stages[i].share;
+      }
+      json << "}}";
+      first_profile = false;
+    }
+    json << "]";
+  }
+  json << "}";
   if (!flags.summary_out.empty()) {
     std::ofstream out(flags.summary_out);
     out << json.str() << "\n";
@@ -871,8 +938,9 @@ int Main(int argc, char** argv) {
 #ifdef CKV_HAVE_FAISS
   faiss_state->matcher.reset();
 #endif
+  const std::map<int32_t, StageProfile> profiles = ProfileChunks(flags, run);
   const AfterRuns after = MeasurePeaksAfter(run);
-  Report(flags, run, reporter, after);
+  Report(flags, run, reporter, after, profiles);
   benchmark::Shutdown();
   return 0;
 }

@@ -379,7 +379,9 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                         Head& head = heads_[tasks[i].head];
                         const bool values_in_output =
                             check_output_values_ && head.sink == Sink::kOutput;
-                        if (check && !ChunkFinite(head, tasks[i].chunk, !values_in_output)) {
+                        // Matching checks the keys as it widens them (MatchChunk).
+                        if (check && !ChunkFinite(head, tasks[i].chunk, /*with_keys=*/!match,
+                                                  /*with_values=*/!values_in_output)) {
                           bad_input_.store(true);
                           continue;
                         }
@@ -390,18 +392,22 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                             next = ChunkRanges(heads_[tasks[i + 1].head], tasks[i + 1].chunk,
                                                /*with_values=*/merge);
                           }
-                          MatchChunk(head, tasks[i].chunk, fused, next, scratch);
+                          if (!MatchChunk(head, tasks[i].chunk, fused, check, next, scratch)) {
+                            bad_input_.store(true);
+                            continue;
+                          }
                         }
                         if (merge) MergeChunk(head, tasks[i].chunk, fused, scratch);
                       }
                     });
 }
 
-bool LayerJob::ChunkFinite(const Head& head, int32_t chunk, bool with_values) const {
+bool LayerJob::ChunkFinite(const Head& head, int32_t chunk, bool with_keys,
+                           bool with_values) const {
   const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
   const int32_t length = ChunkLength(head, chunk);
   const RowBlock keys = Keys(head), values = Values(head);
-  return kernels_.rows_finite(&keys, first, length, key_dim_) &&
+  return (!with_keys || kernels_.rows_finite(&keys, first, length, key_dim_)) &&
          (!with_values || kernels_.rows_finite(&values, first, length, value_dim_));
 }
 

@@ -186,7 +186,7 @@ class LayerJob {
   bool LoadHeads();  // false: a zero count, or a head's counts overflow uint32
   absl::Status BadInput() const;
   void CheckInputRows(bool (*chunked)(const Head&));
-  bool ChunkFinite(const Head& head, int32_t chunk, bool with_values) const;
+  bool ChunkFinite(const Head& head, int32_t chunk, bool with_keys, bool with_values) const;
   bool SetUpPass(int32_t pass);
   void PredictMerges();
   void CountMerges();
@@ -198,8 +198,8 @@ class LayerJob {
   void RunChunks(bool match, bool merge, bool fused);
   void SelectEdges();
   PrefetchRanges ChunkRanges(const Head& head, int32_t chunk, bool with_values) const;
-  void MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchRanges& next,
-                  ChunkScratch& scratch);
+  bool MatchChunk(Head& head, int32_t chunk, bool fused, bool check_keys,
+                  const PrefetchRanges& next, ChunkScratch& scratch);
   void MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& scratch);
   void BucketSources(const Head& head, int32_t chunk, ChunkScratch& scratch) const;
   void WriteRow(Head& head, const ChunkRows& rows, int64_t offset, int64_t new_row,

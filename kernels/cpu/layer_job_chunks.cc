@@ -54,20 +54,28 @@ PrefetchRanges LayerJob::ChunkRanges(const Head& head, int32_t chunk, bool with_
 }
 
 // Steps 3-4 for one chunk; with `fused`, every edge is kept (step 6 keeps all candidates).
-void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchRanges& next,
-                          ChunkScratch& scratch) {
+// With `check_keys`, the key rows are checked for Inf and NaN as they are widened: false when
+// one holds either (nothing matched).
+bool LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, bool check_keys,
+                          const PrefetchRanges& next, ChunkScratch& scratch) {
   const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
   const int32_t length = ChunkLength(head, chunk);
   Edge* edges = head.edges.data() + static_cast<size_t>(chunk) * slots_;
   std::fill(edges, edges + slots_, Edge{});
   if (length < 2) {  // a lone source has no destination
     edges[0].source = static_cast<int32_t>(first);
-    return;
+    if (check_keys) {
+      const RowBlock keys = Keys(head);
+      return kernels_.rows_finite(&keys, first, length, key_dim_);
+    }
+    return true;
   }
   const int32_t sources = (length + 1) / 2;
   GrowScratch(&scratch.matches, static_cast<size_t>(sources));
-  scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_, scratch.matches.data(),
-                        &next);
+  if (!scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_,
+                             scratch.matches.data(), &next, check_keys)) {
+    return false;
+  }
   if (!ResolveChunkEdges(scratch.matches.data(), &scratch.matcher, first, floor_, bound_,
                          Scorer(head), edges)) {
     bad_input_.store(true);  // the keys changed while the job read them (BadInput)
@@ -75,6 +83,7 @@ void LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, const PrefetchR
   if (fused) {
     for (int32_t i = 0; i < sources; ++i) edges[i].kept = edges[i].candidate;
   }
+  return true;
 }
 
 // The kept sources of each destination of the chunk, in the order they are summed.

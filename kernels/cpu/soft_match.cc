@@ -52,9 +52,9 @@ double MatchErrorBound(const KernelTable& kernels, int32_t dim, int32_t chunk) {
   return MatchErrorBound(kernels, dim);
 }
 
-void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64_t first,
+bool ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64_t first,
                          int32_t length, int32_t dim, RowMatch* out,
-                         const PrefetchRanges* prefetch) {
+                         const PrefetchRanges* prefetch, bool check_finite) {
   assert(length >= 2);
   kernels_ = &kernels;
   dim_ = dim;
@@ -72,6 +72,8 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
   length_ = length;
   const int64_t pair_stride = 2 * static_cast<int64_t>(dim);
   if (UsesMatrixEngine(kernels, length)) {
+    // The matrix engine never widens a chunk whole: its rows are checked first.
+    if (check_finite && !kernels.rows_finite(&rows, first, length, dim)) return false;
     // Scratch sizes as KernelTable::match_bf16x3 asks; tile_ and inverse_norms_ (sized above
     // for Rescore(), length >= 32 here) serve as its group buffers, so the chunk is not
     // widened whole.
@@ -90,12 +92,20 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
     tile_widened_ = false;  // widened and packed on demand, for Rescore()
     tile_exact_ = false;
     panels_packed_ = false;
-    return;
+    return true;
   }
+  // widen_rows is exact unless a row's sum of squares is above 3e38 (or NaN): an overflow of
+  // finite elements, or an Inf or NaN among them.
   const bool exact =
       kernels.widen_rows(&rows, first, length, dim, tile_.data(), inverse_norms_.data());
-  tile_exact_ = exact && rows.type != ElemType::kF64;
   tile_widened_ = true;
+  if (check_finite && !exact && !kernels.rows_finite(&rows, first, length, dim)) {
+    tile_exact_ = false;
+    panels_packed_ = false;
+    near_ties_valid_ = false;
+    return false;
+  }
+  tile_exact_ = exact && rows.type != ElemType::kF64;
   if (UsesInt16(kernels, length)) {
     const int64_t padded = (static_cast<int64_t>(dim) + 1) / 2 * 2;
     const int64_t a_rows = (sources_ + kernels.row_block - 1) / kernels.row_block *
@@ -110,7 +120,7 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
                         2.0 * MatchErrorBound(kernels, dim), out, near_ties_.data());
     near_ties_valid_ = true;
     panels_packed_ = false;  // packed on demand, for Rescore()
-    return;
+    return true;
   }
   kernels.pack_panels(tile_.data() + dim, pair_stride, inverse_norms_.data() + 1, 2, destinations_,
                       dim, panels_.data());
@@ -118,6 +128,7 @@ void ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
   near_ties_valid_ = false;
   kernels.match_rows(tile_.data(), pair_stride, inverse_norms_.data(), 2, sources_, panels_.data(),
                      destinations_, dim, prefetch, out);
+  return true;
 }
 
 std::span<const float> ChunkMatcher::Rescore(int32_t source) {

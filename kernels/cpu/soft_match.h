@@ -126,8 +126,13 @@ class ChunkMatcher {
   // first + 2k + 1, k < floor(length / 2). Requires length >= 2. Keeps the widened rows and
   // the packed destinations for Rescore() and ExactRows().
   // `prefetch` (may be null): memory to bring into L2 while matching (the next chunk's rows).
-  void Match(const KernelTable& kernels, const RowBlock& rows, int64_t first, int32_t length,
-             int32_t dim, RowMatch* out, const PrefetchRanges* prefetch = nullptr);
+  // With `check_finite`, the rows are checked for Inf and NaN on the way (the input check of
+  // a job's first pass, fused with the widening: a row's float sum of squares is finite
+  // exactly when its elements are, unless it overflows, and only then are the elements
+  // tested one by one): false, and nothing matched, when one holds an Inf or a NaN.
+  bool Match(const KernelTable& kernels, const RowBlock& rows, int64_t first, int32_t length,
+             int32_t dim, RowMatch* out, const PrefetchRanges* prefetch = nullptr,
+             bool check_finite = false);
 
   // After Match(): the float scores of source i against every destination (index k), with
   // the arithmetic of match_rows (on a matrix engine too: those scores are within

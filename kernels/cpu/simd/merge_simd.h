@@ -26,21 +26,23 @@ void StoreDoubles(Out* p, typename V::D x) {
 // rounds to float. For float inputs x0, x1 that equals (x0 + x1) * 0.5 computed in float:
 // rounding the exact sum to double and then to float is the same as rounding it to float
 // once (Figueroa, "When is double rounding innocuous?", 1995: 53 >= 2 * 24 + 1), and
-// halving is exact unless the result is subnormal. Vectors where the float sum overflows or
-// the result may be subnormal take the float64 path.
+// halving is exact unless the result is subnormal. A row where some float sum overflows or
+// some result may be subnormal (V::HalfSums, tested once per row) is done again in float64.
 template <class V, ElemType T>
 void MeanOfPairToFloat(const Storage<T>* x0, const Storage<T>* x1, int32_t dim, float* out) {
   using F = typename V::F;
   constexpr int32_t W = V::kW, WD = V::kWD;
   const F half = V::Set1(0.5f);
+  typename V::HalfSums sums = V::NoHalfSums();
   int32_t j = 0;
   for (; j + W <= dim; j += W) {
     const F sum = V::Add(LoadFloats<V, T>(x0, j), LoadFloats<V, T>(x1, j));
-    if (!V::HalfSumUnsafe(sum)) {
-      V::Store(out + j, V::Mul(sum, half));
-      continue;
-    }
-    for (int32_t k = j; k < j + W; k += WD) {
+    V::FoldHalfSum(sum, &sums);
+    V::Store(out + j, V::Mul(sum, half));
+  }
+  const int32_t vectors_end = j;
+  if (V::AnyHalfSumUnsafe(sums)) {
+    for (int32_t k = 0; k < vectors_end; k += WD) {
       const typename V::D s = V::AddD(LoadDoubles<V, T>(x0, k), LoadDoubles<V, T>(x1, k));
       V::StoreDAsFloat(out + k, V::MulD(s, V::Set1D(0.5)));
     }
@@ -54,23 +56,26 @@ void MeanOfPairToFloat(const Storage<T>* x0, const Storage<T>* x1, int32_t dim, 
 // products are skipped. kPowerOfTwo: the total is a power of two, so dividing by it is
 // multiplying by its exact reciprocal. Otherwise, into float, the quotient is s * RN(1/t),
 // within three ulps of the correctly rounded s / t, which rounds to the same float unless it
-// lies next to a rounding boundary of float (V::MayRoundToFloatOtherwise): only such a vector
-// (a few in 10^7 on random data) takes the exact division. Into double, the division is
-// V::DivideExact.
-template <class V, ElemType T, typename Out, bool kPowerOfTwo, bool kUnitCounts>
-void MergeTermsInDouble(const RowBlock& rows, const MergeTerm* terms, int32_t num_terms,
+// lies next to a rounding boundary of float (V::MayRoundToFloatOtherwise, a few vectors in
+// 10^7 on random data): such a row is done again with the exact division (kExactDivision;
+// returns whether it must be). Into double, the division is V::DivideExact.
+template <class V, ElemType T, typename Out, bool kPowerOfTwo, bool kUnitCounts,
+          bool kExactDivision = false>
+bool MergeTermsInDouble(const RowBlock& rows, const MergeTerm* terms, int32_t num_terms,
                         double total, int32_t dim, Out* out) {
   using D = typename V::D;
   constexpr int32_t WD = V::kWD;
   const D t = V::Set1D(total);
   const D y = V::Set1D(1.0 / total);
   const D half_t = V::Set1D(0.5 * total);
+  bool redo = false;
   auto quotient = [&](D sum) {
     if constexpr (kPowerOfTwo) {
       return V::MulD(sum, y);
-    } else if constexpr (sizeof(Out) == sizeof(float)) {
+    } else if constexpr (sizeof(Out) == sizeof(float) && !kExactDivision) {
       const D q = V::MulD(sum, y);
-      return V::MayRoundToFloatOtherwise(q) ? V::DivideExact(sum, t, y, half_t) : q;
+      redo |= V::MayRoundToFloatOtherwise(q);
+      return q;
     } else {
       return V::DivideExact(sum, t, y, half_t);
     }
@@ -103,6 +108,17 @@ void MergeTermsInDouble(const RowBlock& rows, const MergeTerm* terms, int32_t nu
     }
     out[j] = static_cast<Out>(s / total);
   }
+  return redo;
+}
+
+template <class V, ElemType T, typename Out, bool kPowerOfTwo, bool kUnitCounts>
+void MergeTermsInDoubleExact(const RowBlock& rows, const MergeTerm* terms, int32_t num_terms,
+                             double total, int32_t dim, Out* out) {
+  if (MergeTermsInDouble<V, T, Out, kPowerOfTwo, kUnitCounts>(rows, terms, num_terms, total, dim,
+                                                              out)) {
+    MergeTermsInDouble<V, T, Out, kPowerOfTwo, kUnitCounts, true>(rows, terms, num_terms, total,
+                                                                  dim, out);
+  }
 }
 
 template <class V, ElemType T, typename Out, bool kPowerOfTwo>
@@ -111,9 +127,9 @@ void MergeTermsWithTotal(const RowBlock& rows, const MergeTerm* terms, int32_t n
   bool unit_counts = true;
   for (int32_t k = 0; k < num_terms; ++k) unit_counts &= terms[k].count == 1.0;
   if (unit_counts) {
-    MergeTermsInDouble<V, T, Out, kPowerOfTwo, true>(rows, terms, num_terms, total, dim, out);
+    MergeTermsInDoubleExact<V, T, Out, kPowerOfTwo, true>(rows, terms, num_terms, total, dim, out);
   } else {
-    MergeTermsInDouble<V, T, Out, kPowerOfTwo, false>(rows, terms, num_terms, total, dim, out);
+    MergeTermsInDoubleExact<V, T, Out, kPowerOfTwo, false>(rows, terms, num_terms, total, dim, out);
   }
 }
 

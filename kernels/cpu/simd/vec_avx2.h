@@ -100,14 +100,24 @@ struct Avx2 {
     }
   }
 
-  // See Avx512::HalfSumUnsafe.
-  static bool HalfSumUnsafe(F sum) {
-    const F a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), sum);
-    const F bad =
-        _mm256_or_ps(_mm256_cmp_ps(a, _mm256_set1_ps(3.4028234e38f), _CMP_GT_OQ),
-                     _mm256_and_ps(_mm256_cmp_ps(a, _mm256_set1_ps(0x1p-125f), _CMP_LT_OQ),
-                                   _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ)));
-    return _mm256_movemask_ps(bad) != 0;
+  // See Avx512::HalfSums.
+  struct HalfSums {
+    I small_minus_one;
+    I large;
+  };
+  static HalfSums NoHalfSums() { return {_mm256_set1_epi32(-1), _mm256_setzero_si256()}; }
+  static void FoldHalfSum(F sum, HalfSums* sums) {
+    const I bits = _mm256_and_si256(_mm256_castps_si256(sum), _mm256_set1_epi32(0x7fffffff));
+    sums->small_minus_one =
+        _mm256_min_epu32(sums->small_minus_one, _mm256_sub_epi32(bits, _mm256_set1_epi32(1)));
+    sums->large = _mm256_max_epu32(sums->large, bits);
+  }
+  static bool AnyHalfSumUnsafe(const HalfSums& sums) {
+    // small_minus_one <= 0x00fffffe (unsigned), or large > 0x7f7fffff (large < 2^31: signed).
+    const I small = _mm256_cmpeq_epi32(
+        _mm256_min_epu32(sums.small_minus_one, _mm256_set1_epi32(0x00fffffe)), sums.small_minus_one);
+    const I large = _mm256_cmpgt_epi32(sums.large, _mm256_set1_epi32(0x7f7fffff));
+    return !_mm256_testz_si256(_mm256_or_si256(small, large), _mm256_or_si256(small, large));
   }
 
   // Copies with non-temporal stores on the 32-byte aligned middle of `out` (no fence);

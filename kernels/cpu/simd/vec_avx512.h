@@ -84,14 +84,26 @@ struct Avx512 {
     }
   }
 
-  // Whether (x0 + x1) * 0.5 in float may differ from the float64 mean rounded to float:
-  // the float sum overflowed, or the result is (or may round to) a subnormal.
-  static bool HalfSumUnsafe(F sum) {
-    const F a = _mm512_abs_ps(sum);
-    const M bad = _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.4028234e38f), _CMP_GT_OQ) |
-                  (_mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p-125f), _CMP_LT_OQ) &
-                   _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ));
-    return bad != 0;
+  // Whether (x0 + x1) * 0.5 in float may differ from the float64 mean rounded to float, over
+  // a whole row of sums: the float sum overflowed (or is NaN), or the result is (or may round
+  // to) a subnormal, i.e. 0 < |sum| < 2^-125. Folded per vector without a branch, with the
+  // bits of |sum| as unsigned integers: the smallest bits - 1 (zero wraps to the largest) and
+  // the largest bits; tested once per row.
+  struct HalfSums {
+    I small_minus_one;
+    I large;
+  };
+  static HalfSums NoHalfSums() { return {_mm512_set1_epi32(-1), _mm512_setzero_si512()}; }
+  static void FoldHalfSum(F sum, HalfSums* sums) {
+    const I bits = _mm512_and_si512(_mm512_castps_si512(sum), _mm512_set1_epi32(0x7fffffff));
+    sums->small_minus_one =
+        _mm512_min_epu32(sums->small_minus_one, _mm512_sub_epi32(bits, _mm512_set1_epi32(1)));
+    sums->large = _mm512_max_epu32(sums->large, bits);
+  }
+  static bool AnyHalfSumUnsafe(const HalfSums& sums) {
+    // 2^-125 is 0x01000000 as bits, FLT_MAX 0x7f7fffff.
+    return (_mm512_cmplt_epu32_mask(sums.small_minus_one, _mm512_set1_epi32(0x00ffffff)) |
+            _mm512_cmpgt_epu32_mask(sums.large, _mm512_set1_epi32(0x7f7fffff))) != 0;
   }
 
   // Copies with non-temporal stores on the 64-byte aligned middle of `out` (no fence);

@@ -387,6 +387,10 @@ absl::Status CheckRowTarget(const ResultRowTarget& target, const LayerView& laye
 absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& options,
                                 const CompressControl& control, bool reuse,
                                 CompressResult* result) const {
+  // A reused result may hold an earlier job's rounding check, which this job's backend may
+  // not make.
+  result->key_rounding = CompressResult::RoundingCheck::kNotChecked;
+  result->value_rounding = CompressResult::RoundingCheck::kNotChecked;
   if (IsFp8(layer.dtype) || IsFp8(options.result_dtype)) {
     return RunFp8(layer, options, control, reuse, result);
   }

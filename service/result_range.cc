@@ -99,8 +99,15 @@ absl::Status CheckResultFitsDType(const CompressResult& result, DType output_dty
       {"values", result.values,
        in_target ? static_cast<const uint16_t*>(row_target->values) : result.half_values.data(),
        result.value_elements()}};
-  for (const Tensor& tensor : tensors) {
-    const bool overflows = result.dtype == DType::kFloat32
+  using Check = CompressResult::RoundingCheck;
+  const Check checks[] = {result.key_rounding, result.value_rounding};
+  for (size_t t = 0; t < 2; ++t) {
+    const Tensor& tensor = tensors[t];
+    // The engine rounded the rows to this dtype itself and saw each rounding: no second
+    // read of the rows (which, streamed out past the caches, would come from memory).
+    const bool known = result.dtype == output_dtype && checks[t] != Check::kNotChecked;
+    const bool overflows = known ? checks[t] == Check::kOverflows
+                           : result.dtype == DType::kFloat32
                                ? AnyFloatOverflows(tensor.rows, output_dtype)
                                : AnyHalfInf(tensor.half_rows, tensor.half_count, result.dtype);
     if (overflows) {

@@ -91,6 +91,53 @@ Runs RunConfigured(const LoadConfig& config, const Dataset& data, std::ostream& 
   return runs;
 }
 
+// --decode: per round, both load shapes, each through the in-process engine, the service
+// over slabs and (with --shm) over shared memory, in turn, so that a change in the machine's
+// load falls on every leg.
+struct DecodeRuns {
+  DecodeLegs throughput, latency;
+  std::vector<RunStats> all;
+};
+
+DecodeRuns RunDecode(const LoadConfig& config, const Dataset& data, std::ostream& err,
+                     bool show) {
+  DecodeRuns runs;
+  const int32_t threads = config.threads > 0 ? config.threads : ServerThreads(config);
+  LoadConfig one_at_a_time = config;
+  one_at_a_time.concurrency = 1;
+  one_at_a_time.pipeline = 1;
+  const std::pair<const LoadConfig*, DecodeLegs*> shapes[] = {{&config, &runs.throughput},
+                                                              {&one_at_a_time, &runs.latency}};
+  for (const auto& [shape, legs] : shapes) {
+    legs->concurrency = shape->concurrency;
+    legs->pipeline = shape->pipeline;
+  }
+  for (int32_t round = 1; round <= config.rounds; ++round) {
+    const std::string tag = config.rounds > 1 ? absl::StrCat(" #", round) : "";
+    for (const auto& [shape, legs] : shapes) {
+      const std::string name =
+          absl::StrCat("decode ", shape->concurrency, "x", shape->pipeline, " ");
+      legs->in_process.push_back(RunInProcess(*shape, data, BackendKind::kCpu, threads,
+                                              ProgressBar(err, show, name + "in-process" + tag)));
+      std::vector<RunStats*> done = {&legs->in_process.back()};
+      legs->slabs.push_back(RunService(*shape, data, BackendKind::kCpu,
+                                       ProgressBar(err, show, name + "service" + tag)));
+      done.push_back(&legs->slabs.back());
+      if (config.shm) {
+        legs->shm.push_back(RunService(*shape, data, BackendKind::kCpu,
+                                       ProgressBar(err, show, name + "service+shm" + tag),
+                                       /*shm=*/true));
+        done.push_back(&legs->shm.back());
+      }
+      for (RunStats* run : done) {
+        run->label = name + run->label + tag;
+        runs.all.push_back(*run);
+      }
+    }
+  }
+  return runs;
+}
+
 // 1 when a run lost jobs, broke off, or did none; else 0.
 int ExitCode(const std::vector<RunStats>& runs) {
   for (const RunStats& run : runs) {
@@ -119,6 +166,12 @@ int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostr
   const bool show = !config->quiet && (config->progress || isatty(STDERR_FILENO) == 1);
   if (show) err << "generating " << config->distinct_layers << " layers of synthetic KV...\n";
   const Dataset data = MakeDataset(*config);
+  if (config->decode) {
+    const DecodeRuns runs = RunDecode(*config, data, err, show);
+    PrintStats(*config, runs.all, out);
+    out << DecodeJson(*config, runs.throughput, runs.latency) << "\n";
+    return ExitCode(runs.all);
+  }
   const Runs runs = RunConfigured(*config, data, err, show);
   PrintStats(*config, runs.all, out);
   if (config->compare) {

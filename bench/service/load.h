@@ -71,6 +71,12 @@ struct LoadConfig {
   // StartJob and the JobResult header cross the socket. With --compare: two more legs,
   // service:cpu+shm next to the slab path and service:identity+shm next to the floor.
   bool shm = false;
+  // Decode-time jobs (issue 33): the jobs a decode-time splice sends (one layer, --context
+  // new tokens per head, 256 unless given), in two shapes per round: `concurrency` x
+  // `pipeline` in flight (throughput) and one job at a time (latency), each through the
+  // in-process engine, the service over slabs and, with `shm`, over shared memory; one JSON
+  // line (DecodeJson) with jobs/s, tokens/s and p50/p99 per leg and the ratios to the engine.
+  bool decode = false;
   std::string format = "text";  // text | json | csv
   bool progress = false;        // force the progress bar even when stderr is no tty
   bool quiet = false;           // no progress bar at all
@@ -83,6 +89,7 @@ struct LoadConfig {
 struct LoadFlags {
   LoadConfig config;
   std::string preset = "llama3-8b";
+  std::optional<int32_t> context;  // --context; unset: 4096, or 256 with --decode
   std::string dtype = "float16";
   std::string output_dtype = "input";
   std::string backend = "auto";
@@ -121,11 +128,14 @@ struct RunStats {
   std::vector<JobRecord> records;
   std::string fatal;             // a stream-level failure, if any
   int32_t threads = 0;           // clustering threads (the server's, or the in-process executor's)
+  int32_t concurrency = 0;       // the run's streams and jobs in flight per stream
+  int32_t pipeline = 0;
 
   int64_t jobs_ok() const;
   int64_t jobs_failed() const;
   std::map<std::string, int64_t> errors() const;  // code name -> count
   double tokens_per_s() const;    // layer-head tokens (H x n per job) of OK jobs per second
+  double jobs_per_s() const;      // OK jobs per second
   double gb_per_s() const;        // KV bytes in of OK jobs, 1e9 per second
   double compression() const;     // entries out / entries in over OK jobs
   double latency_ms(double q) const;
@@ -162,6 +172,17 @@ std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& s
                         const std::vector<RunStats>& in_process,
                         const std::vector<RunStats>& shm = {},
                         const std::vector<RunStats>& shm_floor = {});
+
+// --decode's legs, per load shape: each a run per round.
+struct DecodeLegs {
+  int32_t concurrency = 0, pipeline = 0;
+  std::vector<RunStats> in_process, slabs, shm;
+};
+// The --decode line: {"decode": {shape, "throughput": {...}, "latency": {...}}}, each leg's
+// jobs/s, tokens/s, p50 and p99 the medians over the rounds; throughput ratios of tokens/s
+// to the in-process engine's, latency ratios of each leg's p99 to the engine's p99 and p50.
+std::string DecodeJson(const LoadConfig& config, const DecodeLegs& throughput,
+                       const DecodeLegs& latency);
 
 // The whole command: parses, runs, prints; returns the exit code.
 int BenchMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

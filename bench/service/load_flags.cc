@@ -71,8 +71,9 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
       ->capture_default_str();
   app->add_option("--preset", flags->preset, "llama3-8b | qwen2.5-7b | llama3-70b")
       ->capture_default_str();
-  app->add_option("--context", c.context, "Tokens per head (context length)")
-      ->capture_default_str();
+  app->add_option("--context", flags->context,
+                  "Tokens per head (context length; default 4096, or 256 new tokens with "
+                  "--decode)");
   app->add_option("--dtype", flags->dtype, "float16 | float32 | bfloat16")->capture_default_str();
   app->add_option("--seed", c.seed, "Seed of the synthetic clustered KV")->capture_default_str();
   app->add_option("--distinct-layers", c.distinct_layers,
@@ -97,6 +98,10 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
   app->add_flag("--compare", c.compare,
                 "Run service (cpu), transport floor (identity: a real job's bytes, no "
                 "clustering) and in-process cpu side by side");
+  app->add_flag("--decode", c.decode,
+                "Decode-time jobs: per round, --concurrency x --pipeline in flight and one "
+                "at a time, each through the in-process engine, the service over slabs and "
+                "(with --shm) over shared memory; ends with one JSON line");
   app->add_flag("--shm", c.shm,
                 "Jobs by reference to shared memory (server on a unix socket); with --compare "
                 "two more legs, service:cpu+shm and service:identity+shm");
@@ -118,6 +123,11 @@ absl::Status CheckRange(const char* flag, int64_t value, int64_t lo, int64_t hi,
 
 absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
   LoadConfig config = flags.config;
+  config.context = flags.context.value_or(config.decode ? 256 : 4096);
+  if (config.decode && config.compare) {
+    return absl::InvalidArgumentError("--decode and --compare exclude each other (--decode "
+                                      "runs its own legs)");
+  }
   absl::StatusOr<ModelPreset> preset = FindPreset(flags.preset);
   if (!preset.ok()) return preset.status();
   config.preset = *preset;
@@ -162,7 +172,7 @@ absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
   CKV_RETURN_IF_ERROR(CheckRange("--rounds", config.rounds, 1, 100));
   CKV_RETURN_IF_ERROR(CheckRange("--threads", config.threads, 0, 1024, "(0: the server's)"));
   CKV_RETURN_IF_ERROR(CheckRange("--slab-kib", config.slab_kib, 4, 4096));
-  if (config.compare) config.backend = BackendKind::kCpu;
+  if (config.compare || config.decode) config.backend = BackendKind::kCpu;
   // The engine's own checks, on the shape alone: the same messages the server would send.
   LayerView shape{.dtype = config.dtype, .num_heads = config.preset.kv_heads,
       .num_tokens = config.context, .key_dim = config.preset.head_dim,

@@ -1,6 +1,7 @@
 // centroidkv-bench's report (bench/service/load.h): what the job records add up to
 // (throughput, compression, latency percentiles, queue and compute means, errors), printed
 // as text, JSON or CSV, and the --compare line.
+#include <functional>
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -57,6 +58,9 @@ double RunStats::tokens_per_s() const {
   for (const JobRecord& r : records) tokens += r.code == "OK" ? r.entries_in : 0;
   return wall_s > 0 ? static_cast<double>(tokens) / wall_s : 0.0;
 }
+double RunStats::jobs_per_s() const {
+  return wall_s > 0 ? static_cast<double>(jobs_ok()) / wall_s : 0.0;
+}
 double RunStats::gb_per_s() const {
   int64_t bytes = 0;
   for (const JobRecord& r : records) bytes += r.code == "OK" ? r.bytes_in : 0;
@@ -96,6 +100,9 @@ double RunStats::latency_ms(double q) const {
 }
 
 void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std::ostream& out) {
+  // A run's own shape (--decode runs two), else the configured one.
+  auto streams = [&](const RunStats& s) { return s.concurrency > 0 ? s.concurrency : config.concurrency; };
+  auto in_flight = [&](const RunStats& s) { return s.pipeline > 0 ? s.pipeline : config.pipeline; };
   if (config.format == "json") {
     for (const RunStats& s : runs) {
       std::vector<std::string> errors;
@@ -110,8 +117,8 @@ void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std
                  "\"p99\":%.3f,\"mean\":%.3f},\"queue_ms_mean\":%.3f,"
                  "\"compute_ms_mean\":%.3f,\"errors\":{%s}}",
                  JsonString(s.label), JsonString(config.preset.name), config.context,
-                 JsonString(std::string(DTypeName(config.dtype))), config.concurrency,
-                 config.pipeline, s.threads, s.jobs_ok(), s.jobs_failed(), s.wall_s,
+                 JsonString(std::string(DTypeName(config.dtype))), streams(s),
+                 in_flight(s), s.threads, s.jobs_ok(), s.jobs_failed(), s.wall_s,
                  s.tokens_per_s(), s.gb_per_s(), s.compression(), s.latency_ms(0.5),
                  s.latency_ms(0.9), s.latency_ms(0.99), s.mean_latency_ms(), s.mean_queue_ms(),
                  s.mean_compute_ms(), absl::StrJoin(errors, ","))
@@ -129,7 +136,7 @@ void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std
       out << absl::StrFormat(
           "%s,%s,%d,%s,%d,%d,%d,%d,%d,%.4f,%.1f,%.4f,%.5f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,\"%s\"\n",
           s.label, config.preset.name, config.context, std::string(DTypeName(config.dtype)),
-          config.concurrency, config.pipeline, s.threads, s.jobs_ok(), s.jobs_failed(), s.wall_s,
+          streams(s), in_flight(s), s.threads, s.jobs_ok(), s.jobs_failed(), s.wall_s,
           s.tokens_per_s(), s.gb_per_s(), s.compression(), s.latency_ms(0.5), s.latency_ms(0.9),
           s.latency_ms(0.99), s.mean_latency_ms(), s.mean_queue_ms(), s.mean_compute_ms(),
           absl::StrJoin(errors, ";"));
@@ -140,16 +147,17 @@ void PrintStats(const LoadConfig& config, const std::vector<RunStats>& runs, std
     out << absl::StrFormat(
         "%s  (%s: %d x %d heads x %d, context %d, %s, concurrency %d x %d in flight, "
         "%d clustering threads)\n"
-        "  jobs:          %d ok, %d failed in %.3f s\n"
+        "  jobs:          %d ok, %d failed in %.3f s (%.1f jobs/s)\n"
         "  throughput:    %.4g layer-head tokens/s, %.3f GB/s of KV in\n"
         "  compression:   %.4f entries out / in\n"
         "  latency/job:   p50 %.2f ms  p90 %.2f ms  p99 %.2f ms  mean %.2f ms\n"
         "  of which:      queue %.2f ms + compute %.2f ms (means; the rest is transport)\n",
         s.label, config.preset.name, config.preset.layers, config.preset.kv_heads,
         config.preset.head_dim, config.context, std::string(DTypeName(config.dtype)),
-        config.concurrency, config.pipeline, s.threads, s.jobs_ok(), s.jobs_failed(), s.wall_s,
-        s.tokens_per_s(), s.gb_per_s(), s.compression(), s.latency_ms(0.5), s.latency_ms(0.9),
-        s.latency_ms(0.99), s.mean_latency_ms(), s.mean_queue_ms(), s.mean_compute_ms());
+        streams(s), in_flight(s), s.threads, s.jobs_ok(), s.jobs_failed(), s.wall_s,
+        s.jobs_per_s(), s.tokens_per_s(), s.gb_per_s(), s.compression(), s.latency_ms(0.5),
+        s.latency_ms(0.9), s.latency_ms(0.99), s.mean_latency_ms(), s.mean_queue_ms(),
+        s.mean_compute_ms());
     const auto errors = s.errors();
     if (errors.empty()) {
       out << "  errors:        none\n";
@@ -218,6 +226,70 @@ std::string CompareJson(const LoadConfig& config, const std::vector<RunStats>& s
       JsonString(config.preset.name), config.context, config.concurrency, config.pipeline,
       service.empty() ? 0 : service[0].threads, in_process.empty() ? 0 : in_process[0].threads,
       rounds, s, f, p, bound, ratio, absl::StrJoin(per_round, ","), shm_fields);
+}
+
+namespace {
+
+// The median over rounds of one statistic of a leg's runs.
+double MedianOf(const std::vector<RunStats>& runs, const std::function<double(const RunStats&)>& f) {
+  std::vector<double> values;
+  for (const RunStats& run : runs) values.push_back(f(run));
+  return Percentile(std::move(values), 0.5);
+}
+
+struct LegSummary {
+  double jobs_per_s = 0, tokens_per_s = 0, p50_ms = 0, p99_ms = 0;
+};
+
+LegSummary Summarize(const std::vector<RunStats>& runs) {
+  return {MedianOf(runs, [](const RunStats& r) { return r.jobs_per_s(); }),
+          MedianOf(runs, [](const RunStats& r) { return r.tokens_per_s(); }),
+          MedianOf(runs, [](const RunStats& r) { return r.latency_ms(0.5); }),
+          MedianOf(runs, [](const RunStats& r) { return r.latency_ms(0.99); })};
+}
+
+std::string LegJson(const LegSummary& leg) {
+  return absl::StrFormat("{\"jobs_per_s\":%.1f,\"tokens_per_s\":%.1f,\"p50_ms\":%.4f,"
+                         "\"p99_ms\":%.4f}",
+                         leg.jobs_per_s, leg.tokens_per_s, leg.p50_ms, leg.p99_ms);
+}
+
+double Ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+// One load shape: its legs and the ratios to the in-process engine.
+std::string ShapeJson(const DecodeLegs& legs) {
+  const LegSummary engine = Summarize(legs.in_process);
+  std::string out = absl::StrFormat("{\"concurrency\":%d,\"pipeline\":%d,\"in_process\":%s",
+                                    legs.concurrency, legs.pipeline, LegJson(engine));
+  const std::pair<const char*, const std::vector<RunStats>*> services[] = {
+      {"slabs", &legs.slabs}, {"shm", &legs.shm}};
+  for (const auto& [name, runs] : services) {
+    if (runs->empty()) continue;
+    const LegSummary leg = Summarize(*runs);
+    absl::StrAppendFormat(&out,
+                          ",\"%s\":%s,\"%s_tokens_ratio_to_in_process\":%.4f,"
+                          "\"%s_p99_ratio_to_in_process_p99\":%.4f,"
+                          "\"%s_p99_ratio_to_in_process_p50\":%.4f",
+                          name, LegJson(leg), name, Ratio(leg.tokens_per_s, engine.tokens_per_s),
+                          name, Ratio(leg.p99_ms, engine.p99_ms), name,
+                          Ratio(leg.p99_ms, engine.p50_ms));
+  }
+  return out + "}";
+}
+
+}  // namespace
+
+std::string DecodeJson(const LoadConfig& config, const DecodeLegs& throughput,
+                       const DecodeLegs& latency) {
+  return absl::StrFormat(
+      "{\"decode\":{\"preset\":%s,\"heads\":%d,\"head_dim\":%d,\"new_tokens\":%d,"
+      "\"dtype\":%s,\"rounds\":%d,\"server_threads\":%d,\"in_process_threads\":%d,"
+      "\"throughput\":%s,\"latency\":%s}}",
+      JsonString(config.preset.name), config.preset.kv_heads, config.preset.head_dim,
+      config.context, JsonString(std::string(DTypeName(config.dtype))), config.rounds,
+      throughput.slabs.empty() ? 0 : throughput.slabs[0].threads,
+      throughput.in_process.empty() ? 0 : throughput.in_process[0].threads,
+      ShapeJson(throughput), ShapeJson(latency));
 }
 
 }  // namespace centroidkv::bench

@@ -207,6 +207,8 @@ void RunWorkerPool(const LoadConfig& config, const ProgressFn& progress, const W
 RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind backend,
                     const ProgressFn& progress, bool shm) {
   RunStats stats;
+  stats.concurrency = config.concurrency;
+  stats.pipeline = config.pipeline;
   stats.label = absl::StrCat("service:", std::string(BackendKindName(backend)), shm ? "+shm" : "");
   const std::unique_ptr<client::Client> client = ConnectOrFail(config, &stats.fatal);
   if (client == nullptr) return stats;
@@ -316,6 +318,8 @@ int32_t ServerThreads(const LoadConfig& config) {
 RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind backend,
                       int32_t threads, const ProgressFn& progress) {
   RunStats stats;
+  stats.concurrency = config.concurrency;
+  stats.pipeline = config.pipeline;
   stats.label = absl::StrCat("in-process:", std::string(BackendKindName(backend)));
   const std::unique_ptr<EngineSet> engines = EngineSet::CreateAvailable();
   absl::StatusOr<const ClusterEngine*> engine = engines->Select(backend);
@@ -327,6 +331,12 @@ RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind
   // same way, as it does behind the service.
   service::WorkExecutor executor(threads);
   stats.threads = executor.threads();
+  // The job the server runs: rows in the output dtype where the engine writes it (the server
+  // asks for that too, compress_reactor.cc), into a result kept across jobs (the server's
+  // ResultPool; here one per executor thread).
+  CompressOptions options = config.options;
+  const DType output_dtype = config.output_dtype.value_or(config.dtype);
+  if ((*engine)->WritesResultDType(output_dtype)) options.result_dtype = output_dtype;
   auto loop = [&](Tickets& tickets, Clock::time_point /*start*/, std::atomic<int64_t>& done,
                   std::vector<JobRecord>* local, std::string* /*fatal*/) {
     // Like a stream: up to config.pipeline jobs in flight, results taken oldest first.
@@ -342,11 +352,12 @@ RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind
         const Clock::time_point sent = Clock::now();
         executor.Submit([&, task, ticket, sent] {
           const Clock::time_point began = Clock::now();
-          absl::StatusOr<CompressResult> result = (*engine)->Compress(
-              data.View(config, static_cast<size_t>(ticket)), config.options);
+          thread_local CompressResult result;
+          const absl::Status status = (*engine)->CompressInto(
+              data.View(config, static_cast<size_t>(ticket)), options, &result);
           const Clock::time_point finished = Clock::now();
-          task->set_value(MakeRecord(config, Seconds(finished - sent), CodeName(result.status()),
-                                     result.ok() ? result->total_entries() : 0,
+          task->set_value(MakeRecord(config, Seconds(finished - sent), CodeName(status),
+                                     status.ok() ? result.total_entries() : 0,
                                      Seconds(began - sent), Seconds(finished - began)));
         });
       }

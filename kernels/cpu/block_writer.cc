@@ -45,6 +45,7 @@ void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, 
   capacity_ = Capacity(dim) - (stage_ - buffer);
   staged_ = 0;
   finite_ = true;
+  fits_ = true;
 }
 
 // Writes out the staged floats up to the last line boundary of the block (all of them when
@@ -55,8 +56,12 @@ void BlockWriter::Flush(bool final) {
   if (!final) count -= LineOffset(out_ + staged_ * element_bytes_, element_bytes_);
   if (type_ == ElemType::kF32) {
     finite_ &= kernels_->stream_floats(stage_, count, reinterpret_cast<float*>(out_));
+    fits_ = finite_;
   } else {
-    finite_ &= kernels_->stream_halves(stage_, count, type_, reinterpret_cast<uint16_t*>(out_));
+    const uint32_t flags =
+        kernels_->stream_halves(stage_, count, type_, reinterpret_cast<uint16_t*>(out_));
+    finite_ &= (flags & kStreamedNonFinite) == 0;
+    fits_ &= (flags & kStreamedBeyondRange) == 0;
   }
   const int64_t rest = staged_ - count;
   std::memmove(buffer_, stage_ + count, sizeof(float) * rest);

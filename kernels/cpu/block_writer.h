@@ -40,6 +40,9 @@ class BlockWriter {
   void Finish() { Flush(/*final=*/true); }
   // Whether every float written since Start is finite (no Inf or NaN).
   bool finite() const { return finite_; }
+  // Whether every element written since Start is finite in the block's type (an fp16 /
+  // bf16 rounding made no Inf; float rows: finite()).
+  bool fits() const { return fits_; }
 
  private:
   void Flush(bool final);
@@ -54,6 +57,7 @@ class BlockWriter {
   float* stage_ = nullptr;
   int64_t staged_ = 0;
   bool finite_ = true;
+  bool fits_ = true;
 };
 
 // Orders the non-temporal stores of KernelTable::stream_floats before every later store

@@ -120,10 +120,13 @@ struct KernelTable {
   // stream_floats for fp16 / bf16 rows (`type` kF16 or kBF16): each of the `count` floats
   // rounded once to nearest even, bit for bit as FloatToHalf / FloatToBFloat16
   // (common/dtype.h) round it, into `out`; non-temporal stores where `out` is aligned, no
-  // fence. Returns whether every float read is finite (the input, not the rounded value).
+  // fence. Returns kStreamedNonFinite where a float read is Inf or NaN, and
+  // kStreamedBeyondRange where a float's magnitude is at least HalfOverflowBits(type) (it
+  // rounded to Inf: a finite value beyond the type's range, or a non-finite one), so that
+  // the result's fit in its dtype is known without reading the rows again.
   // bf16 is integer rounding at every level: AVX512-BF16's VCVTNEPS2BF16 flushes subnormal
   // inputs to zero, which FloatToBFloat16 does not.
-  bool (*stream_halves)(const float* in, int64_t count, ElemType type, uint16_t* out);
+  uint32_t (*stream_halves)(const float* in, int64_t count, ElemType type, uint16_t* out);
 
   // Matching on a matrix engine (AMX), null where the level has none; ChunkMatcher then uses
   // widen_rows + pack_panels + match_rows instead. One chunk: rows first .. first + length - 1
@@ -174,6 +177,18 @@ struct KernelTable {
 // kernel at C = 64 (45.7 vs 44.6 ms per job, medians of 8; within the run-to-run spread),
 // faster from C = 96 (48.5 vs 54.6), 128 (50.9 vs 57.8), 192, 256 (0.84x) and 1024 (0.67x).
 // Not measured on Intel (two full 512-bit FMA pipes there): see docs/cpu-bench.md.
+// KernelTable::stream_halves' flags.
+constexpr uint32_t kStreamedNonFinite = 1;
+constexpr uint32_t kStreamedBeyondRange = 2;
+
+// The bits of the smallest float magnitude that rounds to Inf (nearest even) in fp16
+// (65520.0f: halfway between 65504, whose last mantissa bit is odd, and 65536) or bf16
+// (0x7f7f8000: halfway between 0x7f7f and Inf); with the sign cleared, a float's bits order
+// as its magnitude, so x rounds to Inf exactly when (bits(x) & 0x7fffffff) >= this.
+constexpr uint32_t HalfOverflowBits(ElemType type) {
+  return type == ElemType::kF16 ? 0x477ff000u : 0x7f7f8000u;
+}
+
 constexpr int32_t kAvx2Int16MinChunk = 2;
 constexpr int32_t kAvx512Int16MinChunk = 96;
 

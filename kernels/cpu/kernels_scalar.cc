@@ -3,6 +3,7 @@
 // dot products are plain float sums (products and sums, no FMA).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "centroidkv/common/dtype.h"
@@ -158,13 +159,17 @@ bool StreamFloats(const float* in, int64_t count, float* out) {
   return finite;
 }
 
-bool StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* out) {
-  bool finite = true;
+uint32_t StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* out) {
+  const uint32_t overflow = HalfOverflowBits(type);
+  uint32_t flags = 0;
   for (int64_t i = 0; i < count; ++i) {
     out[i] = type == ElemType::kF16 ? FloatToHalf(in[i]) : FloatToBFloat16(in[i]);
-    finite &= std::isfinite(in[i]);
+    uint32_t bits;
+    std::memcpy(&bits, in + i, sizeof(bits));
+    flags |= std::isfinite(in[i]) ? 0 : kStreamedNonFinite;
+    flags |= (bits & 0x7fffffffu) >= overflow ? kStreamedBeyondRange : 0;
   }
-  return finite;
+  return flags;
 }
 
 }  // namespace

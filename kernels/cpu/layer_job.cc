@@ -423,6 +423,12 @@ void LayerJob::Finalize() {
   for (Head& head : heads_) head.merges = 0;
   AllocateOutput();
   ParallelOverHeads([](const Head&) { return true; }, [&](Head& head) { FinalizeHead(head); });
+  // Every result row went out through a BlockWriter, which saw each rounding.
+  if (output_type_ != ElemType::kF32) {
+    using Check = CompressResult::RoundingCheck;
+    out_->key_rounding = keys_overflow_.load() ? Check::kOverflows : Check::kFits;
+    out_->value_rounding = values_overflow_.load() ? Check::kOverflows : Check::kFits;
+  }
 }
 
 }  // namespace centroidkv::cpu

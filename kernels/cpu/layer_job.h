@@ -241,6 +241,9 @@ class LayerJob {
   // rows they write (MergeChunk) instead of before matching (ChunkFinite).
   bool check_output_values_ = false;
   std::atomic<bool> bad_input_{false};
+  // fp16 / bf16 result rows: whether a rounded key / value became Inf (BlockWriter::fits).
+  mutable std::atomic<bool> keys_overflow_{false}, values_overflow_{false};
+  void NoteRounding(const BlockWriter& keys, const BlockWriter& values) const;
 };
 
 // Per-head state of finished jobs, for the next ones: a job's O(n) arrays per head (counts,

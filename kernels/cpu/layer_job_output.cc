@@ -122,6 +122,13 @@ void LayerJob::WriteOutputRows(const RowBlock& keys, const RowBlock& values, int
   scratch.key_writer.Finish();
   scratch.value_writer.Finish();
   FenceStreamedStores();
+  NoteRounding(scratch.key_writer, scratch.value_writer);
+}
+
+void LayerJob::NoteRounding(const BlockWriter& keys, const BlockWriter& values) const {
+  if (output_type_ == ElemType::kF32) return;
+  if (!keys.fits()) keys_overflow_.store(true, std::memory_order_relaxed);
+  if (!values.fits()) values_overflow_.store(true, std::memory_order_relaxed);
 }
 
 void LayerJob::FinalizeHead(Head& head) {

@@ -111,6 +111,7 @@ TEST(LoadArgsTest, BadValuesAreRejectedNamingTheFlag) {
       {{"--target-ratio", "1.5"}, "target_ratio"},
       {{"--concurrency", "many"}, "concurrency"},
       {{"--no-such-flag"}, "no-such-flag"},
+      {{"--decode", "--compare"}, "--decode"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<LoadConfig> config = ParseLoadArgs(c.args);
@@ -118,6 +119,23 @@ TEST(LoadArgsTest, BadValuesAreRejectedNamingTheFlag) {
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(Contains(std::string(config.status().message()), c.expected)) << c.args[0];
   }
+}
+
+// --decode: decode-time jobs of 256 new tokens per head unless --context says otherwise,
+// on the cpu backend.
+TEST(LoadConfigTest, DecodeDefaultsToSmallJobs) {
+  absl::StatusOr<LoadConfig> decode = ParseLoadArgs({"--decode"});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  EXPECT_TRUE(decode->decode);
+  EXPECT_EQ(decode->context, 256);
+  EXPECT_EQ(decode->backend, BackendKind::kCpu);
+  absl::StatusOr<LoadConfig> given = ParseLoadArgs({"--decode", "--context", "512"});
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->context, 512);
+  absl::StatusOr<LoadConfig> plain = ParseLoadArgs({});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->decode);
+  EXPECT_EQ(plain->context, 4096);
 }
 
 TEST(PercentileTest, InterpolatesBetweenClosestRanks) {
@@ -289,6 +307,48 @@ TEST_F(LoadRunTest, CompareEndsWithOneJsonLine) {
   const double f = line["floor_tokens_per_s"], p = line["in_process_tokens_per_s"];
   EXPECT_NEAR(line["ratio_to_serial_bound"].get<double>(),
               line["service_tokens_per_s"].get<double>() * (1.0 / f + 1.0 / p), 1e-3);
+}
+
+// --decode against a real server (TCP here: no shared memory legs): both load shapes, the
+// in-process engine and the service over slabs, every job done, and one JSON line whose
+// legs carry jobs/s, tokens/s and latencies, and whose ratios are those of the legs.
+TEST_F(LoadRunTest, DecodeRunsBothShapesAndEndsWithOneJsonLine) {
+  std::ostringstream out, err;
+  const int rc = BenchMain({"--server", server_->target(), "--preset", "qwen2.5-7b", "--decode",
+                            "--jobs", "6", "--concurrency", "2", "--pipeline", "2",
+                            "--rounds", "2", "--quiet"},
+                           out, err);
+  ASSERT_EQ(rc, 0) << err.str() << out.str();
+  const std::string text = out.str();
+  EXPECT_TRUE(Contains(text, "decode 2x2 in-process:cpu #1"));
+  EXPECT_TRUE(Contains(text, "decode 1x1 service:cpu #2"));
+  EXPECT_TRUE(Contains(text, "concurrency 1 x 1 in flight"));
+  EXPECT_FALSE(Contains(text, "+shm"));
+  const size_t start = text.rfind('\n', text.size() - 2);
+  const nlohmann::json line = nlohmann::json::parse(text.substr(start + 1));
+  const nlohmann::json& decode = line["decode"];
+  EXPECT_EQ(decode["new_tokens"], 256);
+  EXPECT_EQ(decode["heads"], 4);
+  EXPECT_EQ(decode["rounds"], 2);
+  EXPECT_EQ(decode["server_threads"], 2);
+  EXPECT_EQ(decode["throughput"]["concurrency"], 2);
+  EXPECT_EQ(decode["latency"]["pipeline"], 1);
+  for (const char* shape : {"throughput", "latency"}) {
+    for (const char* leg : {"in_process", "slabs"}) {
+      for (const char* key : {"jobs_per_s", "tokens_per_s", "p50_ms", "p99_ms"}) {
+        EXPECT_GT(decode[shape][leg][key].get<double>(), 0.0) << shape << " " << leg << " " << key;
+      }
+      // 6 jobs of 4 heads x 256 tokens: tokens/s is 1024 x jobs/s.
+      EXPECT_NEAR(decode[shape][leg]["tokens_per_s"].get<double>() /
+                      decode[shape][leg]["jobs_per_s"].get<double>(),
+                  1024.0, 0.1);
+    }
+    EXPECT_FALSE(decode[shape].contains("shm"));
+    EXPECT_NEAR(decode[shape]["slabs_tokens_ratio_to_in_process"].get<double>(),
+                decode[shape]["slabs"]["tokens_per_s"].get<double>() /
+                    decode[shape]["in_process"]["tokens_per_s"].get<double>(),
+                1e-3);
+  }
 }
 
 // One leg's rounds, each a one-second run of `rate` tokens.

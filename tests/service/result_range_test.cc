@@ -54,5 +54,33 @@ TEST(ResultRangeTest, HalfRowsWrittenByTheEngine) {
   EXPECT_NE(status.message().find("values"), std::string::npos) << status;
 }
 
+// An engine that rounded the rows itself and says how it went (CompressResult::key_rounding,
+// value_rounding) is believed without a second read of the rows; a check of another dtype,
+// or none, is not.
+TEST(ResultRangeTest, TheEnginesOwnRoundingCheckIsUsed) {
+  using Check = CompressResult::RoundingCheck;
+  CompressResult result;
+  result.dtype = DType::kFloat16;
+  result.half_keys = {FloatToHalf(1.0f)};
+  result.half_values = {FloatToHalf(-1e6f)};  // -Inf in the rows
+  result.key_rounding = Check::kFits;
+  result.value_rounding = Check::kFits;
+  EXPECT_TRUE(CheckResultFitsDType(result, DType::kFloat16, 1).ok());
+  result.value_rounding = Check::kNotChecked;  // the rows are read
+  EXPECT_EQ(CheckResultFitsDType(result, DType::kFloat16, 1).code(),
+            absl::StatusCode::kOutOfRange);
+  result.half_values = {FloatToHalf(2.0f)};
+  result.value_rounding = Check::kFits;
+  result.key_rounding = Check::kOverflows;
+  const absl::Status status = CheckResultFitsDType(result, DType::kFloat16, 7);
+  EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(status.message().find("keys"), std::string::npos) << status;
+  // float32 rows for a fp16 output: the check (of float rows) says nothing about fp16.
+  CompressResult floats = FloatResult(65520.0f, 1.0f);
+  floats.key_rounding = Check::kFits;
+  EXPECT_EQ(CheckResultFitsDType(floats, DType::kFloat16, 1).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
 }  // namespace
 }  // namespace centroidkv::service

@@ -168,13 +168,19 @@ struct Avx2 {
 
   // See Avx512::StreamHalves: non-temporal stores on the 32-byte aligned middle of `out`;
   // the ends go through a padded 8-float buffer, so every element is rounded the same way.
-  static bool StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* out) {
+  static uint32_t StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* out) {
     const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    // Magnitudes are below 2^31: a signed compare orders them.
+    const __m256i below_overflow = _mm256_set1_epi32(static_cast<int32_t>(HalfOverflowBits(type) - 1));
     __m256i non_finite = _mm256_setzero_si256();
+    __m256i beyond = _mm256_setzero_si256();
     auto round = [&](__m256 x) {
       const __m256i bits = _mm256_castps_si256(x);
       non_finite = _mm256_or_si256(
           non_finite, _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent));
+      beyond = _mm256_or_si256(
+          beyond, _mm256_cmpgt_epi32(_mm256_and_si256(bits, magnitude), below_overflow));
       return RoundHalves(x, type);
     };
     auto part = [&](int64_t k, int64_t n) {  // n <= 8 elements
@@ -194,7 +200,8 @@ struct Avx2 {
       _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm256_set_m128i(hi, lo));
     }
     for (; i < count; i += 8) part(i, count - i < 8 ? count - i : 8);
-    return _mm256_testz_si256(non_finite, non_finite) != 0;
+    return (_mm256_testz_si256(non_finite, non_finite) ? 0u : kStreamedNonFinite) |
+           (_mm256_testz_si256(beyond, beyond) ? 0u : kStreamedBeyondRange);
   }
 
   static F LoadF32(const float* p) { return _mm256_loadu_ps(p); }

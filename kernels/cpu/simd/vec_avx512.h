@@ -150,13 +150,16 @@ struct Avx512 {
 
   // StreamFloats for fp16 / bf16 rows (KernelTable::stream_halves): non-temporal stores on
   // the 64-byte aligned middle of `out`, masked stores at the ends (no fence).
-  static bool StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* out) {
+  static uint32_t StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* out) {
     const __m512i exponent = _mm512_set1_epi32(0x7f800000);
-    __mmask16 non_finite = 0;
+    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+    const __m512i overflow = _mm512_set1_epi32(static_cast<int32_t>(HalfOverflowBits(type)));
+    __mmask16 non_finite = 0, beyond = 0;
     auto load = [&](const float* p, __mmask16 mask) {
       const __m512 x = _mm512_maskz_loadu_ps(mask, p);
       const __m512i bits = _mm512_castps_si512(x);
       non_finite |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, exponent), exponent);
+      beyond |= _mm512_cmpge_epu32_mask(_mm512_and_si512(bits, magnitude), overflow);
       return x;
     };
     // Up to 16 elements with masked stores.
@@ -175,7 +178,7 @@ struct Avx512 {
                           _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
     }
     for (; i < count; i += 16) part(i, count - i < 16 ? count - i : 16);
-    return non_finite == 0;
+    return (non_finite != 0 ? kStreamedNonFinite : 0u) | (beyond != 0 ? kStreamedBeyondRange : 0u);
   }
 
   // kW consecutive elements of each type, widened to float.

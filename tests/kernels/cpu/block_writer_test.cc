@@ -6,6 +6,7 @@
 // layer_job*.cc included, is tested against the reference in cpu_engine_test.cc.
 #include "kernels/cpu/block_writer.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -138,6 +139,42 @@ TEST_P(BlockWriterTest, NotesANonFiniteFloat) {
         }
         writer.Finish();
         EXPECT_FALSE(writer.finite());
+      }
+    }
+  }
+}
+
+// fits() is false exactly when a finite float rounds to Inf in the block's type (fp16 from
+// 65520 up, bf16 from 0x7f7f8000 up: HalfOverflowBits), wherever it lands in the block; the
+// largest magnitudes below those fit. finite() stays true: the floats themselves are finite.
+TEST_P(BlockWriterTest, NotesAFloatThatRoundsToInf) {
+  const KernelTable& kernels = KernelsFor(GetParam());
+  constexpr int32_t kDim = 100;
+  for (ElemType type : {ElemType::kF16, ElemType::kBF16}) {
+    const uint32_t overflow = HalfOverflowBits(type);
+    float first_inf, last_finite;
+    const uint32_t below = overflow - 1;
+    std::memcpy(&first_inf, &overflow, sizeof(float));
+    std::memcpy(&last_finite, &below, sizeof(float));
+    ASSERT_EQ(Expected(type, first_inf) & 0x7fffu, type == ElemType::kF16 ? 0x7c00u : 0x7f80u);
+    ASSERT_NE(Expected(type, last_finite) & 0x7fffu, type == ElemType::kF16 ? 0x7c00u : 0x7f80u);
+    for (float edge : {first_inf, -first_inf, last_finite, -last_finite}) {
+      for (int32_t at : {0, 3, 40, 99, 150, 299}) {
+        SCOPED_TRACE("type " + std::to_string(static_cast<int>(type)) + ", value " +
+                     std::to_string(edge) + ", at " + std::to_string(at));
+        std::vector<unsigned char> storage(static_cast<size_t>(3 * kDim * 2 + 128));
+        std::vector<float> buffer_storage(static_cast<size_t>(BlockWriter::Capacity(kDim) + 16));
+        float* buffer = buffer_storage.data();
+        while (reinterpret_cast<uintptr_t>(buffer) % 64 != 0) ++buffer;
+        BlockWriter writer;
+        writer.Start(kernels, buffer, kDim, type, storage.data() + 6);
+        for (int32_t r = 0; r < 3; ++r) {
+          float* row = writer.Next();
+          for (int32_t j = 0; j < kDim; ++j) row[j] = r * kDim + j == at ? edge : 1.0f;
+        }
+        writer.Finish();
+        EXPECT_TRUE(writer.finite());
+        EXPECT_EQ(writer.fits(), std::abs(edge) < first_inf);
       }
     }
   }

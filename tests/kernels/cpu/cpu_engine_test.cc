@@ -315,6 +315,57 @@ TEST_P(CpuEngineTest, RejectsBadDataAsTheReferenceDoes) {
   }
 }
 
+// fp16 / bf16 result rows: the engine notes, per tensor, whether a rounding made a finite
+// value Inf (CompressResult::key_rounding / value_rounding, what the service then need not
+// read the rows again for), and its verdict is what reading the rows gives: values around
+// fp16's edge (65504 .. 65520 and past it, alone and merged, in chunks and protected rows).
+// A reused result keeps no earlier verdict: float32 rows and the reference's rows carry none.
+TEST_P(CpuEngineTest, NotesWhetherRoundingTheRowsMadeAnInf) {
+  using Check = CompressResult::RoundingCheck;
+  auto any_inf = [](const std::vector<uint16_t>& rows, DType dtype) {
+    const uint16_t exponent = dtype == DType::kFloat16 ? 0x7c00u : 0x7f80u;
+    for (uint16_t bits : rows) {
+      if ((bits & exponent) == exponent) return true;
+    }
+    return false;
+  };
+  CompressResult reused;
+  int overflows = 0, jobs = 0;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (float edge : {65504.0f, 65519.0f, 65520.0f, 70000.0f, 3.4e38f}) {
+      for (int32_t token : {1, 40, 41, 299}) {  // a sink, a source, a destination, recent
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " value " + std::to_string(edge) +
+                     " at token " + std::to_string(token));
+        RandomLayer layer = RandomLayer::Generate(Spec(2, 300, 8, 8, 91));
+        layer.SetValue(1, token, 3, edge);
+        layer.SetValue(1, token ^ 1, 3, edge);  // its pair too: a merged row keeps the edge
+        CompressOptions options = Options(32, 4, 8, 0.5, 1);
+        options.result_dtype = dtype;
+        ASSERT_TRUE(engine_.CompressInto(layer.view(), options, &reused).ok());
+        ASSERT_EQ(reused.dtype, dtype);
+        EXPECT_EQ(reused.key_rounding, Check::kFits);
+        EXPECT_EQ(reused.value_rounding,
+                  any_inf(reused.half_values, dtype) ? Check::kOverflows : Check::kFits);
+        overflows += reused.value_rounding == Check::kOverflows ? 1 : 0;
+        ++jobs;
+      }
+    }
+  }
+  EXPECT_GT(overflows, 0);  // the cases hold both verdicts
+  EXPECT_LT(overflows, jobs);
+  const RandomLayer layer = RandomLayer::Generate(Spec(2, 300, 8, 8, 92));
+  ASSERT_TRUE(engine_.CompressInto(layer.view(), Options(32, 4, 8, 0.5, 1), &reused).ok());
+  EXPECT_EQ(reused.key_rounding, Check::kNotChecked);
+  EXPECT_EQ(reused.value_rounding, Check::kNotChecked);
+  CompressOptions half = Options(32, 4, 8, 0.5, 1);
+  half.result_dtype = DType::kFloat16;
+  ASSERT_TRUE(engine_.CompressInto(layer.view(), half, &reused).ok());
+  ASSERT_EQ(reused.value_rounding, Check::kFits);
+  ASSERT_TRUE(reference_.CompressInto(layer.view(), half, &reused).ok());
+  EXPECT_EQ(reused.key_rounding, Check::kNotChecked);
+  EXPECT_EQ(reused.value_rounding, Check::kNotChecked);
+}
+
 // CompressInto overwrites whatever result it is given: one result reused over jobs of every
 // shape and result dtype, with and without the assignment, equals the reference's fresh
 // result each time.

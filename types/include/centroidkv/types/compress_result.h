@@ -58,6 +58,13 @@ struct CompressResult {
   std::vector<uint64_t> head_input_tokens;  // [H] sum of the input counts per head
   std::vector<StopReason> stop_reasons;     // [H]
   bool rows_in_target = false;       // the rows went to CompressControl::row_target
+  // Whether rounding the rows once to an fp16 / bf16 dtype made a finite value Inf, per
+  // tensor, as the backend that rounded them saw it while writing them (the cpu backend);
+  // kNotChecked where it did not look (the service then reads the rows again,
+  // service/result_range.h).
+  enum class RoundingCheck : uint8_t { kNotChecked, kFits, kOverflows };
+  RoundingCheck key_rounding = RoundingCheck::kNotChecked;
+  RoundingCheck value_rounding = RoundingCheck::kNotChecked;
   // Not part of the result: the widened input of an fp8 job (kernels/fp8_rows.h), kept with
   // the result's other buffers so that a CompressInto caller that reuses its result (and
   // counts its capacity, as the service's ResultPool does) pays for the pages once.

@@ -249,7 +249,7 @@ LegSummary Summarize(const std::vector<RunStats>& runs) {
 }
 
 std::string LegJson(const LegSummary& leg) {
-  return absl::StrFormat("{\"jobs_per_s\":%.1f,\"tokens_per_s\":%.1f,\"p50_ms\":%.4f,"
+  return absl::StrFormat("{\"jobs_per_s\":%.3f,\"tokens_per_s\":%.1f,\"p50_ms\":%.4f,"
                          "\"p99_ms\":%.4f}",
                          leg.jobs_per_s, leg.tokens_per_s, leg.p50_ms, leg.p99_ms);
 }

@@ -341,7 +341,7 @@ TEST_F(LoadRunTest, DecodeRunsBothShapesAndEndsWithOneJsonLine) {
       // 6 jobs of 4 heads x 256 tokens: tokens/s is 1024 x jobs/s.
       EXPECT_NEAR(decode[shape][leg]["tokens_per_s"].get<double>() /
                       decode[shape][leg]["jobs_per_s"].get<double>(),
-                  1024.0, 0.1);
+                  1024.0, 0.5);
     }
     EXPECT_FALSE(decode[shape].contains("shm"));
     EXPECT_NEAR(decode[shape]["slabs_tokens_ratio_to_in_process"].get<double>(),

@@ -187,6 +187,7 @@ absl::Status LayerJob::Run() {
     out_->passes_run = pass + 1;
   }
   Finalize();
+  if (bad_input_.load()) return BadInput();  // a value found in the result rows
   return absl::OkStatus();
 }
 
@@ -358,12 +359,14 @@ void LayerJob::PrepareSinks(int32_t pass, bool fused) {
 void LayerJob::RunChunks(bool match, bool merge, bool fused) {
   const bool check = check_chunks_;  // the first pass checks each chunk's input rows
   check_chunks_ = false;
-  // Fused, the chunk task that matches a chunk also writes all of its rows; into the result
-  // (float), a row is finite exactly when every input row merged into it is (a count-weighted
-  // mean of finite floats is finite; an Inf or NaN term makes it Inf or NaN). So the values,
-  // which the matching does not read, are checked in the rows written (BlockWriter) rather
-  // than in an extra sweep over the input. The keys are checked before they are matched.
-  check_output_values_ = check && match && merge && fused;
+  // Every input row ends up in exactly one result row (merged or not, after any number of
+  // passes), and a result row is finite exactly when every input row merged into it is (a
+  // count-weighted mean of finite floats is finite, in float64 between passes too; an Inf or
+  // NaN term makes it Inf or NaN, and it stays so). So the chunks' values, which matching
+  // does not read, are checked in the result rows as they are written (BlockWriter::finite,
+  // MergeChunk and WriteOutputRows) rather than in an extra sweep over the input; Run then
+  // fails the job. The keys are checked as they are widened for matching (MatchChunk).
+  if (check) values_at_output_ = true;
   std::vector<Task> tasks;
   for (const Head& head : heads_) {
     const bool wanted = merge ? head.merges > 0 : head.active;
@@ -377,11 +380,9 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                         // so a cancelled job stops within one chunk per thread.
                         if (control_.IsCancelled()) return;
                         Head& head = heads_[tasks[i].head];
-                        const bool values_in_output =
-                            check_output_values_ && head.sink == Sink::kOutput;
-                        // Matching checks the keys as it widens them (MatchChunk).
-                        if (check && !ChunkFinite(head, tasks[i].chunk, /*with_keys=*/!match,
-                                                  /*with_values=*/!values_in_output)) {
+                        if (check && !match &&
+                            !ChunkFinite(head, tasks[i].chunk, /*with_keys=*/true,
+                                         /*with_values=*/false)) {
                           bad_input_.store(true);
                           continue;
                         }

@@ -237,10 +237,10 @@ class LayerJob {
   // The input check (the engine's ChecksLayerData): set by CheckInputRows, the first
   // RunChunks then checks each chunk's rows before using them.
   bool check_chunks_ = false;
-  // Set while the chunk tasks of a fused last pass check their input values through the
-  // rows they write (MergeChunk) instead of before matching (ChunkFinite).
-  bool check_output_values_ = false;
-  std::atomic<bool> bad_input_{false};
+  // Set once the first pass's chunks are checked: their values are checked in the result
+  // rows written (MergeChunk, WriteOutputRows) instead of before they are read (RunChunks).
+  bool values_at_output_ = false;
+  mutable std::atomic<bool> bad_input_{false};
   // fp16 / bf16 result rows: whether a rounded key / value became Inf (BlockWriter::fits).
   mutable std::atomic<bool> keys_overflow_{false}, values_overflow_{false};
   void NoteRounding(const BlockWriter& keys, const BlockWriter& values) const;

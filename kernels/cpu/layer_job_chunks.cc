@@ -177,7 +177,7 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
     scratch.key_writer.Finish();
     scratch.value_writer.Finish();
     FenceStreamedStores();
-    if (check_output_values_ && !scratch.value_writer.finite()) bad_input_.store(true);
+    if (values_at_output_ && !scratch.value_writer.finite()) bad_input_.store(true);
     NoteRounding(scratch.key_writer, scratch.value_writer);
   }
   if (head.sink == Sink::kInPlace) {  // back into the chunk's own rows; ShiftInPlace moves them

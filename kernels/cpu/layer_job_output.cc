@@ -122,6 +122,7 @@ void LayerJob::WriteOutputRows(const RowBlock& keys, const RowBlock& values, int
   scratch.key_writer.Finish();
   scratch.value_writer.Finish();
   FenceStreamedStores();
+  if (values_at_output_ && !scratch.value_writer.finite()) bad_input_.store(true);
   NoteRounding(scratch.key_writer, scratch.value_writer);
 }
 

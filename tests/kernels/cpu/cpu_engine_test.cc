@@ -254,7 +254,8 @@ TEST_P(CpuEngineTest, NothingToMergeReturnsTheInput) {
 
 // The engine checks its input itself (ChecksLayerData), chunk by chunk as it reads it: a
 // NaN or Inf anywhere (a chunk's key or value, a protected row, a passthrough head, a head
-// with nothing to do, a job that merges nothing) and bad counts give the reference's error.
+// with nothing to do, a job that merges nothing, a job of three passes, whose chunks' values
+// are checked in the result rows) and bad counts give the reference's error.
 TEST_P(CpuEngineTest, RejectsBadDataAsTheReferenceDoes) {
   struct Placement {
     const char* name;
@@ -275,7 +276,8 @@ TEST_P(CpuEngineTest, RejectsBadDataAsTheReferenceDoes) {
   std::vector<Variant> variants = {{"Fused", Options(32, 4, 8, 0.5, 1)},
                                    {"Floor", Options(32, 4, 8, 0.5, 2)},
                                    {"NothingToDo", Options(32, 4, 8, 1.0)},
-                                   {"NoMergesUniform", Options(32, 4, 8, 0.5)}};
+                                   {"NoMergesUniform", Options(32, 4, 8, 0.5)},
+                                   {"ThreePasses", Options(32, 4, 8, 0.2, 3)}};
   variants[0].options.passthrough_heads = {2};
   variants[1].options.min_similarity = 0.2;
   variants[1].options.passthrough_heads = {2};

@@ -36,7 +36,7 @@ const std::vector<std::pair<std::string, std::vector<std::string_view>>>& Rules(
         "SortSmall", "KeepBest", "nextafter", "RescoreSource", "ExactCosine"}},
       {"widening and panel packing", {"WidenRows", "PackPanels", "Transpose", "InverseNorms",
                                       "SplitRows"}},
-      {"input check (NaN/Inf)", {"NoneAllOnes", "RowsFinite", "ChunkFinite", "CheckInputRows"}},
+      {"input check (NaN/Inf)", {"NoneAllOnes", "RowsFinite", "CheckInputRows"}},
       {"fp8 conversions", {"WidenFp8", "NarrowToFp8", "MaxMagnitude", "Fp8"}},
       {"merges and row copies", {"MergeRow", "MergeTerms", "MeanOfPair", "MergeChunk",
                                  "WriteRow", "BucketSources", "ConvertRow", "WriteCount",

@@ -366,6 +366,7 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
   // does not read, are checked in the result rows as they are written (BlockWriter::finite,
   // MergeChunk and WriteOutputRows) rather than in an extra sweep over the input; Run then
   // fails the job. The keys are checked as they are widened for matching (MatchChunk).
+  assert(!check || match);  // the first RunChunks of a job matches
   if (check) values_at_output_ = true;
   std::vector<Task> tasks;
   for (const Head& head : heads_) {
@@ -380,12 +381,6 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                         // so a cancelled job stops within one chunk per thread.
                         if (control_.IsCancelled()) return;
                         Head& head = heads_[tasks[i].head];
-                        if (check && !match &&
-                            !ChunkFinite(head, tasks[i].chunk, /*with_keys=*/true,
-                                         /*with_values=*/false)) {
-                          bad_input_.store(true);
-                          continue;
-                        }
                         if (match) {
                           // The next task's rows stream into L2 while this chunk is matched.
                           PrefetchRanges next{{nullptr, nullptr}, {0, 0}};
@@ -401,15 +396,6 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                         if (merge) MergeChunk(head, tasks[i].chunk, fused, scratch);
                       }
                     });
-}
-
-bool LayerJob::ChunkFinite(const Head& head, int32_t chunk, bool with_keys,
-                           bool with_values) const {
-  const int64_t first = head.begin + int64_t{chunk} * chunk_size_;
-  const int32_t length = ChunkLength(head, chunk);
-  const RowBlock keys = Keys(head), values = Values(head);
-  return (!with_keys || kernels_.rows_finite(&keys, first, length, key_dim_)) &&
-         (!with_values || kernels_.rows_finite(&values, first, length, value_dim_));
 }
 
 // Step 6 for every merging head.

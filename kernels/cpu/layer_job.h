@@ -186,7 +186,6 @@ class LayerJob {
   bool LoadHeads();  // false: a zero count, or a head's counts overflow uint32
   absl::Status BadInput() const;
   void CheckInputRows(bool (*chunked)(const Head&));
-  bool ChunkFinite(const Head& head, int32_t chunk, bool with_keys, bool with_values) const;
   bool SetUpPass(int32_t pass);
   void PredictMerges();
   void CountMerges();
@@ -238,7 +237,7 @@ class LayerJob {
   // RunChunks then checks each chunk's rows before using them.
   bool check_chunks_ = false;
   // Set once the first pass's chunks are checked: their values are checked in the result
-  // rows written (MergeChunk, WriteOutputRows) instead of before they are read (RunChunks).
+  // rows written (MergeChunk, WriteOutputRows) instead of before they are read.
   bool values_at_output_ = false;
   mutable std::atomic<bool> bad_input_{false};
   // fp16 / bf16 result rows: whether a rounded key / value became Inf (BlockWriter::fits).

@@ -1,4 +1,4 @@
-// StreamingLLM, H2O-style and SnapKV eviction baselines.
+// StreamingLLM, H2O-style and SnapKV eviction baselines, and the merging of what they drop.
 #include "worker/eviction.h"
 
 #include <algorithm>
@@ -38,18 +38,94 @@ void KeepEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>&
   *head = std::move(kept);
 }
 
+void KeepAndMergeEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>& keep,
+                         int64_t first, int64_t end, double min_similarity) {
+  std::vector<int64_t> targets;
+  for (int64_t i : keep) {
+    if (i >= first && i < end) targets.push_back(i);
+  }
+  const int64_t n = head->size();
+  const auto dim = static_cast<size_t>(head_size);
+  if (targets.empty() || n == 0) {
+    KeepEntries(head, head_size, keep);
+    return;
+  }
+  auto key = [&](int64_t i) { return head->keys.data() + static_cast<size_t>(i) * dim; };
+  auto value = [&](int64_t i) { return head->values.data() + static_cast<size_t>(i) * dim; };
+  // Cosine as SPEC section 2 defines it, in double.
+  std::vector<double> inverse_norm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    double squares = 0.0;
+    for (size_t j = 0; j < dim; ++j) squares += double{key(i)[j]} * key(i)[j];
+    inverse_norm[static_cast<size_t>(i)] = 1.0 / std::max(std::sqrt(squares), 1e-6);
+  }
+  // Each target's count-weighted sums, starting from its own row.
+  const size_t slots = targets.size();
+  std::vector<double> key_sum(slots * dim), value_sum(slots * dim), count_sum(slots);
+  std::vector<double> attention_sum(slots, 0.0);
+  const bool attention = !head->attention.empty();
+  auto add = [&](size_t slot, int64_t i) {
+    const double c = head->counts[static_cast<size_t>(i)];
+    for (size_t j = 0; j < dim; ++j) {
+      key_sum[slot * dim + j] += c * key(i)[j];
+      value_sum[slot * dim + j] += c * value(i)[j];
+    }
+    count_sum[slot] += c;
+    if (attention) attention_sum[slot] += head->attention[static_cast<size_t>(i)];
+  };
+  for (size_t slot = 0; slot < slots; ++slot) add(slot, targets[slot]);
+  std::vector<char> kept(static_cast<size_t>(n), 0);
+  for (int64_t i : keep) kept[static_cast<size_t>(i)] = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (kept[static_cast<size_t>(i)] || head->counts[static_cast<size_t>(i)] == 0) continue;
+    size_t best = 0;
+    double best_score = -2.0;
+    for (size_t slot = 0; slot < slots; ++slot) {
+      double dot = 0.0;
+      for (size_t j = 0; j < dim; ++j) dot += double{key(i)[j]} * key(targets[slot])[j];
+      const double score = dot * inverse_norm[static_cast<size_t>(i)] *
+                           inverse_norm[static_cast<size_t>(targets[slot])];
+      if (score > best_score) {
+        best_score = score;
+        best = slot;
+      }
+    }
+    if (best_score >= min_similarity) add(best, i);
+  }
+  for (size_t slot = 0; slot < slots; ++slot) {
+    const auto t = static_cast<size_t>(targets[slot]);
+    if (count_sum[slot] == 0.0) continue;  // a count-0 target that drew nothing
+    for (size_t j = 0; j < dim; ++j) {
+      head->keys[t * dim + j] = static_cast<float>(key_sum[slot * dim + j] / count_sum[slot]);
+      head->values[t * dim + j] =
+          static_cast<float>(value_sum[slot * dim + j] / count_sum[slot]);
+    }
+    head->counts[t] = static_cast<uint32_t>(count_sum[slot]);
+    if (attention) head->attention[t] = attention_sum[slot];
+  }
+  KeepEntries(head, head_size, keep);
+}
+
 namespace {
 
-// Calls keep_of(head, budget) for every head longer than its budget.
+// Calls keep_of(head, budget) for every head longer than its budget; with `evicted` merged,
+// what it drops joins the kept entries between the protected windows of SplitBudget(budget,
+// sinks, recent).
 template <typename KeepOf>
 void EvictEachHead(KvCache* cache, const std::function<int64_t(int64_t)>& budget_of,
-                   KeepOf keep_of) {
+                   int64_t sinks, int64_t recent, EvictedEntries evicted, KeepOf keep_of) {
   for (int32_t layer = 0; layer < cache->num_layers(); ++layer) {
     for (int32_t h = 0; h < cache->num_kv_heads(); ++h) {
       HeadCache& head = cache->head(layer, h);
       const int64_t budget = budget_of(head.size());
       if (budget >= head.size()) continue;
-      KeepEntries(&head, cache->head_size(), keep_of(head, budget));
+      if (!evicted.merged) {
+        KeepEntries(&head, cache->head_size(), keep_of(head, budget));
+        continue;
+      }
+      const BudgetSplit split = SplitBudget(budget, sinks, recent);
+      KeepAndMergeEntries(&head, cache->head_size(), keep_of(head, budget), split.sinks,
+                          head.size() - split.recent, evicted.min_similarity);
     }
   }
 }
@@ -111,22 +187,27 @@ std::vector<int64_t> HeavyHittersKeep(const HeadCache& head, int64_t budget, int
 
 }  // namespace
 
-void EvictStreamingLlm(KvCache* cache, double ratio, int32_t sinks) {
+void EvictStreamingLlm(KvCache* cache, double ratio, int32_t sinks, EvictedEntries evicted) {
+  // StreamingLLM keeps nothing between its windows: the recent one is the rest of the budget.
   EvictEachHead(
-      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); },
+      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); }, sinks, cache->position(),
+      evicted,
       [sinks](const HeadCache& head, int64_t budget) { return StreamingLlmKeep(head, budget, sinks); });
 }
 
-void EvictStreamingLlmToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks) {
+void EvictStreamingLlmToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
+                               EvictedEntries evicted) {
   EvictEachHead(
-      cache, [budget_entries](int64_t) { return budget_entries; },
+      cache, [budget_entries](int64_t) { return budget_entries; }, sinks, budget_entries,
+      evicted,
       [sinks](const HeadCache& head, int64_t budget) { return StreamingLlmKeep(head, budget, sinks); });
 }
 
-absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int32_t recent) {
+absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int32_t recent,
+                               EvictedEntries evicted) {
   if (absl::Status s = CheckTracksAttention(*cache, "H2O"); !s.ok()) return s;
   EvictEachHead(
-      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); },
+      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); }, sinks, recent, evicted,
       [sinks, recent](const HeadCache& head, int64_t budget) {
         return HeavyHittersKeep(head, budget, sinks, recent);
       });
@@ -134,10 +215,10 @@ absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int3
 }
 
 absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
-                                       int32_t recent) {
+                                       int32_t recent, EvictedEntries evicted) {
   if (absl::Status s = CheckTracksAttention(*cache, "H2O"); !s.ok()) return s;
   EvictEachHead(
-      cache, [budget_entries](int64_t) { return budget_entries; },
+      cache, [budget_entries](int64_t) { return budget_entries; }, sinks, recent, evicted,
       [sinks, recent](const HeadCache& head, int64_t budget) {
         return HeavyHittersKeep(head, budget, sinks, recent);
       });
@@ -147,10 +228,12 @@ absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, i
 namespace {
 
 absl::Status EvictSnapKvEachHead(KvCache* cache, const std::function<int64_t(int64_t)>& budget_of,
-                                 int32_t sinks, int32_t window, int32_t kernel) {
+                                 int32_t sinks, int32_t window, int32_t kernel,
+                                 EvictedEntries evicted) {
   if (absl::Status s = CheckTracksAttention(*cache, "SnapKV"); !s.ok()) return s;
   if (kernel < 1) return absl::InvalidArgumentError(absl::StrCat("SnapKV kernel ", kernel, " < 1"));
-  EvictEachHead(cache, budget_of, [sinks, window, kernel](const HeadCache& head, int64_t budget) {
+  EvictEachHead(cache, budget_of, sinks, window, evicted,
+                [sinks, window, kernel](const HeadCache& head, int64_t budget) {
     return KeepTopScored(head.size(), SplitBudget(budget, sinks, window),
                          AveragePooled(head.attention, kernel));
   });
@@ -160,15 +243,17 @@ absl::Status EvictSnapKvEachHead(KvCache* cache, const std::function<int64_t(int
 }  // namespace
 
 absl::Status EvictSnapKv(KvCache* cache, double ratio, int32_t sinks, int32_t window,
-                         int32_t kernel) {
+                         int32_t kernel, EvictedEntries evicted) {
   return EvictSnapKvEachHead(
-      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); }, sinks, window, kernel);
+      cache, [ratio](int64_t n) { return BudgetEntries(n, ratio); }, sinks, window, kernel,
+      evicted);
 }
 
 absl::Status EvictSnapKvToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
-                                 int32_t window, int32_t kernel) {
+                                 int32_t window, int32_t kernel, EvictedEntries evicted) {
   return EvictSnapKvEachHead(
-      cache, [budget_entries](int64_t) { return budget_entries; }, sinks, window, kernel);
+      cache, [budget_entries](int64_t) { return budget_entries; }, sinks, window, kernel,
+      evicted);
 }
 
 }  // namespace centroidkv::worker

@@ -11,6 +11,14 @@
 // A head that already fits the budget is left alone. Positions are unchanged, so decoding
 // continues at the true length, as after CentroidKV.
 //
+// What becomes of the entries an eviction drops (EvictedEntries): gone, as the methods were
+// published, or merged ("evict, then merge", as D2O does): each dropped entry joins the kept
+// entry between the protected windows whose key is the most cosine-similar to its own (the
+// lowest index on ties), as a count-weighted mean of keys and of values with the counts
+// summed, so that attention (which adds ln(count)) still gives it its share; where nothing
+// is kept between the windows (StreamingLLM), it is dropped. Sinks and recent entries come
+// back unchanged either way, as CentroidKV's protected entries do.
+//
 // Thread-safety: none; each call changes one cache.
 #pragma once
 
@@ -39,28 +47,46 @@ BudgetSplit SplitBudget(int64_t budget, int64_t sinks, int64_t recent);
 // Keeps the entries of `head` whose indices are in `keep` (ascending).
 void KeepEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>& keep);
 
+struct EvictedEntries {
+  bool merged = false;  // false: dropped
+  // Merged only where the best kept entry's cosine is at least this (a similarity floor, as
+  // D2O's threshold); dropped below it. -1: every evicted entry is merged.
+  double min_similarity = -1.0;
+};
+
+// The same, with every entry not in `keep` merged into the most similar kept entry of
+// [first, end) (see above; the attention statistics add up too); dropped when none is kept
+// there or the best similarity is below `min_similarity`.
+void KeepAndMergeEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>& keep,
+                         int64_t first, int64_t end, double min_similarity = -1.0);
+
 // StreamingLLM: sinks plus the most recent entries, `ratio` of each head's entries.
-void EvictStreamingLlm(KvCache* cache, double ratio, int32_t sinks);
+void EvictStreamingLlm(KvCache* cache, double ratio, int32_t sinks,
+                       EvictedEntries evicted = {});
 
 // The same, online: every head longer than `budget_entries` keeps sinks plus its newest.
-void EvictStreamingLlmToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks);
+void EvictStreamingLlmToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
+                               EvictedEntries evicted = {});
 
 // H2O-style heavy hitters: sinks, `recent` newest, and the highest accumulated attention
 // among the others. FailedPrecondition when the cache did not track attention.
-absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int32_t recent);
+absl::Status EvictHeavyHitters(KvCache* cache, double ratio, int32_t sinks, int32_t recent,
+                               EvictedEntries evicted = {});
 
 // The same, online: every head longer than `budget_entries` drops its least attended
 // entries outside the protected windows (attention keeps accumulating while decoding).
 absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
-                                       int32_t recent);
+                                       int32_t recent,
+                                       EvictedEntries evicted = {});
 
 // SnapKV at `ratio` of each head's entries. FailedPrecondition when the cache did not track
 // attention; InvalidArgument for a kernel below 1.
 absl::Status EvictSnapKv(KvCache* cache, double ratio, int32_t sinks, int32_t window,
-                         int32_t kernel);
+                         int32_t kernel, EvictedEntries evicted = {});
 
 // The same to `budget_entries` entries per head (heads that fit are left alone).
 absl::Status EvictSnapKvToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
-                                 int32_t window, int32_t kernel);
+                                 int32_t window, int32_t kernel,
+                                 EvictedEntries evicted = {});
 
 }  // namespace centroidkv::worker

@@ -1,6 +1,7 @@
 // Tests of worker/eviction.cc: budgets as the engine computes them, and which
 // entries StreamingLLM, the H2O-style baseline and SnapKV keep (by ratio, and online to a
-// fixed budget of entries); SnapKV's observation-window statistic from a real prefill.
+// fixed budget of entries); SnapKV's observation-window statistic from a real prefill;
+// what merging the dropped entries does to the kept ones.
 #include "worker/eviction.h"
 
 #include <vector>
@@ -57,6 +58,57 @@ TEST(EvictionTest, HeavyHittersNeedTrackedAttention) {
   KvCache cache = LineCache(std::vector<double>(4, 0.0));
   cache.TrackAttention(false);
   EXPECT_EQ(EvictHeavyHitters(&cache, 0.5, 1, 1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(EvictionTest, MergedEvictionFoldsEachDroppedEntryIntoItsMostSimilarKeptOne) {
+  // Head size 2, values equal to keys; H2O at 0.5 with 1 sink and 1 recent keeps 2 and 3
+  // (the most attended of 1..6), and the rest of 1..6 joins the kept entry whose key is
+  // closest in angle: 4 -> 2; 1, 5 and 6 -> 3 (6 is orthogonal to 3, opposite to 2).
+  const std::vector<std::vector<float>> keys = {{1, 0}, {1, 0.5f}, {0, 1},  {1, 0},
+                                                {0.5f, 1}, {2, 0}, {0, -1}, {5, 5}};
+  const std::vector<double> attention = {0, 0, 5, 4, 0, 0, 0, 0};
+  auto cache_of = [&] {
+    KvCache cache(1, 1, 2);
+    cache.TrackAttention(true);
+    for (const std::vector<float>& key : keys) {
+      cache.Append(0, key.data(), key.data());
+      cache.AdvancePosition();
+    }
+    cache.head(0, 0).attention = attention;
+    return cache;
+  };
+  KvCache merged = cache_of();
+  ASSERT_TRUE(EvictHeavyHitters(&merged, 0.5, 1, 1, EvictedEntries{.merged = true}).ok());
+  const HeadCache& head = merged.head(0, 0);
+  const std::vector<float> expected = {1, 0, 0.25f, 1, 1, -0.125f, 5, 5};
+  EXPECT_EQ(head.keys, expected);
+  EXPECT_EQ(head.values, expected);
+  EXPECT_EQ(head.counts, (std::vector<uint32_t>{1, 2, 4, 1}));  // all 8 tokens still there
+  EXPECT_EQ(head.attention, (std::vector<double>{0, 5, 4, 0}));
+  EXPECT_EQ(merged.position(), 8);
+
+  // Dropping keeps the same entries unchanged.
+  KvCache dropped = cache_of();
+  ASSERT_TRUE(EvictHeavyHitters(&dropped, 0.5, 1, 1).ok());
+  EXPECT_EQ(dropped.head(0, 0).keys, (std::vector<float>{1, 0, 0, 1, 1, 0, 5, 5}));
+  EXPECT_EQ(dropped.head(0, 0).counts, (std::vector<uint32_t>{1, 1, 1, 1}));
+
+  // With a similarity floor of 0.5, 6 (cosine 0 with 3) is dropped instead; 1, 4 and 5 are
+  // still merged.
+  KvCache floored = cache_of();
+  ASSERT_TRUE(EvictHeavyHitters(&floored, 0.5, 1, 1,
+                                EvictedEntries{.merged = true, .min_similarity = 0.5})
+                  .ok());
+  EXPECT_EQ(floored.head(0, 0).keys,
+            (std::vector<float>{1, 0, 0.25f, 1, static_cast<float>(4.0 / 3.0),
+                                static_cast<float>(0.5 / 3.0), 5, 5}));
+  EXPECT_EQ(floored.head(0, 0).counts, (std::vector<uint32_t>{1, 2, 3, 1}));
+
+  // StreamingLLM keeps nothing between its windows, so merging drops as it would.
+  KvCache streaming = cache_of();
+  EvictStreamingLlm(&streaming, 0.5, 1, EvictedEntries{.merged = true});
+  EXPECT_EQ(streaming.head(0, 0).keys, (std::vector<float>{1, 0, 2, 0, 0, -1, 5, 5}));
+  EXPECT_EQ(streaming.head(0, 0).counts, (std::vector<uint32_t>{1, 1, 1, 1}));
 }
 
 TEST(EvictionTest, SnapKvKeepsTheWindowAndThePooledMostAttended) {

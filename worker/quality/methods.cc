@@ -22,8 +22,12 @@ const std::vector<std::string>& AllMethods() {
 }
 
 std::string BaseMethod(const std::string& method) {
-  return KeepsOutlierHeads(method) ? std::string(absl::StripSuffix(method, kOutliersSuffix))
-                                   : method;
+  return std::string(
+      absl::StripSuffix(absl::StripSuffix(method, kOutliersSuffix), kMergeSuffix));
+}
+
+bool MergesEvicted(const std::string& method) {
+  return absl::EndsWith(absl::StripSuffix(method, kOutliersSuffix), kMergeSuffix);
 }
 
 bool KeepsOutlierHeads(const std::string& method) {
@@ -97,24 +101,25 @@ std::vector<std::vector<int32_t>> OutlierHeadsFor(const MethodSettings& settings
 using BudgetEviction = std::function<absl::Status(KvCache* cache, int64_t entries)>;
 
 absl::StatusOr<BudgetEviction> EvictionToBudget(const std::string& base,
-                                                const MethodSettings& settings) {
+                                                const MethodSettings& settings,
+                                                EvictedEntries evicted) {
   const int32_t sinks = settings.centroidkv.compression.sink_tokens;
   const int32_t recent = settings.centroidkv.compression.recent_tokens;
   if (base == kStreamingLlm) {
-    return BudgetEviction([sinks](KvCache* cache, int64_t entries) {
-      EvictStreamingLlmToBudget(cache, entries, sinks);
+    return BudgetEviction([sinks, evicted](KvCache* cache, int64_t entries) {
+      EvictStreamingLlmToBudget(cache, entries, sinks, evicted);
       return absl::OkStatus();
     });
   }
   if (base == kH2o) {
-    return BudgetEviction([sinks, recent](KvCache* cache, int64_t entries) {
-      return EvictHeavyHittersToBudget(cache, entries, sinks, recent);
+    return BudgetEviction([sinks, recent, evicted](KvCache* cache, int64_t entries) {
+      return EvictHeavyHittersToBudget(cache, entries, sinks, recent, evicted);
     });
   }
   if (base == kSnapKv) {
     const int32_t kernel = settings.snapkv_kernel;
-    return BudgetEviction([sinks, recent, kernel](KvCache* cache, int64_t entries) {
-      return EvictSnapKvToBudget(cache, entries, sinks, recent, kernel);
+    return BudgetEviction([sinks, recent, kernel, evicted](KvCache* cache, int64_t entries) {
+      return EvictSnapKvToBudget(cache, entries, sinks, recent, kernel, evicted);
     });
   }
   return absl::InvalidArgumentError(absl::StrCat(
@@ -165,6 +170,13 @@ absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double
                                                client::Client* client, TargetTally* tally) {
   const int32_t sinks = settings.centroidkv.compression.sink_tokens;
   const int32_t recent = settings.centroidkv.compression.recent_tokens;
+  const EvictedEntries evicted{.merged = MergesEvicted(method),
+                               .min_similarity = settings.merge_min_similarity};
+  if (MergesEvicted(method) && BaseMethod(method) != kH2o && BaseMethod(method) != kSnapKv) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown method \"", method, "\": \"", kMergeSuffix, "\" goes with ", kH2o, " or ",
+        kSnapKv, " (StreamingLLM keeps nothing to merge into)"));
+  }
   if (method == kCentroidKv || method == kCentroidKvOutliers) {
     if (client == nullptr) return absl::FailedPreconditionError("centroidkv needs a server");
     const bool outliers = method == kCentroidKvOutliers;
@@ -182,7 +194,8 @@ absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double
     });
   }
   if (KeepsOutlierHeads(method)) {
-    absl::StatusOr<BudgetEviction> evict = EvictionToBudget(BaseMethod(method), settings);
+    absl::StatusOr<BudgetEviction> evict =
+        EvictionToBudget(BaseMethod(method), settings, evicted);
     if (!evict.ok()) return evict.status();
     return CacheCompressor([settings, budget, evict = *std::move(evict)](KvCache* cache) {
       const std::vector<std::vector<int32_t>> whole = OutlierHeadsFor(settings, *cache, budget);
@@ -202,15 +215,15 @@ absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double
       return absl::OkStatus();
     });
   }
-  if (method == kH2o) {
-    return CacheCompressor([budget, sinks, recent](KvCache* cache) {
-      return EvictHeavyHitters(cache, budget, sinks, recent);
+  if (BaseMethod(method) == kH2o) {
+    return CacheCompressor([budget, sinks, recent, evicted](KvCache* cache) {
+      return EvictHeavyHitters(cache, budget, sinks, recent, evicted);
     });
   }
-  if (method == kSnapKv) {
+  if (BaseMethod(method) == kSnapKv) {
     const int32_t kernel = settings.snapkv_kernel;
-    return CacheCompressor([budget, sinks, recent, kernel](KvCache* cache) {
-      return EvictSnapKv(cache, budget, sinks, recent, kernel);
+    return CacheCompressor([budget, sinks, recent, kernel, evicted](KvCache* cache) {
+      return EvictSnapKv(cache, budget, sinks, recent, kernel, evicted);
     });
   }
   if (method == kKMeans) {

@@ -10,6 +10,11 @@
 //                        the control for centroidkv+outliers: the same outlier heads kept
 //                        whole, the other heads evicted to the same shared budget, so a
 //                        table shows what merging adds beyond keeping those heads
+//   h2o+merge, snapkv+merge (and with +outliers: snapkv+merge+outliers)
+//                        evict, then merge (D2O-style): the same kept entries, with each
+//                        dropped entry merged into its most similar kept one
+//                        (worker/eviction.h), so a table shows whether merging what
+//                        eviction drops keeps what eviction loses
 //
 // Budget accounting: every method keeps ceil(budget * n) entries per head. With outlier
 // heads sharing the budget (the default), the other heads of the whole model shrink to
@@ -39,10 +44,14 @@ inline constexpr char kH2o[] = "h2o";
 inline constexpr char kKMeans[] = "kmeans";
 inline constexpr char kSnapKv[] = "snapkv";
 inline constexpr char kOutliersSuffix[] = "+outliers";
+inline constexpr char kMergeSuffix[] = "+merge";
 
-// The method without its "+outliers": "snapkv" for "snapkv+outliers", "centroidkv" for
-// centroidkv+outliers; the name itself otherwise.
+// The method without its "+merge" and "+outliers": "snapkv" for "snapkv+merge+outliers",
+// "centroidkv" for centroidkv+outliers; the name itself otherwise.
 std::string BaseMethod(const std::string& method);
+
+// True for "<eviction>+merge[+outliers]": what the eviction drops is merged, not dropped.
+bool MergesEvicted(const std::string& method);
 
 // True for "<method>+outliers": the outlier heads stay whole (MethodSettings).
 bool KeepsOutlierHeads(const std::string& method);
@@ -61,6 +70,8 @@ struct MethodSettings {
   std::vector<std::pair<int32_t, int32_t>> outlier_ranking;
   // When true, outlier heads count against the budget (the other heads shrink more).
   bool outliers_share_budget = true;
+  // The "+merge" methods' similarity floor (EvictedEntries::min_similarity; -1: none).
+  double merge_min_similarity = -1.0;
   int32_t kmeans_iterations = 25;
   // SnapKV's pooling kernel (kvpress's SnapKVPress default); its window is the recent one.
   int32_t snapkv_kernel = 5;

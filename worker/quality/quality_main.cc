@@ -59,6 +59,7 @@ struct Flags {
   double calibration_budget = 0.0;
   bool calibrate_only = false;
   int32_t kmeans_iterations = 25;
+  double merge_min_similarity = -1.0;
   BackendKind backend = BackendKind::kAuto;
   // The dtype CentroidKV's centroids come back in (fp8: with static --output-scales, or
   // per-head dynamic scales).
@@ -98,7 +99,8 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--methods", f.methods,
                  "methods to run (default: all; centroidkv+outliers needs outlier heads; "
-                 "streamingllm/h2o/snapkv+outliers keep the same heads whole)")
+                 "streamingllm/h2o/snapkv+outliers keep the same heads whole; h2o/snapkv+merge "
+                 "merge what they evict, also with +outliers)")
       ->delimiter(',');
   cli::AddCompressOptionFlags(&app, &f.compression,
                               {.targets = false, .passthrough_heads = false,
@@ -121,6 +123,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_flag("--calibrate-only", f.calibrate_only,
                "print the calibrated --passthrough-heads and exit");
   app.add_option("--kmeans-iterations", f.kmeans_iterations, "Lloyd iterations of k-means")
+      ->capture_default_str();
+  app.add_option("--merge-min-similarity", f.merge_min_similarity,
+                 "h2o/snapkv+merge: an evicted entry is merged only where its most similar "
+                 "kept entry's key cosine is at least this (dropped below; -1: all merged)")
       ->capture_default_str();
   cli::AddBackendOption(&app, "--backend", &f.backend, "server backend");
   cli::AddDTypeOption(&app, "--output-dtype", &f.output_dtype,
@@ -182,6 +188,7 @@ MethodSettings ToMethodSettings(const Flags& f) {
   s.centroidkv.compression.result_value_scales = f.output_scales;
   s.outliers_share_budget = f.outliers_share_budget;
   s.kmeans_iterations = f.kmeans_iterations;
+  s.merge_min_similarity = f.merge_min_similarity;
   return s;
 }
 
@@ -212,13 +219,13 @@ absl::Status Calibrate(const Flags& f, Transformer& transformer, client::Client&
   context->outlier_heads = FormatHeads(settings->method_settings.outlier_heads);
   context->outlier_source = absl::StrFormat(
       "Calibrated on %d texts sampled with seeds %d..%d (the evaluation uses other seeds), "
-      "each KV head compressed alone to a %g budget; the %d most harmful heads were ranked%s.",
+      "each KV head compressed alone to a %g budget; the %d most harmful heads were ranked.%s",
       f.calibration_texts, f.calibration_seed, f.calibration_seed + f.calibration_texts - 1, budget,
       count,
       f.outliers_share_budget
           ? " They share the budget (the other heads shrink), so each compression passes "
             "through the longest prefix of that ranking its budget can afford at its length, "
-            "none where not one fits (then it equals centroidkv)"
+            "none where not one fits (then it equals centroidkv)."
           : "");
   return absl::OkStatus();
 }
@@ -392,6 +399,7 @@ absl::Status Run(const Flags& f, const std::string& command) {
   settings.method_settings = ToMethodSettings(f);
   ReportContext context;
   context.command = command;
+  context.head_size = config.head_size();
   context.model =
       absl::StrFormat("`%s` (%d layers, %d KV heads of size %d, %d query heads, %d parameters)",
                       f.model, config.n_layers, config.n_kv_heads, config.head_size(),

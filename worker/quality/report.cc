@@ -160,9 +160,12 @@ std::string MarkdownReport(const std::vector<MethodResult>& results, const Repor
                   "see `quality_tuning.md` (`scripts/tune_quality.sh`).\n");
   absl::StrAppend(&out,
                   "\nKV kept is measured (entries after compression / entries before, over all "
-                  "layers, heads and texts; count-0 padding rows are not entries). Caveat from "
-                  "`../shared/models/README.md`: this "
-                  "model's head size is 8, far below production models (64-128).\n");
+                  "layers, heads and texts; count-0 padding rows are not entries).");
+  if (context.head_size > 0 && context.head_size < 64) {
+    absl::StrAppend(&out, " Caveat from `../shared/models/README.md`: this model's head size is ",
+                    context.head_size, ", far below production models (64-128).");
+  }
+  absl::StrAppend(&out, "\n");
   return out;
 }
 

@@ -46,6 +46,7 @@ struct Flags {
   // As centroidkv-quality's defaults; S and W are also the baselines' sinks and recent window.
   CompressOptions compression{.chunk_size = 32, .sink_tokens = 4, .recent_tokens = 32};
   BackendKind backend = BackendKind::kAuto;
+  double merge_min_similarity = -1.0;
   std::string report_md;
   bool quiet = false;
 };
@@ -65,6 +66,7 @@ absl::Status Run(const Flags& f, const std::string& command) {
   settings.methods = f.methods;
   settings.method_settings.centroidkv.compression = f.compression;
   settings.method_settings.centroidkv.backend = f.backend;
+  settings.method_settings.merge_min_similarity = f.merge_min_similarity;
   const ModelConfig& config = model.config();
   if (!f.outlier_heads.empty()) {
     CKV_ASSIGN_OR_RETURN(settings.method_settings.outlier_heads,
@@ -179,7 +181,8 @@ int main(int argc, char** argv) {
   app.add_option("--methods", f.methods,
                  "centroidkv, centroidkv+outliers, streamingllm, h2o, snapkv, kmeans; "
                  "streamingllm+outliers, h2o+outliers, snapkv+outliers keep the same outlier "
-                 "heads whole (the control)")
+                 "heads whole (the control); h2o+merge, snapkv+merge[+outliers] merge what "
+                 "they evict into the most similar kept entries")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--outlier-heads", f.outlier_heads,
@@ -194,6 +197,9 @@ int main(int argc, char** argv) {
                                           {.targets = false, .passthrough_heads = false,
                                            .assignment = false, .output_layout = false});
   centroidkv::cli::AddBackendOption(&app, "--backend", &f.backend, "server backend");
+  app.add_option("--merge-min-similarity", f.merge_min_similarity,
+                 "h2o/snapkv+merge: merge an evicted entry only at this key cosine or above")
+      ->capture_default_str();
   app.add_option("--report-md", f.report_md, "markdown table (\"\": none)");
   app.add_flag("--quiet", f.quiet, "no progress on stderr");
   CLI11_PARSE(app, argc, argv);

@@ -43,6 +43,16 @@ TEST(MethodsTest, UnknownMethodAndMissingServerAreErrors) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeCompressor(kCentroidKv, 0.5, {}, nullptr).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  // "+merge" goes with an eviction that keeps entries between its windows.
+  for (const char* method : {"centroidkv+merge", "kmeans+merge", "streamingllm+merge+outliers"}) {
+    const absl::Status status = MakeCompressor(method, 0.5, {}, nullptr).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << method;
+    EXPECT_NE(status.message().find(method), std::string::npos) << status;
+  }
+  EXPECT_TRUE(MakeCompressor("snapkv+merge+outliers", 0.5, {}, nullptr).ok());
+  EXPECT_EQ(BaseMethod("snapkv+merge+outliers"), kSnapKv);
+  EXPECT_TRUE(MergesEvicted("h2o+merge"));
+  EXPECT_FALSE(MergesEvicted("h2o+outliers"));
 }
 
 TEST(MethodsTest, EvictionControlsKeepTheOutlierHeadsWholeAndEvictTheRestToTheSharedTarget) {
@@ -114,7 +124,9 @@ TEST_F(MethodsServerTest, EveryMethodKeepsTheBudget) {
       PrefillText(transformer, *tokens, 200, TrackingFor(AllMethods(), settings));
   ASSERT_TRUE(text.ok());
   ASSERT_TRUE(text->window_cache.has_value());
-  for (const std::string& method : AllMethods()) {
+  std::vector<std::string> methods = AllMethods();
+  methods.insert(methods.end(), {"h2o+merge", "snapkv+merge", "snapkv+merge+outliers"});
+  for (const std::string& method : methods) {
     absl::StatusOr<CacheCompressor> compress = MakeCompressor(method, 0.25, settings, client_);
     ASSERT_TRUE(compress.ok()) << compress.status();
     int64_t entries = 0;

@@ -38,20 +38,64 @@ void KeepEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>&
   *head = std::move(kept);
 }
 
+void MergeEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>& group_of,
+                  int64_t groups) {
+  const auto dim = static_cast<size_t>(head_size);
+  const auto slots = static_cast<size_t>(groups);
+  const bool attention = !head->attention.empty();
+  std::vector<double> key_sum(slots * dim, 0.0), value_sum(slots * dim, 0.0);
+  std::vector<double> attention_sum(slots, 0.0);
+  std::vector<uint64_t> count_sum(slots, 0);
+  std::vector<int64_t> first(slots, -1);
+  for (int64_t i = 0; i < head->size(); ++i) {
+    const int64_t g = group_of[static_cast<size_t>(i)];
+    if (g < 0) continue;
+    const auto slot = static_cast<size_t>(g);
+    if (first[slot] < 0) first[slot] = i;
+    const double c = head->counts[static_cast<size_t>(i)];
+    const float* key = head->keys.data() + static_cast<size_t>(i) * dim;
+    const float* value = head->values.data() + static_cast<size_t>(i) * dim;
+    for (size_t j = 0; j < dim; ++j) {
+      key_sum[slot * dim + j] += c * key[j];
+      value_sum[slot * dim + j] += c * value[j];
+    }
+    count_sum[slot] += head->counts[static_cast<size_t>(i)];
+    if (attention) attention_sum[slot] += head->attention[static_cast<size_t>(i)];
+  }
+  HeadCache out;
+  out.keys.resize(slots * dim);
+  out.values.resize(slots * dim);
+  out.counts.resize(slots);
+  if (attention) out.attention = attention_sum;
+  for (size_t slot = 0; slot < slots; ++slot) {
+    const auto row = static_cast<size_t>(first[slot]);
+    if (count_sum[slot] == 0) {  // padding only: the row as it is
+      std::copy_n(head->keys.begin() + row * dim, dim, out.keys.begin() + slot * dim);
+      std::copy_n(head->values.begin() + row * dim, dim, out.values.begin() + slot * dim);
+      continue;
+    }
+    const auto count = static_cast<double>(count_sum[slot]);
+    for (size_t j = 0; j < dim; ++j) {
+      out.keys[slot * dim + j] = static_cast<float>(key_sum[slot * dim + j] / count);
+      out.values[slot * dim + j] = static_cast<float>(value_sum[slot * dim + j] / count);
+    }
+    out.counts[slot] = static_cast<uint32_t>(count_sum[slot]);
+  }
+  *head = std::move(out);
+}
+
 void KeepAndMergeEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>& keep,
                          int64_t first, int64_t end, double min_similarity) {
-  std::vector<int64_t> targets;
-  for (int64_t i : keep) {
-    if (i >= first && i < end) targets.push_back(i);
-  }
   const int64_t n = head->size();
   const auto dim = static_cast<size_t>(head_size);
-  if (targets.empty() || n == 0) {
-    KeepEntries(head, head_size, keep);
-    return;
+  // Kept entry r is group r; a dropped one joins its most similar target's group, or none.
+  std::vector<int64_t> group_of(static_cast<size_t>(n), -1);
+  std::vector<int64_t> targets;  // entry indices in [first, end), ascending
+  for (size_t r = 0; r < keep.size(); ++r) {
+    group_of[static_cast<size_t>(keep[r])] = static_cast<int64_t>(r);
+    if (keep[r] >= first && keep[r] < end) targets.push_back(keep[r]);
   }
   auto key = [&](int64_t i) { return head->keys.data() + static_cast<size_t>(i) * dim; };
-  auto value = [&](int64_t i) { return head->values.data() + static_cast<size_t>(i) * dim; };
   // Cosine as SPEC section 2 defines it, in double.
   std::vector<double> inverse_norm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -59,51 +103,27 @@ void KeepAndMergeEntries(HeadCache* head, int32_t head_size, const std::vector<i
     for (size_t j = 0; j < dim; ++j) squares += double{key(i)[j]} * key(i)[j];
     inverse_norm[static_cast<size_t>(i)] = 1.0 / std::max(std::sqrt(squares), 1e-6);
   }
-  // Each target's count-weighted sums, starting from its own row.
-  const size_t slots = targets.size();
-  std::vector<double> key_sum(slots * dim), value_sum(slots * dim), count_sum(slots);
-  std::vector<double> attention_sum(slots, 0.0);
-  const bool attention = !head->attention.empty();
-  auto add = [&](size_t slot, int64_t i) {
-    const double c = head->counts[static_cast<size_t>(i)];
-    for (size_t j = 0; j < dim; ++j) {
-      key_sum[slot * dim + j] += c * key(i)[j];
-      value_sum[slot * dim + j] += c * value(i)[j];
-    }
-    count_sum[slot] += c;
-    if (attention) attention_sum[slot] += head->attention[static_cast<size_t>(i)];
-  };
-  for (size_t slot = 0; slot < slots; ++slot) add(slot, targets[slot]);
-  std::vector<char> kept(static_cast<size_t>(n), 0);
-  for (int64_t i : keep) kept[static_cast<size_t>(i)] = 1;
-  for (int64_t i = 0; i < n; ++i) {
+  std::vector<bool> kept(static_cast<size_t>(n), false);
+  for (int64_t i : keep) kept[static_cast<size_t>(i)] = true;
+  for (int64_t i = 0; i < n && !targets.empty(); ++i) {
     if (kept[static_cast<size_t>(i)] || head->counts[static_cast<size_t>(i)] == 0) continue;
-    size_t best = 0;
+    int64_t best = -1;
     double best_score = -2.0;
-    for (size_t slot = 0; slot < slots; ++slot) {
+    for (int64_t t : targets) {
       double dot = 0.0;
-      for (size_t j = 0; j < dim; ++j) dot += double{key(i)[j]} * key(targets[slot])[j];
-      const double score = dot * inverse_norm[static_cast<size_t>(i)] *
-                           inverse_norm[static_cast<size_t>(targets[slot])];
+      for (size_t j = 0; j < dim; ++j) dot += double{key(i)[j]} * key(t)[j];
+      const double score =
+          dot * inverse_norm[static_cast<size_t>(i)] * inverse_norm[static_cast<size_t>(t)];
       if (score > best_score) {
         best_score = score;
-        best = slot;
+        best = t;
       }
     }
-    if (best_score >= min_similarity) add(best, i);
-  }
-  for (size_t slot = 0; slot < slots; ++slot) {
-    const auto t = static_cast<size_t>(targets[slot]);
-    if (count_sum[slot] == 0.0) continue;  // a count-0 target that drew nothing
-    for (size_t j = 0; j < dim; ++j) {
-      head->keys[t * dim + j] = static_cast<float>(key_sum[slot * dim + j] / count_sum[slot]);
-      head->values[t * dim + j] =
-          static_cast<float>(value_sum[slot * dim + j] / count_sum[slot]);
+    if (best_score >= min_similarity) {
+      group_of[static_cast<size_t>(i)] = group_of[static_cast<size_t>(best)];
     }
-    head->counts[t] = static_cast<uint32_t>(count_sum[slot]);
-    if (attention) head->attention[t] = attention_sum[slot];
   }
-  KeepEntries(head, head_size, keep);
+  MergeEntries(head, head_size, group_of, static_cast<int64_t>(keep.size()));
 }
 
 namespace {

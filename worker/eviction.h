@@ -47,6 +47,14 @@ BudgetSplit SplitBudget(int64_t budget, int64_t sinks, int64_t recent);
 // Keeps the entries of `head` whose indices are in `keep` (ascending).
 void KeepEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>& keep);
 
+// Replaces the entries of `head` by `groups` entries: entry g is the count-weighted mean key
+// and value of the entries i with group_of[i] == g (summed in double, in index order), with
+// their counts and, where tracked, their attention summed; entries of group -1 are dropped.
+// Every group has a member; a group whose counts sum to 0 keeps its first member as it is.
+// (CentroidKV's merge, as the k-means baseline and evict-then-merge use it.)
+void MergeEntries(HeadCache* head, int32_t head_size, const std::vector<int64_t>& group_of,
+                  int64_t groups);
+
 struct EvictedEntries {
   bool merged = false;  // false: dropped
   // Merged only where the best kept entry's cosine is at least this (a similarity floor, as

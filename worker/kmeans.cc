@@ -121,48 +121,23 @@ void UpdateCenters(const Points& points, int64_t k, std::vector<int64_t>* assign
 }
 
 // Replaces the entries [begin, begin + size) of `head` by the clusters of `assignment`,
-// ordered by their first member.
+// ordered by their first member (MergeEntries); the others stay as they are.
 void MergeClusters(HeadCache* head, int32_t dim, int64_t begin, int64_t size, int64_t k,
                    const std::vector<int64_t>& assignment) {
-  std::vector<int64_t> order;  // clusters by first member
-  std::vector<bool> seen(static_cast<size_t>(k), false);
-  for (int64_t i = 0; i < size; ++i) {
-    const int64_t c = assignment[static_cast<size_t>(i)];
-    if (!seen[static_cast<size_t>(c)]) order.push_back(c);
-    seen[static_cast<size_t>(c)] = true;
-  }
-  HeadCache out;
-  auto copy_entry = [&](int64_t i) {
-    out.keys.insert(out.keys.end(), head->keys.begin() + i * dim,
-                    head->keys.begin() + (i + 1) * dim);
-    out.values.insert(out.values.end(), head->values.begin() + i * dim,
-                      head->values.begin() + (i + 1) * dim);
-    out.counts.push_back(head->counts[static_cast<size_t>(i)]);
-  };
-  for (int64_t i = 0; i < begin; ++i) copy_entry(i);
-  for (int64_t c : order) {
-    std::vector<double> key(static_cast<size_t>(dim), 0.0), value(static_cast<size_t>(dim), 0.0);
-    uint64_t count = 0;
-    for (int64_t i = 0; i < size; ++i) {
-      if (assignment[static_cast<size_t>(i)] != c) continue;
-      const int64_t e = begin + i;
-      const double w = head->counts[static_cast<size_t>(e)];
-      for (int32_t j = 0; j < dim; ++j) {
-        key[static_cast<size_t>(j)] += w * head->keys[static_cast<size_t>(e * dim + j)];
-        value[static_cast<size_t>(j)] += w * head->values[static_cast<size_t>(e * dim + j)];
-      }
-      count += head->counts[static_cast<size_t>(e)];
+  std::vector<int64_t> group_of_cluster(static_cast<size_t>(k), -1);
+  std::vector<int64_t> group_of(static_cast<size_t>(head->size()));
+  int64_t groups = 0;
+  for (int64_t i = 0; i < head->size(); ++i) {
+    if (i < begin || i >= begin + size) {
+      group_of[static_cast<size_t>(i)] = groups++;
+      continue;
     }
-    for (int32_t j = 0; j < dim; ++j) {
-      out.keys.push_back(
-          static_cast<float>(key[static_cast<size_t>(j)] / static_cast<double>(count)));
-      out.values.push_back(
-          static_cast<float>(value[static_cast<size_t>(j)] / static_cast<double>(count)));
-    }
-    out.counts.push_back(static_cast<uint32_t>(count));
+    int64_t& cluster_group =
+        group_of_cluster[static_cast<size_t>(assignment[static_cast<size_t>(i - begin)])];
+    if (cluster_group < 0) cluster_group = groups++;
+    group_of[static_cast<size_t>(i)] = cluster_group;
   }
-  for (int64_t i = begin + size; i < head->size(); ++i) copy_entry(i);
-  *head = std::move(out);
+  MergeEntries(head, dim, group_of, groups);
 }
 
 void ClusterHead(HeadCache* head, int32_t dim, double ratio, const KMeansOptions& options,

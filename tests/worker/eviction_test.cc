@@ -1,7 +1,7 @@
 // Tests of worker/eviction.cc: budgets as the engine computes them, and which
 // entries StreamingLLM, the H2O-style baseline and SnapKV keep (by ratio, and online to a
 // fixed budget of entries); SnapKV's observation-window statistic from a real prefill;
-// what merging the dropped entries does to the kept ones.
+// what merging the dropped entries does to the kept ones, and MergeEntries itself.
 #include "worker/eviction.h"
 
 #include <vector>
@@ -109,6 +109,23 @@ TEST(EvictionTest, MergedEvictionFoldsEachDroppedEntryIntoItsMostSimilarKeptOne)
   EvictStreamingLlm(&streaming, 0.5, 1, EvictedEntries{.merged = true});
   EXPECT_EQ(streaming.head(0, 0).keys, (std::vector<float>{1, 0, 2, 0, 0, -1, 5, 5}));
   EXPECT_EQ(streaming.head(0, 0).counts, (std::vector<uint32_t>{1, 1, 1, 1}));
+}
+
+TEST(EvictionTest, MergeEntriesAveragesEachGroupByCountAndDropsGroupMinusOne) {
+  HeadCache head;
+  head.keys = {1, 2, 3, 4, 5};
+  head.values = {10, 20, 30, 40, 50};
+  head.counts = {1, 3, 2, 0, 0};
+  head.attention = {0.5, 0.25, 1.0, 0.0, 0.0};
+  // Entries 0 and 1 -> group 1, entry 2 dropped, entries 3 and 4 (padding) -> group 0.
+  MergeEntries(&head, 1, {1, 1, -1, 0, 0}, 2);
+  ASSERT_EQ(head.size(), 2);
+  EXPECT_EQ(head.counts, (std::vector<uint32_t>{0, 4}));
+  EXPECT_FLOAT_EQ(head.keys[0], 4.0f);  // padding only: its first member as it is
+  EXPECT_FLOAT_EQ(head.values[0], 40.0f);
+  EXPECT_FLOAT_EQ(head.keys[1], (1.0f * 1 + 2.0f * 3) / 4);
+  EXPECT_FLOAT_EQ(head.values[1], (10.0f * 1 + 20.0f * 3) / 4);
+  EXPECT_EQ(head.attention, (std::vector<double>{0.0, 0.75}));
 }
 
 TEST(EvictionTest, SnapKvKeepsTheWindowAndThePooledMostAttended) {

@@ -10,13 +10,17 @@ Measures, per method and budget (the share of the cache kept):
 - retrieval (--cases, models/longctx's format): the context compressed before the
   question arrives, then the question and the answer teacher-forced; a case counts when
   every answer token is the argmax;
-- prefill wall time (median over texts, ms) and the KV kept (entries after / before).
+- prefill wall time (median over texts, ms) and the KV kept (entries after / before;
+  presses that mask entries in place, AdaKV and KVzip, count the unmasked ones).
+
+KVzip reads the tokenizer with AutoTokenizer.from_pretrained(model.config.name_or_path): the
+--tokenizer is saved to a temporary folder, and the model's name_or_path names it.
 
 Run by scripts/quality_kvpress.sh, which also runs centroidkv-quality on the same texts
 (--tokens-out) for the agreement check and writes docs/quality-kvpress.md.
 
   python bench/kvpress_quality.py --server unix:///tmp/ckv.sock --model M.bin \\
-      --tokenizer tok512.bin --texts 16 --prefill 384 --continuation 96 --budgets 0.5,0.25,0.1 \\
+      [--tokenizer tok512.bin] --texts 16 --prefill 384 --continuation 96 --budgets 0.5,0.25,0.1 \\
       [--cases retrieval_cases.txt] [--outlier-heads 2:0,0:1] --json-out R.json
 """
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -34,7 +39,7 @@ from transformers import DynamicCache
 
 import kvpress
 import centroidkv
-from centroidkv.convert_llama2c import to_transformers
+from centroidkv.convert_llama2c import to_transformers, tokenizer_to_transformers
 from centroidkv.kvpress import CentroidKVPress
 from centroidkv.transformers import enable
 
@@ -64,10 +69,12 @@ def parse_ranking(text: str) -> list:
 
 # ---- the methods ---------------------------------------------------------------------------
 
-def centroidkv_press(client, kept, n, config, ranking):
+def centroidkv_press(client, kept, n, config, ranking, output_dtype):
     """CentroidKV's press; with a ranking, as many of its heads kept whole as the budget
     affords at this length, the others shrunk to keep the total (centroidkv+outliers)."""
     common = dict(chunk_size=CHUNK, sink_tokens=SINKS, recent_tokens=RECENT)
+    if output_dtype:
+        common["output_dtype"] = output_dtype
     heads = config.num_hidden_layers * config.num_key_value_heads
     fit = min(heads_that_fit(heads, n, kept), len(ranking))
     if fit == 0:
@@ -89,15 +96,22 @@ def kvpress_presses():
         "tova": lambda r: p.TOVAPress(compression_ratio=r),
         "expected_attention": lambda r: p.ExpectedAttentionPress(compression_ratio=r),
         "merging(snapkv)": lambda r: p.MergingPress(press=p.SnapKVPress(compression_ratio=r)),
+        "adakv(snapkv)": lambda r: p.AdaKVPress(press=p.SnapKVPress(compression_ratio=r)),
+        "adakv(expected_attention)":
+            lambda r: p.AdaKVPress(press=p.ExpectedAttentionPress(compression_ratio=r)),
         "kvzip": lambda r: p.KVzipPress(compression_ratio=r),
     }
 
 
+OURS = ("centroidkv", "centroidkv+outliers")
+FP8 = "(fp8_e4m3)"  # the centroids come back as E4M3 codes with per-head scales (issue 32)
+
+
 def make_press(method, kept, n, config, client, ranking):
-    if method == "centroidkv":
-        return centroidkv_press(client, kept, n, config, [])
-    if method == "centroidkv+outliers":
-        return centroidkv_press(client, kept, n, config, ranking)
+    base = method.removesuffix(FP8)
+    if base in OURS:
+        return centroidkv_press(client, kept, n, config, ranking if base == OURS[1] else [],
+                                "fp8_e4m3" if method.endswith(FP8) else None)
     return kvpress_presses()[method](1.0 - kept)
 
 
@@ -112,9 +126,14 @@ def prefill(model, press, ids):
     return cache, time.perf_counter() - start
 
 
-def entries(cache) -> int:
-    """Entries held over every layer and head (count-aware layers: every real row)."""
+def entries(model, cache) -> int:
+    """Entries held over every layer and head (count-aware layers: every real row), less
+    those a head-wise press masked (kvpress's masked_key_indices, set during the prefill)."""
     total = 0
+    for attention in (layer.self_attn for layer in model.model.layers):
+        masked = getattr(attention, "masked_key_indices", None)
+        if masked is not None:
+            total -= len(masked[0])
     for layer in cache.layers:
         keys = layer.keys[0]
         if keys.shape[-1] > layer.values.shape[-1]:  # ln(count) column: -inf marks padding
@@ -176,7 +195,7 @@ def evaluate(model, client, args, methods, texts, cases, ranking):
                     press = make_press(method, kept, args.prefill, config, client, ranking)
                     cache, s = prefill(model, press, ids[:args.prefill])
                     seconds.append(s)
-                    after += entries(cache)
+                    after += entries(model, cache)
                     before += args.prefill * config.num_hidden_layers * config.num_key_value_heads
                     logits = forward_after(model, cache, ids[args.prefill:], args.prefill)
                     p = torch.log_softmax(full.double(), -1)
@@ -221,13 +240,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True)
     ap.add_argument("--model", required=True, help="a llama2.c checkpoint (.bin)")
+    ap.add_argument("--tokenizer", default="../shared/models/tok512.bin",
+                    help="its llama2.c tokenizer.bin (KVzip encodes its repeat prompt)")
     ap.add_argument("--texts", type=int, default=16)
     ap.add_argument("--seed", type=int, default=1000)
     ap.add_argument("--prefill", type=int, default=384)
     ap.add_argument("--continuation", type=int, default=96)
     ap.add_argument("--budgets", default="0.5,0.25,0.1")
-    ap.add_argument("--methods", default="centroidkv,centroidkv+outliers," +
-                    ",".join(kvpress_presses()))
+    ap.add_argument("--methods", default=",".join(OURS + tuple(m + FP8 for m in OURS) +
+                                                  tuple(kvpress_presses())))
     ap.add_argument("--cases", default="", help="retrieval cases (models/longctx format)")
     ap.add_argument("--outlier-heads", default="",
                     help="ranked LAYER:HEAD,... for centroidkv+outliers (calibrated elsewhere)")
@@ -239,9 +260,12 @@ def main() -> int:
     args.budgets = [float(b) for b in args.budgets.split(",")]
     torch.set_num_threads(args.threads)
     model = to_transformers(args.model)
+    tokenizer_dir = tempfile.TemporaryDirectory(prefix="ckv-kvpress-tokenizer-")
+    tokenizer_to_transformers(args.tokenizer).save_pretrained(tokenizer_dir.name)
+    model.config.name_or_path = tokenizer_dir.name
     enable(model)  # the count-aware attention: SDPA on every plain cache, ln(count) on ours
     ranking = parse_ranking(args.outlier_heads)
-    methods = [m for m in args.methods.split(",") if m != "centroidkv+outliers" or ranking]
+    methods = [m for m in args.methods.split(",") if not m.startswith(OURS[1]) or ranking]
     texts = sample_texts(model, args.texts, args.prefill + args.continuation, args.seed)
     if args.tokens_out:
         with open(args.tokens_out, "w") as f:

@@ -24,7 +24,7 @@ run_model() {  # NAME MODEL PREFILL CONTINUATION OUTLIERS [more kvpress_quality.
   local name=$1 model=$2 prefill=$3 continuation=$4 outliers=$5
   shift 5
   "${with_server[@]}" .venv/bin/python bench/kvpress_quality.py --server "{server}" \
-    --model "$model" --texts 16 --prefill "$prefill" --continuation "$continuation" \
+    --model "$model" --tokenizer ../shared/models/tok512.bin --texts 16 --prefill "$prefill" --continuation "$continuation" \
     --budgets "$budgets" --outlier-heads "$outliers" --tokens-out "$work/$name.txt" \
     --json-out "docs/quality-kvpress-$name.json" "$@"
   "${with_server[@]}" "$bin/centroidkv-quality" --server "{server}" --model "$model" \

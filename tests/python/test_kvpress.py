@@ -2,9 +2,11 @@
 pipeline, on stories260K converted to a LlamaForCausalLM, against a real server: the kept
 entries and counts, the answer equal to the same compression done through
 centroidkv.transformers, kvpress's compression_ratio convention, and bad input (a NaN in the
-cache, a server gone mid-prefill, a budget out of range) raising errors that name the layer."""
+cache, a server gone mid-prefill, a budget out of range) raising errors that name the layer;
+and kvpress's own head-wise presses (AdaKV, KVzip) masking through the count-aware attention."""
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 kvpress = pytest.importorskip("kvpress")  # the suite's environment always has it (setup_python)
-from transformers import DynamicCache, pipeline  # noqa: E402
+from transformers import AutoTokenizer, DynamicCache, LlamaForCausalLM, pipeline  # noqa: E402
 
 import centroidkv  # noqa: E402
 from centroidkv.convert_llama2c import to_transformers, tokenizer_to_transformers  # noqa: E402
@@ -227,3 +229,63 @@ def test_a_server_gone_mid_prefill_raises_naming_the_layer(model, pipe, context)
                 hook.remove()
             assert sorted(press.results) == [0, 1]  # the layers before it were compressed
             assert isinstance(raised.value.error, centroidkv.CompressError)
+
+
+def decode_one_by_one(model, cache, tokens, start):
+    """Logits of `tokens` fed after the cache one at a time (decoding), at true positions."""
+    rows = []
+    with torch.no_grad():
+        for i, token in enumerate(tokens):
+            rows.append(model(torch.tensor([[token]]), past_key_values=cache,
+                              position_ids=torch.tensor([[start + i]])).logits[0, -1])
+    return torch.stack(rows)
+
+
+def prefilled(model, press, ids):
+    cache = DynamicCache()
+    with (press(model) if press is not None else contextlib.nullcontext()), torch.no_grad():
+        model.model(input_ids=torch.tensor([ids]), past_key_values=cache)
+    return cache
+
+
+def test_head_wise_presses_mask_exactly_in_the_count_aware_attention(context, tokenizer):
+    # AdaKV keeps every entry and names the evicted ones (module.masked_key_indices); the
+    # count-aware attention hides them with -inf, kvpress's patched SDPA with fake keys.
+    ids = tokenizer.encode(tokenizer.bos_token + context, add_special_tokens=False)
+    prompt, follow = ids[:200], ids[200:208]
+    ours = to_transformers(SHARED_DIR / "models" / "stories260K.bin")
+    enable(ours)
+    theirs = to_transformers(SHARED_DIR / "models" / "stories260K.bin")  # sdpa, kvpress's patch
+    press = lambda: kvpress.AdaKVPress(press=kvpress.SnapKVPress(compression_ratio=0.75))  # noqa: E731
+    got = decode_one_by_one(ours, prefilled(ours, press(), prompt), follow, len(prompt))
+    masked = [len(layer.self_attn.masked_key_indices[0]) for layer in ours.model.layers]
+    heads = ours.config.num_key_value_heads
+    assert masked == [heads * (len(prompt) - math.ceil(0.25 * len(prompt)))] * len(masked)
+    want = decode_one_by_one(theirs, prefilled(theirs, press(), prompt), follow, len(prompt))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    full = decode_one_by_one(ours, prefilled(ours, None, prompt), follow, len(prompt))
+    assert (got - full).abs().max() > 1e-2, "the masked entries changed nothing"
+    # Several queries at once (a question fed after the context): the same logits, where
+    # kvpress's fake keys need a hyperplane that 8 dimensions rarely have for 8 queries.
+    cache = prefilled(ours, press(), prompt)
+    with torch.no_grad():
+        together = ours(torch.tensor([follow]), past_key_values=cache,
+                        position_ids=torch.arange(len(prompt), len(ids[:208]))[None]).logits[0]
+    torch.testing.assert_close(together, got, rtol=0, atol=1e-4)
+
+
+def test_kvzip_runs_in_the_pipeline_on_a_converted_folder(model, tokenizer, context, tmp_path):
+    # KVzip reads the tokenizer from model.config.name_or_path: the converter's folder.
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    enable(loaded)
+    pipe = pipeline("kv-press-text-generation", model=loaded,
+                    tokenizer=AutoTokenizer.from_pretrained(tmp_path), device="cpu")
+    answer = pipe(context, question=QUESTION, press=kvpress.KVzipPress(compression_ratio=0.75),
+                  max_new_tokens=4)["answer"]
+    assert answer.strip()
+    n = len(tokenizer.encode(tokenizer.bos_token + context, add_special_tokens=False))
+    masked = sum(len(layer.self_attn.masked_key_indices[0]) for layer in loaded.model.layers)
+    total = n * loaded.config.num_key_value_heads * loaded.config.num_hidden_layers
+    assert abs(masked - 0.75 * total) <= 1, (masked, total)

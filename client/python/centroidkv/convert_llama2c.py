@@ -1,7 +1,10 @@
 """Converts a llama2.c checkpoint (legacy "version 0" float32 layout, e.g.
 ../shared/models/stories260K.bin) into a Hugging Face transformers LlamaForCausalLM folder.
 
-    python -m centroidkv.convert_llama2c stories260K.bin OUT_DIR
+    python -m centroidkv.convert_llama2c stories260K.bin OUT_DIR [--tokenizer tok512.bin]
+
+With --tokenizer, OUT_DIR also holds the tokenizer (tokenizer.json), so that
+AutoTokenizer.from_pretrained(OUT_DIR) loads it: kvpress's KVzip press needs that.
 
 The layout (worker/model.h): 7 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads,
 vocab_size, seq_len; vocab_size < 0 means an unshared classifier), then float32 row-major
@@ -111,19 +114,22 @@ def to_transformers(path):
 
 
 def tokenizer_to_transformers(path):
-    """llama2.c's tokenizer.bin as a transformers tokenizer (centroidkv.llama2c_tokenizer)."""
-    from .llama2c_tokenizer import Llama2cTokenizer
+    """llama2.c's tokenizer.bin as a transformers fast tokenizer (centroidkv.llama2c_tokenizer)."""
+    from .llama2c_tokenizer import fast_tokenizer
 
-    return Llama2cTokenizer(str(path))
+    return fast_tokenizer(str(path))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint")
     parser.add_argument("out_dir")
+    parser.add_argument("--tokenizer", default="", help="llama2.c tokenizer.bin to save too")
     args = parser.parse_args()
     model = to_transformers(args.checkpoint)
     model.save_pretrained(args.out_dir)
+    if args.tokenizer:
+        tokenizer_to_transformers(args.tokenizer).save_pretrained(args.out_dir)
     print(f"wrote {args.out_dir}: LlamaForCausalLM, {sum(p.numel() for p in model.parameters())} "
           "parameters")
     return 0

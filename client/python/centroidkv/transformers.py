@@ -32,26 +32,58 @@ from .torch import padded_heads, widen_keys, widen_queries
 ATTENTION_NAME = "centroidkv"
 
 
-def centroidkv_attention(module, query, key, value, attention_mask, scaling=None,
-                         dropout=0.0, **kwargs):
+def causal_mask(queries: int, keys: int, device) -> torch.Tensor:
+    """[1, 1, queries, keys] bool: the queries are the last `queries` of the `keys`."""
+    rows = torch.arange(queries, device=device)[:, None]
+    cols = torch.arange(keys, device=device)[None, :]
+    return (cols <= keys - queries + rows)[None, None]
+
+
+def _hide_masked_entries(module, query, key, mask):
+    """kvpress's head-wise presses (AdaKV, KVzip, ...) keep every entry in the cache and name
+    the evicted ones in module.masked_key_indices = (batch, kv head, position), cleared when
+    a prefill starts (as many queries as keys). Those entries get -inf in the mask: exact,
+    where kvpress's own patch substitutes fake keys that exist only for a few queries.
+    Returns the mask, [B, H, q, kv] when entries are hidden."""
+    if query.shape[2] == key.shape[2]:
+        module.masked_key_indices = None
+        return mask
+    masked = getattr(module, "masked_key_indices", None)
+    if masked is None:
+        return mask
+    batch, heads, queries, keys = key.shape[0], key.shape[1], query.shape[2], key.shape[2]
+    if mask is None:
+        mask = causal_mask(queries, keys, query.device)
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~mask, -math.inf)
+    mask = mask.to(query.dtype).expand(batch, heads, queries, keys).clone()
+    batch_index, head_index, position = masked
+    mask[batch_index, head_index, :, position] = -math.inf
+    return mask
+
+
+def centroidkv_attention(module, query, key, value, attention_mask, dropout=0.0,
+                         scaling=None, **kwargs):
     """transformers attention function: SDPA over keys that may carry the ln(count) column.
-    query [B, Hq, q, d], key [B, H, kv, d or d + 1], value [B, H, kv, dv]."""
+    query [B, Hq, q, d], key [B, H, kv, d or d + 1], value [B, H, kv, dv]. The parameters
+    are in sdpa_attention_forward's order (kvpress's attention patch passes dropout sixth)."""
     if key.shape[-1] == query.shape[-1] + 1:
         query = widen_queries(query)
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
     if scaling is None:
         scaling = 1.0 / math.sqrt(value.shape[-1])
     mask = attention_mask
     if mask is not None and mask.dim() == 4 and mask.shape[-1] != key.shape[-2]:
         # The model builds one mask from layer 0's length; a layer of another length
         # (outlier heads kept whole) sees every stored entry and the new tokens causally.
-        stored = key.shape[-2] - query.shape[2]
-        rows = torch.arange(query.shape[2], device=query.device)[:, None]
-        cols = torch.arange(key.shape[-2], device=query.device)[None, :]
-        mask = (cols <= stored + rows)[None, None]
+        mask = causal_mask(query.shape[2], key.shape[-2], query.device)
+    mask = _hide_masked_entries(module, query, key, mask)
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+        if mask is not None and mask.shape[1] > 1:
+            mask = mask.repeat_interleave(groups, dim=1)
     is_causal = mask is None and query.shape[2] > 1
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
@@ -59,14 +91,22 @@ def centroidkv_attention(module, query, key, value, attention_mask, scaling=None
     return out.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTENTION_NAME, centroidkv_attention)
-AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+def _register_attention() -> None:
+    """Registers centroidkv_attention, unwrapped: importing kvpress wraps every registered
+    attention function with its fake-key patch, which centroidkv_attention replaces by the
+    exact mask (_hide_masked_entries); enable() registers it again for that reason."""
+    AttentionInterface.register(ATTENTION_NAME, centroidkv_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+_register_attention()
 
 
 def enable(model) -> None:
     """Makes `model` use the count-aware attention (identical to SDPA on uncompressed
     caches) and compress a CentroidKVCache passed as past_key_values right after the forward
     call that prefilled it (what generate() does first). Safe to call twice."""
+    _register_attention()  # undoes kvpress's wrapper if kvpress was imported since
     model.set_attn_implementation(ATTENTION_NAME)
     if getattr(model, "_centroidkv_hook", None) is not None:
         return

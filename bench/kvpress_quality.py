@@ -121,7 +121,8 @@ def prefill(model, press, ids):
     """The context through the model (no LM head) under `press`; the cache, the seconds."""
     cache = DynamicCache()
     start = time.perf_counter()
-    with (press(model) if press is not None else contextlib.nullcontext()), torch.no_grad():
+    # no_grad outermost: KVzip runs its scoring passes as its press's block exits.
+    with torch.no_grad(), (press(model) if press is not None else contextlib.nullcontext()):
         model.model(input_ids=torch.tensor([ids]), past_key_values=cache)
     return cache, time.perf_counter() - start
 
@@ -259,7 +260,7 @@ def main() -> int:
     args = ap.parse_args()
     args.budgets = [float(b) for b in args.budgets.split(",")]
     torch.set_num_threads(args.threads)
-    model = to_transformers(args.model)
+    model = to_transformers(args.model).requires_grad_(False)
     tokenizer_dir = tempfile.TemporaryDirectory(prefix="ckv-kvpress-tokenizer-")
     tokenizer_to_transformers(args.tokenizer).save_pretrained(tokenizer_dir.name)
     model.config.name_or_path = tokenizer_dir.name

@@ -9,6 +9,7 @@ returned exactly once.
 """
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from typing import Iterable, Iterator, Optional
@@ -125,12 +126,10 @@ class ClientCore:
             request_serializer=pb.UnregisterRegionRequest.SerializeToString,
             response_deserializer=pb.UnregisterRegionResponse.FromString)
         self._info: Optional[ServerInfo] = None
-        self._next_job_id = 1
+        self._job_ids = itertools.count(1)  # next() is atomic: calls from several threads
 
     def _job_id(self) -> int:
-        job_id = self._next_job_id
-        self._next_job_id += 1
-        return job_id
+        return next(self._job_ids)
 
     def _make_jobs(self, layers, options) -> dict:
         jobs = {}

@@ -9,8 +9,10 @@
     answer = pipe(context, question=question, press=press)["answer"]
 
 During prefill, after each attention layer has run, the press sends that layer's keys and
-values to the server (one `Client.compress` job per layer, any target the Client takes)
-and puts back the centroids. A centroid that stands for c tokens carries ln(c) in one extra
+values to the server (one `Client.compress` job per layer, any target the Client takes),
+on a worker thread while the model computes the next layers, and when the model's forward
+returns it puts back the centroids (pipelined: the prefill waits for the last job, not for
+each in turn). A centroid that stands for c tokens carries ln(c) in one extra
 key dimension, the form that `centroidkv.transformers` decodes with. The model is switched
 to its count-aware attention ("centroidkv", identical to SDPA on plain caches) when the
 press is applied, so every later query adds ln(c) to the merged keys' logits.
@@ -38,6 +40,7 @@ CentroidKVPressError naming the layer; the cache is never left silently uncompre
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -67,7 +70,6 @@ class CentroidKVPress(BasePress):
 
     client: Any = None
     target_ratio: Optional[float] = None
-    compression_ratio: Optional[float] = None
     target_tokens: Optional[int] = None
     passthrough_heads: Optional[Union[Sequence[int], Mapping[int, Sequence[int]]]] = None
     shared_memory: Optional[bool] = None  # None: where the server may map our memory
@@ -99,20 +101,35 @@ class CentroidKVPress(BasePress):
                 raise ValueError(f"CentroidKVPress: {name} is set by the press")
         self.client = client
         self.target_ratio = target_ratio
-        self.compression_ratio = compression_ratio
+        self._compression_ratio = compression_ratio
+        self._removed = 0.0  # the share removed by the last prefill (for target_tokens)
         self.target_tokens = target_tokens
         self.passthrough_heads = passthrough_heads
         self.options = options
         self.shared_memory = shared_memory
         self.results = {}
         self._region = None  # the shared memory region of the current `with press(model)`
+        self._worker = None  # the thread that runs this block's jobs, one at a time
+        self._pending = {}  # layer -> (attention module, cache, keys, job) until installed
+        self._failed = None  # the first layer whose job failed (-1: the prefill raised)
 
     def kept_ratio(self) -> Optional[float]:
         """The share of each head kept (None with target_tokens)."""
         if self.target_tokens is not None:
             return None
         return float(self.target_ratio if self.target_ratio is not None
-                     else 1.0 - self.compression_ratio)
+                     else 1.0 - self._compression_ratio)
+
+    @property
+    def compression_ratio(self) -> float:
+        """kvpress's convention, the share of the cache removed, whichever budget was given
+        (kvpress's ComposedPress and pipelines read it); with target_tokens, the share the
+        last prefill removed."""
+        if self._compression_ratio is not None:
+            return float(self._compression_ratio)
+        if self.target_ratio is not None:
+            return 1.0 - float(self.target_ratio)
+        return self._removed
 
     def heads_kept_whole(self, layer: int) -> Optional[list]:
         if self.passthrough_heads is None:
@@ -126,11 +143,23 @@ class CentroidKVPress(BasePress):
 
     @contextmanager
     def __call__(self, model):
-        """kvpress's context manager; also closes this block's shared memory region."""
+        """kvpress's context manager. The layers' jobs run on one worker thread while the
+        model computes the next layers; the base model's forward hook waits for them and
+        puts the centroids into the cache before the prefill returns. Closes this block's
+        shared memory region at the end."""
+        base = model.model.language_model if hasattr(model.model, "language_model") else model.model
+        installer = base.register_forward_hook(self._install_pending, with_kwargs=True)
         try:
-            with super().__call__(model):
-                yield
+            with ThreadPoolExecutor(1, thread_name_prefix="centroidkv-press") as worker:
+                self._worker = worker
+                try:
+                    with super().__call__(model):
+                        yield
+                finally:
+                    self._failed = -1  # jobs still queued (a forward that raised) are not sent
         finally:
+            installer.remove()
+            self._worker, self._pending, self._failed = None, {}, None
             if self._region is not None:
                 self._region.close()
                 self._region = None
@@ -140,6 +169,11 @@ class CentroidKVPress(BasePress):
         the first layer, room for every layer), or None where shared memory is not used."""
         dtype = {torch.float32: np.float32, torch.float16: np.float16}.get(keys.dtype)
         if self.shared_memory is False or (dtype is None and not self.shared_memory):
+            return None
+        if self._worker is None:  # hooked by another press: no block of ours closes a region
+            if self.shared_memory:
+                raise ValueError("shared_memory=True needs the press's own `with press(model)` "
+                                 "block (not another press's hooks)")
             return None
         if dtype is None:
             raise ValueError(f"shared_memory=True takes fp32 or fp16 caches, not {keys.dtype}")
@@ -157,7 +191,14 @@ class CentroidKVPress(BasePress):
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         """The layer's centroids as (widened keys [1, H, T, d + 1], values [1, H, T, d]),
-        heads padded to the longest (pad entries get -inf in the extra key dimension)."""
+        heads padded to the longest (pad entries get -inf in the extra key dimension).
+        kvpress's press interface, synchronous; the press's own hook pipelines instead."""
+        result = self._compress_layer(module.layer_idx, self._request(module, keys, values))
+        return self._widened(module, result, keys)
+
+    def _request(self, module, keys, values):
+        """What the layer's job sends (on the calling thread: the copy into shared memory
+        must happen before the cache moves on)."""
         layer = module.layer_idx
         if keys.shape[0] != 1:
             raise CentroidKVPressError(layer, ValueError(
@@ -169,32 +210,63 @@ class CentroidKVPress(BasePress):
             budget["passthrough_heads"] = heads
         try:
             shared = self._in_region(module, keys[0], values[0])
-            if shared is not None:
-                result = self.client.compress(*shared, region=self._region, layer_index=layer,
-                                              **budget, **self.options)
-            else:  # in the cache's own dtype (fp32, fp16 or bf16 go on the wire as they are)
-                result = self.client.compress(keys[0].contiguous(), values[0].contiguous(),
-                                              layer_index=layer, **budget, **self.options)
         except (CompressError, ValueError, TypeError) as error:
             raise CentroidKVPressError(layer, error) from error
+        if shared is not None:
+            return shared, dict(region=self._region, **budget)
+        # in the cache's own dtype (fp32, fp16 or bf16 go on the wire as they are)
+        return (keys[0].contiguous(), values[0].contiguous()), budget
+
+    def _compress_layer(self, layer, request):
+        """The layer's LayerResult from the server (on the worker thread when pipelined)."""
+        if self._failed is not None:
+            raise CentroidKVPressError(layer, RuntimeError(
+                "not sent: " + ("the prefill failed" if self._failed < 0 else
+                                f"layer {self._failed} failed first")))
+        (keys, values), options = request
+        try:
+            result = self.client.compress(keys, values, layer_index=layer, **options,
+                                          **self.options)
+        except (CompressError, ValueError, TypeError) as error:
+            self._failed = layer if self._failed is None else self._failed
+            raise CentroidKVPressError(layer, error) from error
         self.results[layer] = result
+        heads, tokens = keys.shape[0], keys.shape[1]
+        self._removed = 1.0 - int(result.offsets[-1]) / max(1, heads * tokens)
+        return result
+
+    def _widened(self, module, result, keys):
         padded = padded_heads(result, dtype=keys.dtype, device=keys.device)
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(keys.shape[-1])
         wide = widen_keys(padded.keys, padded.bias.to(keys.device), scale=scaling)
         return wide[None], padded.values[None]
 
     def forward_hook(self, module, input, kwargs, output):
-        """kvpress's hook, except that the layer is replaced by one whose new tokens get a
-        zero (ln 1) in the extra key dimension."""
+        """kvpress's hook, except that the layer's job is queued (the next layers go on
+        meanwhile) and the layer is replaced, once the model's forward is done, by one whose
+        new tokens get a zero (ln 1) in the extra key dimension."""
         cache = kwargs["past_key_values"]
         if not is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1]):
             return output
-        layer = cache.layers[module.layer_idx]
-        if isinstance(layer, CompressedLayer):
-            raise CentroidKVPressError(module.layer_idx,
-                                       RuntimeError("this layer is already compressed"))
-        keys, values = self.compress(module, kwargs["hidden_states"], layer.keys, layer.values,
-                                     output[1], kwargs)
-        cache.layers[module.layer_idx] = CompressedLayer(keys, values, 0)
+        layer = module.layer_idx
+        if isinstance(cache.layers[layer], CompressedLayer) or layer in self._pending:
+            raise CentroidKVPressError(layer, RuntimeError("this layer is already compressed"))
+        keys, values = cache.layers[layer].keys, cache.layers[layer].values
+        if self._worker is None:  # hooked by another press (kvpress's ComposedPress): in turn
+            wide_keys, values = self.compress(module, kwargs["hidden_states"], keys, values,
+                                              output[1], kwargs)
+            cache.layers[layer] = CompressedLayer(wide_keys, values, 0)
+            return output
+        job = self._worker.submit(self._compress_layer, layer, self._request(module, keys, values))
+        self._pending[layer] = (module, cache, keys, job)
         return output
 
+    def _install_pending(self, base, args, kwargs, output):
+        """After the model's forward: each queued layer's centroids into its cache, in layer
+        order; the first layer that failed raises (later ones are not sent)."""
+        pending, self._pending = self._pending, {}
+        for layer in sorted(pending):
+            module, cache, keys, job = pending[layer]
+            wide_keys, values = self._widened(module, job.result(), keys)
+            cache.layers[layer] = CompressedLayer(wide_keys, values, 0)
+        return output

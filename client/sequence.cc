@@ -11,6 +11,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <span>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -112,6 +114,7 @@ struct Sequence::State {
   void OnResultLocked(LayerResult result);
   void FailLocked(absl::Status error);
   void ReadResults();
+  std::span<const float> LayerScales(const std::vector<float>& scales, int32_t layer) const;
   bool AllDoneLocked() const { return stats.jobs_in_flight == 0 && stats.jobs_waiting == 0; }
 };
 
@@ -134,6 +137,32 @@ absl::Status CheckOptions(const SequenceOptions& o) {
   if (o.chunk_tokens < 2) return bad("chunk_tokens", o.chunk_tokens, "must be at least 2");
   if (!(o.chunk_ratio > 0.0 && o.chunk_ratio <= 1.0)) {
     return bad("chunk_ratio", o.chunk_ratio, "must be in (0, 1]");
+  }
+  for (const auto& [field, scales] :
+       {std::pair<const char*, const std::vector<float>*>{"key_scales", &o.key_scales},
+        std::pair<const char*, const std::vector<float>*>{"value_scales", &o.value_scales}}) {
+    if (!IsFp8(o.dtype)) {
+      if (!scales->empty()) {
+        return bad(field, scales->size(),
+                   absl::StrCat("entries given for dtype ", std::string(DTypeName(o.dtype)),
+                                ": scales are for fp8 caches only")
+                       .c_str());
+      }
+      continue;
+    }
+    const size_t n = scales->size();
+    const size_t layers = static_cast<size_t>(o.num_layers);
+    if (n != 1 && n != layers && n != layers * static_cast<size_t>(o.num_heads)) {
+      return bad(field, absl::StrCat(n, " entries"),
+                 absl::StrCat("an fp8 cache needs 1, num_layers (", layers,
+                              ") or num_layers x num_heads (", layers * o.num_heads, ")")
+                     .c_str());
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!(std::isfinite((*scales)[i]) && (*scales)[i] > 0.0f)) {
+        return bad(field, absl::StrCat("[", i, "] ", (*scales)[i]), "must be finite and > 0");
+      }
+    }
   }
   if (o.policy == OnlinePolicy::kFixedBudget) {
     const int64_t middle =
@@ -422,6 +451,18 @@ void Sequence::State::StartReadyJobsLocked(int32_t layer) {
   }
 }
 
+// The scales of `layer` in SequenceOptions::key_scales / value_scales: one for every head
+// (one entry, or one per layer) or one per KV head.
+std::span<const float> Sequence::State::LayerScales(const std::vector<float>& scales,
+                                          int32_t layer) const {
+  if (scales.size() == 1) return {scales.data(), 1};
+  if (scales.size() == static_cast<size_t>(options.num_layers)) {
+    return {scales.data() + layer, 1};
+  }
+  const auto heads = static_cast<size_t>(options.num_heads);
+  return {scales.data() + static_cast<size_t>(layer) * heads, heads};
+}
+
 absl::Status Sequence::State::SubmitLocked(int32_t layer, size_t job_index) {
   LayerJobState& js = layers[static_cast<size_t>(layer)].jobs[job_index];
   LayerJob& job = js.job;
@@ -446,6 +487,14 @@ absl::Status Sequence::State::SubmitLocked(int32_t layer, size_t job_index) {
   job.options.compute_assignment = false;
   job.options.result_dtype = DType::kFloat32;
   job.output_dtype = options.dtype;
+  if (IsFp8(options.dtype)) {  // in and out in the cache's scales (static)
+    job.layer.key_scales = LayerScales(options.key_scales, layer);
+    job.layer.value_scales = LayerScales(options.value_scales, layer);
+    job.options.result_key_scales.assign(job.layer.key_scales.begin(),
+                                         job.layer.key_scales.end());
+    job.options.result_value_scales.assign(job.layer.value_scales.begin(),
+                                           job.layer.value_scales.end());
+  }
   job.backend = options.backend;
   job.priority = options.priority;
   absl::StatusOr<uint64_t> id = stream->Submit(job);
@@ -492,6 +541,21 @@ void Sequence::State::OnResultLocked(LayerResult result) {
     FailLocked(absl::InternalError(absl::StrCat("layer ", layer, ": a result of ", result.num_heads,
                                                 " heads in another shape or dtype")));
     return;
+  }
+  if (IsFp8(options.dtype)) {
+    const std::span<const float> keys = LayerScales(options.key_scales, layer);
+    const std::span<const float> values = LayerScales(options.value_scales, layer);
+    for (int32_t h = 0; h < heads; ++h) {
+      const size_t key = keys.size() == 1 ? 0 : static_cast<size_t>(h);
+      const size_t value = values.size() == 1 ? 0 : static_cast<size_t>(h);
+      if (result.key_scales.size() != static_cast<size_t>(heads) ||
+          result.value_scales.size() != static_cast<size_t>(heads) ||
+          result.key_scales[h] != keys[key] || result.value_scales[h] != values[value]) {
+        FailLocked(absl::InternalError(absl::StrCat(
+            "layer ", layer, ": fp8 rows came back in other scales than the cache's")));
+        return;
+      }
+    }
   }
   const int64_t rows = result.offsets[1] - result.offsets[0];
   for (int32_t h = 0; h < heads; ++h) {

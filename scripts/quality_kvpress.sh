@@ -4,7 +4,7 @@
 # text; models/longctx: fluent text and its retrieval cases), runs centroidkv-quality on the
 # same texts (the agreement check: our press against the C++ worker, kvpress's StreamingLLM
 # against ours) and writes docs/quality-kvpress.md, docs/quality-kvpress-*.json and
-# docs/quality-kvpress.png (bench/kvpress_report.py). About 25 minutes on 2 cores.
+# docs/quality-kvpress.png (bench/kvpress_report.py). About 10 minutes on 2 cores.
 # Outlier heads of centroidkv+outliers: the rankings calibrated on their own texts and
 # cases (docs/quality.md, docs/quality-long-retrieval.md), never on these.
 # Usage: scripts/quality_kvpress.sh [stories260k|longctx|report|all] (default all)

@@ -1,7 +1,8 @@
 // Sequence (client/sequence.cc) through real servers on loopback: the splices, applied to a
 // worker's cache with CacheRows, give exactly the cache that the same online policy run
 // synchronously with the in-process reference engine gives (in order, out of order, late;
-// fp16 splices are the engine's rows rounded once);
+// fp16 splices are the engine's rows rounded once; fp8 splices are codes in the cache's own
+// scales, re-merges included);
 // 32 layers stay at their budget; a replica killed mid-sequence loses nothing; a cancelled
 // sequence leaves no job on the server (its /metrics say so).
 #include "centroidkv/client/sequence.h"
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -31,7 +33,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One head's rows in a worker's cache, float32.
+// One head's rows in a worker's cache: float32, or fp8 codes held as floats (0..255).
 struct HeadRows {
   std::vector<float> keys;
   std::vector<float> values;
@@ -102,9 +104,18 @@ class WorkerCache {
     EXPECT_TRUE(place.ok()) << place.status();
     if (!place.ok() || !place->has_value()) return false;
     const SpliceRows r = **place;
-    EXPECT_EQ(splice.dtype, DType::kFloat32);
-    const auto* keys = reinterpret_cast<const float*>(splice.keys.data());
-    const auto* values = reinterpret_cast<const float*>(splice.values.data());
+    std::vector<float> codes_k, codes_v;  // fp8 splices: their codes, as floats
+    if (IsFp8(splice.dtype)) {
+      codes_k.assign(splice.keys.begin(), splice.keys.end());
+      codes_v.assign(splice.values.begin(), splice.values.end());
+    } else {
+      EXPECT_EQ(splice.dtype, DType::kFloat32);
+    }
+    const auto* keys = IsFp8(splice.dtype) ? codes_k.data()
+                                           : reinterpret_cast<const float*>(splice.keys.data());
+    const auto* values = IsFp8(splice.dtype)
+                             ? codes_v.data()
+                             : reinterpret_cast<const float*>(splice.values.data());
     const size_t d = static_cast<size_t>(dim_), n = static_cast<size_t>(splice.rows_per_head);
     for (size_t h = 0; h < state_[splice.layer].size(); ++h) {
       HeadRows& head = state_[splice.layer][h];
@@ -144,9 +155,18 @@ CompressOptions JobOptions(const SequenceOptions& o, int64_t target) {
   return c;
 }
 
-// Runs the engine on per-head rows (count-0 rows left out, ragged when heads differ).
+// The scales of `layer` as SequenceOptions gives them (1, per layer, or per layer and head).
+std::vector<float> LayerScales(const std::vector<float>& scales, const SequenceOptions& o,
+                               int32_t layer) {
+  if (scales.size() <= 1) return scales;
+  if (scales.size() == static_cast<size_t>(o.num_layers)) return {scales[layer]};
+  return {scales.begin() + layer * o.num_heads, scales.begin() + (layer + 1) * o.num_heads};
+}
+
+// Runs the engine on per-head rows (count-0 rows left out, ragged when heads differ); fp8
+// rows (codes) with the layer's scales in and out.
 LayerRows EngineCompress(const LayerRows& input, int32_t dim, int64_t target,
-                         const SequenceOptions& o) {
+                         const SequenceOptions& o, int32_t layer) {
   std::vector<float> keys, values;
   std::vector<uint32_t> counts;
   std::vector<int64_t> offsets = {0};
@@ -174,11 +194,29 @@ LayerRows EngineCompress(const LayerRows& input, int32_t dim, int64_t target,
   view.values = values.data();
   view.counts = counts.data();
   view.head_offsets = ragged ? offsets.data() : nullptr;
-  absl::StatusOr<CompressResult> result =
-      testutil::ReferenceEngine().Compress(view, JobOptions(o, target));
+  CompressOptions options = JobOptions(o, target);
+  const std::vector<uint8_t> key_codes(keys.begin(), keys.end());
+  const std::vector<uint8_t> value_codes(values.begin(), values.end());
+  const std::vector<float> key_scales = LayerScales(o.key_scales, o, layer);
+  const std::vector<float> value_scales = LayerScales(o.value_scales, o, layer);
+  if (IsFp8(o.dtype)) {
+    view.dtype = o.dtype;
+    view.keys = key_codes.data();
+    view.values = value_codes.data();
+    view.key_scales = key_scales;
+    view.value_scales = value_scales;
+    options.result_dtype = o.dtype;
+    options.result_key_scales = key_scales;
+    options.result_value_scales = value_scales;
+  }
+  absl::StatusOr<CompressResult> result = testutil::ReferenceEngine().Compress(view, options);
   EXPECT_TRUE(result.ok()) << result.status();
   LayerRows out(input.size());
   if (!result.ok()) return out;
+  if (IsFp8(o.dtype)) {
+    result->keys.assign(result->fp8_keys.begin(), result->fp8_keys.end());
+    result->values.assign(result->fp8_values.begin(), result->fp8_values.end());
+  }
   for (size_t h = 0; h < input.size(); ++h) {
     const int64_t b = result->offsets[h], e = result->offsets[h + 1];
     out[h].keys.assign(result->keys.begin() + b * dim, result->keys.begin() + e * dim);
@@ -226,7 +264,7 @@ CacheState SynchronousReference(const Tokens& tokens, int64_t count, const Seque
       LayerRows chunk = RawRows(tokens, layer, next, next + o.chunk_tokens);
       regions.push_back(o.policy == OnlinePolicy::kFixedBudget
                             ? chunk
-                            : EngineCompress(chunk, tokens.dim, chunk_entries, o));
+                            : EngineCompress(chunk, tokens.dim, chunk_entries, o, layer));
       next += o.chunk_tokens;
       if (o.policy != OnlinePolicy::kFixedBudget) continue;
       auto rows_of = [](const LayerRows& r) { return static_cast<int64_t>(r[0].counts.size()); };
@@ -241,7 +279,7 @@ CacheState SynchronousReference(const Tokens& tokens, int64_t count, const Seque
           rows += rows_of(regions[i]);
         }
         const int64_t target = std::max<int64_t>(1, rows - (middle - room));
-        LayerRows merged = EngineCompress(joined, tokens.dim, target, o);
+        LayerRows merged = EngineCompress(joined, tokens.dim, target, o, layer);
         middle += rows_of(merged) - rows;
         regions.erase(regions.begin(), regions.begin() + static_cast<ptrdiff_t>(take));
         regions.insert(regions.begin(), std::move(merged));
@@ -421,6 +459,72 @@ TEST_F(SequenceTest, FixedBudgetSplicesOutOfOrderGiveTheSameCache) {
     if (seed == 0) {
       EXPECT_GT(stale, 0);
     }
+  }
+}
+
+// The token stream of an fp8 cache: each element's E4M3 code (held as a float) in the
+// layer's key scale (one per layer) and the one value scale.
+SequenceOptions Fp8Options(OnlinePolicy policy) {
+  SequenceOptions o = SmallOptions(policy);
+  o.dtype = DType::kFp8E4M3;
+  o.key_scales = {0.01f, 0.0125f, 0.015f};  // per layer (vLLM's k_scale)
+  o.value_scales = {0.008f};                 // every layer and head
+  return o;
+}
+
+Tokens Fp8Codes(Tokens tokens, const SequenceOptions& o) {
+  for (size_t i = 0; i < tokens.keys.size(); ++i) {
+    const int32_t layer = static_cast<int32_t>(i % static_cast<size_t>(tokens.layers));
+    for (float& x : tokens.keys[i]) x = FloatToFp8(x / o.key_scales[layer], o.dtype);
+    for (float& x : tokens.values[i]) x = FloatToFp8(x / o.value_scales[0], o.dtype);
+  }
+  return tokens;
+}
+
+void FeedFp8(Sequence& sequence, const Tokens& codes, int64_t count, WorkerCache* cache,
+             std::vector<Splice>* held) {
+  const size_t row = static_cast<size_t>(codes.heads * codes.dim);
+  for (int64_t t = 0; t < count; ++t) {
+    for (int32_t l = 0; l < codes.layers; ++l) {
+      const std::vector<uint8_t> k(codes.key(t, l), codes.key(t, l) + row);
+      const std::vector<uint8_t> v(codes.value(t, l), codes.value(t, l) + row);
+      ASSERT_TRUE(sequence.Append(l, k.data(), v.data()).ok());
+    }
+    ASSERT_TRUE(sequence.EndToken().ok()) << sequence.status();
+    cache->Append(codes, t);
+    for (Splice& s : sequence.TakeSplices()) held->push_back(std::move(s));
+  }
+  ASSERT_TRUE(sequence.Flush().ok()) << sequence.status();
+  for (Splice& s : sequence.TakeSplices()) held->push_back(std::move(s));
+}
+
+TEST_F(SequenceTest, Fp8SplicesAreCodesInTheCacheScalesReMergesIncluded) {
+  for (OnlinePolicy policy : {OnlinePolicy::kFixedRatio, OnlinePolicy::kFixedBudget}) {
+    const SequenceOptions o = Fp8Options(policy);
+    const int64_t count = 200;
+    const Tokens codes = Fp8Codes(MakeTokens(count, o.num_layers, o.num_heads, o.key_dim, 17), o);
+    auto client = Connect();
+    auto sequence = Sequence::Open(*client, o);
+    ASSERT_TRUE(sequence.ok()) << sequence.status();
+    WorkerCache cache(o.num_layers, o.num_heads, o.key_dim);
+    std::vector<Splice> splices;
+    FeedFp8(**sequence, codes, count, &cache, &splices);
+    ASSERT_FALSE(splices.empty());
+    for (const Splice& splice : splices) {
+      ASSERT_EQ(splice.dtype, DType::kFp8E4M3);
+      ASSERT_EQ(splice.keys.size(), static_cast<size_t>(o.num_heads * splice.rows_per_head *
+                                                        o.key_dim));  // one byte a code
+      cache.Apply(splice);
+    }
+    if (policy == OnlinePolicy::kFixedBudget) {
+      EXPECT_GT((*sequence)->stats().remerges_planned, 0);
+      for (int32_t l = 0; l < o.num_layers; ++l) EXPECT_LE(cache.rows(l), o.budget_entries);
+    }
+    // Bit for bit the same policy run with the reference engine on the codes, in the same
+    // static scales: every re-merge read rows in the scales it wrote them in.
+    EXPECT_TRUE(cache.state() == SynchronousReference(codes, count, o))
+        << "policy " << static_cast<int>(policy);
+    EXPECT_TRUE((*sequence)->Close().ok());
   }
 }
 
@@ -617,6 +721,38 @@ TEST(SequenceOptionsTest, ABudgetWithNoRoomIsRefusedNamingTheField) {
   auto sequence = Sequence::Open(**client, o);
   EXPECT_EQ(sequence.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(sequence.status().message().find("budget_entries"), std::string::npos);
+}
+
+TEST(SequenceOptionsTest, Fp8ScalesMissingOrBadOrForAnotherDTypeAreRefusedNamingTheField) {
+  ClientOptions client_options;
+  client_options.target = "127.0.0.1:1";
+  client_options.connect_timeout = std::chrono::milliseconds(0);
+  auto client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto refused = [&](const SequenceOptions& o, const std::string& field, const std::string& why) {
+    auto sequence = Sequence::Open(**client, o);
+    EXPECT_EQ(sequence.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(sequence.status().message().find("SequenceOptions." + field), std::string::npos)
+        << sequence.status();
+    EXPECT_NE(sequence.status().message().find(why), std::string::npos) << sequence.status();
+  };
+  SequenceOptions o = Fp8Options(OnlinePolicy::kFixedRatio);
+  o.key_scales.clear();
+  refused(o, "key_scales", "needs 1, num_layers (3) or num_layers x num_heads (6)");
+  o = Fp8Options(OnlinePolicy::kFixedRatio);
+  o.value_scales = {1.0f, 1.0f};  // neither 1, 3 nor 6
+  refused(o, "value_scales", "2 entries");
+  for (float bad : {0.0f, -1.0f, std::nanf(""), INFINITY}) {
+    o = Fp8Options(OnlinePolicy::kFixedRatio);
+    o.key_scales[1] = bad;
+    refused(o, "key_scales", "must be finite and > 0");
+  }
+  o = SmallOptions(OnlinePolicy::kFixedRatio);
+  o.value_scales = {1.0f};
+  refused(o, "value_scales", "scales are for fp8 caches only");
+  o = Fp8Options(OnlinePolicy::kFixedRatio);
+  o.key_scales.assign(6, 0.02f);  // per layer and head
+  EXPECT_NE(Sequence::Open(**client, o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

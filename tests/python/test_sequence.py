@@ -1,7 +1,8 @@
 """centroidkv.Sequence (client/python/centroidkv/sequence.py) against a real server: splices
 applied with CacheRows give exactly the cache of the same policy run synchronously with
 Client.compress, in order and out of order; heads stay at budget; cancel() leaves no job on
-the server (its /metrics say so)."""
+the server (its /metrics say so); an fp8 cache's splices are codes in its own scales, equal to
+the same policy run with fp8 jobs in those scales."""
 from __future__ import annotations
 
 import math
@@ -12,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import requires_torch
 from server_process import ServerProcess, metric_value
 
 from centroidkv import InvalidArgumentError
@@ -35,10 +37,10 @@ def tokens(count, seed):
 class WorkerCache:
     """A worker's cache: per layer [H, rows, d] arrays, splices applied where CacheRows says."""
 
-    def __init__(self):
+    def __init__(self, dtype=np.float32):
         self.rows = CacheRows(LAYERS)
-        self.keys = [np.zeros((HEADS, 0, DIM), np.float32) for _ in range(LAYERS)]
-        self.values = [np.zeros((HEADS, 0, DIM), np.float32) for _ in range(LAYERS)]
+        self.keys = [np.zeros((HEADS, 0, DIM), dtype) for _ in range(LAYERS)]
+        self.values = [np.zeros((HEADS, 0, DIM), dtype) for _ in range(LAYERS)]
         self.counts = [np.zeros((HEADS, 0), np.uint32) for _ in range(LAYERS)]
 
     def append(self, k, v):  # [L, H, d]
@@ -64,18 +66,22 @@ class WorkerCache:
         return [(self.keys[l], self.values[l], self.counts[l]) for l in range(LAYERS)]
 
 
-def synchronous(client, keys, values, count, policy):
-    """The same policy run one job at a time with Client.compress."""
+def synchronous(client, keys, values, count, policy, fp8=None):
+    """The same policy run one job at a time with Client.compress; fp8=(per-layer key
+    scales, value scale): uint8 codes in and out in those scales."""
     o = SMALL
     room = o["budget_entries"] - o["sink_tokens"] - (o["recent_tokens"] + o["chunk_tokens"] - 1)
     job = dict(sink_tokens=0, recent_tokens=0, exact_target=True, pad_heads=True,
                chunk_size=o["chunk_size"], backend="reference")
 
-    def compress(parts, target):
+    def compress(parts, target, layer):
         k = np.concatenate([p[0] for p in parts], axis=1)
         v = np.concatenate([p[1] for p in parts], axis=1)
         c = np.concatenate([p[2] for p in parts], axis=1)
-        r = client.compress(k, v, c, target_tokens=target, **job)
+        scales = {} if fp8 is None else dict(
+            input_dtype="fp8_e4m3", output_dtype="fp8_e4m3", key_scale=fp8[0][layer],
+            value_scale=fp8[1], output_key_scale=fp8[0][layer], output_value_scale=fp8[1])
+        r = client.compress(k, v, c, target_tokens=target, **job, **scales)
         rows = int(r.offsets[1])
         return (np.asarray(r.keys).reshape(HEADS, rows, DIM),
                 np.asarray(r.values).reshape(HEADS, rows, DIM),
@@ -94,14 +100,14 @@ def synchronous(client, keys, values, count, policy):
             chunk = raw(nxt, nxt + o["chunk_tokens"])
             nxt += o["chunk_tokens"]
             if policy == "ratio":
-                regions.append(compress([chunk], math.ceil(0.5 * o["chunk_tokens"])))
+                regions.append(compress([chunk], math.ceil(0.5 * o["chunk_tokens"]), layer))
                 continue
             regions.append(chunk)
             middle = sum(r[2].shape[1] for r in regions)
             while middle > room and not (len(regions) == 1 and regions[0][2].shape[1] <= 1):
                 take = min(2, len(regions))
                 rows = sum(r[2].shape[1] for r in regions[:take])
-                merged = compress(regions[:take], max(1, rows - (middle - room)))
+                merged = compress(regions[:take], max(1, rows - (middle - room)), layer)
                 middle += merged[2].shape[1] - rows
                 regions[:take] = [merged]
         parts = [raw(0, min(o["sink_tokens"], count))] + regions
@@ -194,3 +200,48 @@ def test_cancel_leaves_no_job_on_the_server():
             assert metric_value(server.metrics(), "centroidkv_entries_total") == 0
         finally:
             server.stop()
+
+
+KEY_SCALES, VALUE_SCALE = [0.02, 0.025], 0.015  # per layer (vLLM's k_scale); one for values
+
+
+def fp8_codes(x, scale):
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(x / scale, np.float32)).to(
+        torch.float8_e4m3fn).view(torch.uint8).numpy()
+
+
+@requires_torch
+@pytest.mark.parametrize("policy", ["ratio", "budget"])
+def test_fp8_splices_are_codes_in_the_cache_scales(server, client, policy):
+    count = 150
+    keys, values = tokens(count, 7)
+    key_codes = np.stack([fp8_codes(keys[:, l], KEY_SCALES[l]) for l in range(LAYERS)], axis=1)
+    value_codes = fp8_codes(values, VALUE_SCALE)
+    cache, held = WorkerCache(np.uint8), []
+    with Sequence(server.target, policy=policy, dtype="fp8_e4m3", key_scales=KEY_SCALES,
+                  value_scales=VALUE_SCALE, **SMALL) as seq:
+        feed(seq, cache, key_codes, value_codes, held)
+    assert held and all(s.keys.dtype == np.uint8 and s.values.dtype == np.uint8 for s in held)
+    for s in held:
+        cache.apply(s)
+    expected = synchronous(client, key_codes, value_codes, count, policy,
+                           fp8=(KEY_SCALES, VALUE_SCALE))
+    assert same(cache.state(), expected)
+    if policy == "budget":
+        assert seq.remerges_planned > 0
+
+
+@pytest.mark.parametrize("kwargs, name, why", [
+    (dict(dtype="fp8_e4m3", value_scales=1.0), "key_scales", "needs its scales"),
+    (dict(dtype="fp8_e4m3", key_scales=[1.0, 1.0, 1.0], value_scales=1.0), "key_scales",
+     "3 entries"),
+    (dict(dtype="fp8_e4m3", key_scales=1.0, value_scales=[1.0, 0.0]), "value_scales",
+     r"\[1\] 0.0 must be finite and > 0"),
+    (dict(dtype="fp8_e4m3", key_scales=float("nan"), value_scales=1.0), "key_scales",
+     "must be finite"),
+    (dict(key_scales=1.0), "key_scales", "for fp8 caches only"),
+])
+def test_bad_fp8_scales_are_refused_naming_the_field(server, kwargs, name, why):
+    with pytest.raises(InvalidArgumentError, match=f"{name}: .*{why}"):
+        Sequence(server.target, policy="budget", **SMALL, **kwargs)

@@ -18,6 +18,13 @@ positions, not row indices, so one applied late or out of order lands right
             place = rows.place(s)
             if place is not None: cache[s.layer][:, place[0]:place[1]] = s.keys ...
 
+fp8 caches: dtype="fp8_e4m3" (or "fp8_e5m2") with the cache's key_scales and value_scales
+(1 entry, one per layer as vLLM's k_scale / v_scale, or num_layers x num_heads); rows are
+appended as uint8 codes (or ml_dtypes / torch float8 arrays, read as their codes) and every
+splice comes back as uint8 codes in the same scales: each job sends its layer's scales and
+asks for fp8 results with them (static), so merged and re-merged rows keep the cache's
+scales (the C++ Sequence does the same).
+
 Policies: "ratio" (each chunk becomes ceil(chunk_ratio * chunk_tokens) entries) and
 "budget" (a chunk stays as it is while there is room; while the regions between the sinks
 and the newest positions hold more than budget - sinks - (recent + chunk - 1) rows per head,
@@ -37,6 +44,8 @@ import numpy as np
 
 from .errors import CancelledError, CompressError, invalid_argument
 
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+
 
 @dataclass
 class Splice:
@@ -45,7 +54,7 @@ class Splice:
     first_position: int
     end_position: int
     version: int
-    keys: np.ndarray    # [H, rows_per_head, key_dim]
+    keys: np.ndarray    # [H, rows_per_head, key_dim] (fp8 caches: uint8 codes)
     values: np.ndarray  # [H, rows_per_head, value_dim]
     counts: np.ndarray  # [H, rows_per_head] uint32; 0 marks a padding row
 
@@ -84,8 +93,8 @@ class Sequence:
     def __init__(self, target: str, *, num_layers: int, num_heads: int, key_dim: int,
                  value_dim: int, sink_tokens: int = 4, recent_tokens: int = 32,
                  chunk_tokens: int = 32, policy: str = "budget", chunk_ratio: float = 0.5,
-                 budget_entries: int = 0, dtype="float32", backend: str = "auto",
-                 client_options: Optional[dict] = None, **compression):
+                 budget_entries: int = 0, dtype="float32", key_scales=None, value_scales=None,
+                 backend: str = "auto", client_options: Optional[dict] = None, **compression):
         if policy not in ("budget", "ratio"):
             raise invalid_argument("policy", f"'{policy}' is not budget or ratio")
         for name, value, least in (("num_layers", num_layers, 1), ("num_heads", num_heads, 1),
@@ -108,7 +117,11 @@ class Sequence:
         self.sink_tokens, self.recent_tokens, self.chunk_tokens = (sink_tokens, recent_tokens,
                                                                    chunk_tokens)
         self.policy, self.chunk_ratio, self.budget_entries = policy, chunk_ratio, budget_entries
-        self.dtype = np.dtype(dtype)
+        self.fp8 = dtype if dtype in FP8_DTYPES else None  # the wire name of an fp8 cache
+        self.dtype = np.dtype(np.uint8 if self.fp8 else dtype)
+        self._scales = [self._layer_scales(name, given, num_layers, num_heads)
+                        for name, given in (("key_scales", key_scales),
+                                            ("value_scales", value_scales))]
         self._job_options = dict(compression, backend=backend, sink_tokens=0, recent_tokens=0,
                                  exact_target=True, pad_heads=True)
         self._lock = threading.Condition()
@@ -155,8 +168,8 @@ class Sequence:
             entry.appended = True
             if self._position < self.sink_tokens:
                 return
-            k = np.array(keys, dtype=self.dtype).reshape(self.num_heads, self.key_dim)
-            v = np.array(values, dtype=self.dtype).reshape(self.num_heads, self.value_dim)
+            k = self._rows(keys, (self.num_heads, self.key_dim))
+            v = self._rows(values, (self.num_heads, self.value_dim))
             entry.raw_keys.append(k)
             entry.raw_values.append(v)
 
@@ -239,6 +252,52 @@ class Sequence:
         else:
             self.cancel()
 
+    def _layer_scales(self, name: str, given, layers: int, heads: int):
+        """Per layer: the scale (a float, every head) or the per-head list the jobs send."""
+        if not self.fp8:
+            if given is not None:
+                raise invalid_argument(name, f"given for dtype {self.dtype.name}: scales are "
+                                       "for fp8 caches only")
+            return None
+        if given is None:
+            raise invalid_argument(name, f"an fp8 cache ({self.fp8}) needs its scales")
+        flat = np.asarray(given, dtype=np.float32).reshape(-1)
+        if flat.size not in (1, layers, layers * heads):
+            raise invalid_argument(name, f"{flat.size} entries: an fp8 cache needs 1, num_layers "
+                                   f"({layers}) or num_layers x num_heads ({layers * heads})")
+        bad = np.flatnonzero(~(np.isfinite(flat) & (flat > 0)))
+        if bad.size:
+            raise invalid_argument(name, f"[{bad[0]}] {flat[bad[0]]} must be finite and > 0")
+        if flat.size == 1:
+            return [float(flat[0])] * layers
+        if flat.size == layers:
+            return [float(x) for x in flat]
+        return [flat[l * heads:(l + 1) * heads].tolist() for l in range(layers)]
+
+    def _rows(self, rows, shape):
+        """One token's rows as this sequence stores them (fp8: the codes)."""
+        if self.fp8:
+            if type(rows).__module__.startswith("torch"):
+                rows = rows.detach().cpu()
+                if "float8" in str(rows.dtype):
+                    import torch
+                    rows = rows.view(torch.uint8)
+                rows = rows.numpy()
+            rows = np.asarray(rows)
+            if rows.dtype.itemsize == 1 and rows.dtype != np.uint8:  # ml_dtypes float8
+                rows = rows.view(np.uint8)
+            if rows.dtype != np.uint8:
+                raise invalid_argument("keys", f"{rows.dtype} rows for an fp8 cache: give its "
+                                       "uint8 codes or float8 arrays")
+        return np.array(rows, dtype=self.dtype).reshape(shape)
+
+    def _fp8_options(self, layer: int) -> dict:
+        if not self.fp8:
+            return {}
+        keys, values = self._scales[0][layer], self._scales[1][layer]
+        return dict(input_dtype=self.fp8, key_scale=keys, value_scale=values,
+                    output_dtype=self.fp8, output_key_scale=keys, output_value_scale=values)
+
     # -- planning --------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._stopped:
@@ -319,7 +378,8 @@ class Sequence:
             self._in_flight += 1
             self.jobs_submitted += 1
             coroutine = self._client.compress(layer_index=layer, target_tokens=planned.target,
-                                              **args, **self._job_options)
+                                              **args, **self._job_options,
+                                              **self._fp8_options(layer))
             job.future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
             job.future.add_done_callback(
                 lambda future, layer=layer, index=index: self._on_result(layer, index, future))
@@ -365,6 +425,13 @@ class Sequence:
             result = future.result()
             planned = self._plan[index]
             heads = self.num_heads
+            if self.fp8 and not self._in_cache_scales(layer, result):
+                job.state = "released"
+                self._error = self._error or CompressError(
+                    f"layer {layer} positions [{planned.first}, {planned.end}): fp8 rows came "
+                    "back in other scales than the cache's")
+                self._lock.notify_all()
+                return
             rows = int(result.offsets[1] - result.offsets[0])
             splice = Splice(layer, planned.first, planned.end, planned.version,
                             np.asarray(result.keys).reshape(heads, rows, self.key_dim),
@@ -375,6 +442,12 @@ class Sequence:
             self._ready.append(splice)
             self._start_ready(layer)
             self._lock.notify_all()
+
+    def _in_cache_scales(self, layer: int, result) -> bool:
+        return all(np.array_equal(np.asarray(got, np.float32),
+                                  np.broadcast_to(np.float32(given), (self.num_heads,)))
+                   for got, given in ((result.key_scales, self._scales[0][layer]),
+                                      (result.value_scales, self._scales[1][layer])))
 
     def _shutdown(self) -> None:
         async def close():

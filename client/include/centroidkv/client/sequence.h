@@ -20,6 +20,9 @@
 // row indices, so one applied late or out of order still lands right (CacheRows::Place),
 // and one whose rows a newer splice already replaced is reported stale and dropped.
 //
+// fp8 caches (dtype kFp8E4M3 / kFp8E5M2 with the cache's key_scales / value_scales): rows go
+// out as codes and splices come back as codes in the same scales.
+//
 // Policies (sinks and the recent window are never sent):
 //   kFixedRatio   each chunk of chunk_tokens becomes ceil(chunk_ratio * chunk_tokens) entries.
 //   kFixedBudget  a chunk stays as it is while there is room; while the regions between
@@ -58,6 +61,14 @@ struct SequenceOptions {
   int32_t key_dim = 0;
   int32_t value_dim = 0;
   DType dtype = DType::kFloat32;  // of the appended rows and of the splices' entries
+  // fp8 dtypes only (and required there): the scales of the worker's fp8 cache, a row
+  // element standing for code x scale. One entry (every layer and head), num_layers (one
+  // per layer: vLLM's k_scale / v_scale) or num_layers x num_heads (per layer, then per KV
+  // head). Every job sends its rows with its layer's scales and asks for fp8 results with
+  // the same static scales, so that every row of the cache, appended, merged or re-merged,
+  // keeps them.
+  std::vector<float> key_scales{};
+  std::vector<float> value_scales{};
   int32_t sink_tokens = 4;        // the first positions: never sent
   int32_t recent_tokens = 32;     // the newest positions: never sent
   int32_t chunk_tokens = 32;      // positions per new chunk

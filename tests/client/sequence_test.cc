@@ -195,11 +195,12 @@ LayerRows EngineCompress(const LayerRows& input, int32_t dim, int64_t target,
   view.counts = counts.data();
   view.head_offsets = ragged ? offsets.data() : nullptr;
   CompressOptions options = JobOptions(o, target);
-  const std::vector<uint8_t> key_codes(keys.begin(), keys.end());
-  const std::vector<uint8_t> value_codes(values.begin(), values.end());
+  std::vector<uint8_t> key_codes, value_codes;  // fp8: the codes, held as floats until here
   const std::vector<float> key_scales = LayerScales(o.key_scales, o, layer);
   const std::vector<float> value_scales = LayerScales(o.value_scales, o, layer);
   if (IsFp8(o.dtype)) {
+    key_codes.assign(keys.begin(), keys.end());
+    value_codes.assign(values.begin(), values.end());
     view.dtype = o.dtype;
     view.keys = key_codes.data();
     view.values = value_codes.data();

@@ -711,11 +711,16 @@ TEST(SequenceCancelTest, ACancelledSequenceLeavesNoJobOnTheServer) {
   EXPECT_LT(metric("centroidkv_entries_total"), 1);  // no result was computed to the end
 }
 
-TEST(SequenceOptionsTest, ABudgetWithNoRoomIsRefusedNamingTheField) {
+// A client of nothing (no connection attempt): options are checked before any stream.
+ClientOptions NowhereOptions() {
   ClientOptions client_options;
   client_options.target = "127.0.0.1:1";
   client_options.connect_timeout = std::chrono::milliseconds(0);
-  auto client = Client::Connect(client_options);
+  return client_options;
+}
+
+TEST(SequenceOptionsTest, ABudgetWithNoRoomIsRefusedNamingTheField) {
+  auto client = Client::Connect(NowhereOptions());
   ASSERT_TRUE(client.ok()) << client.status();
   SequenceOptions o = SmallOptions(OnlinePolicy::kFixedBudget);
   o.budget_entries = 28;  // 28 - 4 - 23 = 1 < 2
@@ -725,10 +730,7 @@ TEST(SequenceOptionsTest, ABudgetWithNoRoomIsRefusedNamingTheField) {
 }
 
 TEST(SequenceOptionsTest, Fp8ScalesMissingOrBadOrForAnotherDTypeAreRefusedNamingTheField) {
-  ClientOptions client_options;
-  client_options.target = "127.0.0.1:1";
-  client_options.connect_timeout = std::chrono::milliseconds(0);
-  auto client = Client::Connect(client_options);
+  auto client = Client::Connect(NowhereOptions());
   ASSERT_TRUE(client.ok()) << client.status();
   auto refused = [&](const SequenceOptions& o, const std::string& field, const std::string& why) {
     auto sequence = Sequence::Open(**client, o);

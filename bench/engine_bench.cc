@@ -34,7 +34,9 @@
 //   --result_dtype=float32[,float16,bfloat16,fp8_e4m3,fp8_e5m2]  (CompressOptions::result_dtype
 //                    of the timed jobs; several side by side, each with its own memory floor,
 //                    which then writes the result rows in that dtype; the first is the
-//                    headline; fp8 with per-head dynamic scales)
+//                    headline; fp8 with per-head dynamic scales unless --result_scale)
+//   --result_scale=S (fp8 results in the static scale S, one per layer for keys and values,
+//                    as a serving engine's calibrated k_scale / v_scale; default 0: dynamic)
 //   --input_dtype=float16|fp8_e4m3|fp8_e5m2  (the workload's rows as the engine gets them:
 //                    fp16, or quantised to fp8 with per-head scales; the memory floor reads
 //                    those bytes; the FAISS peer always works on the fp16 rows)
@@ -105,6 +107,7 @@ struct Flags {
   bool fresh = true;
   std::vector<DType> result_dtypes = {DType::kFloat32};
   DType input_dtype = DType::kFloat16;  // or fp8 (the fp16 rows quantised per head)
+  float result_scale = 0.0f;            // fp8 results: static scale, or 0 for dynamic
   std::string dump_dir;
   std::string summary_out;
   double profile_seconds = 0.0;  // 0: no per-stage profile
@@ -188,6 +191,11 @@ Flags ParseFlags(int argc, char** argv) {
         Die("--input_dtype: float16, fp8_e4m3 or fp8_e5m2: " + value);
       }
       flags.input_dtype = *dtype;
+    } else if (name == "result_scale") {
+      flags.result_scale = static_cast<float>(ParseNumber<double>(name, value));
+      if (!(flags.result_scale >= 0.0f) || !std::isfinite(flags.result_scale)) {
+        Die("--result_scale: a finite scale > 0, or 0 for dynamic scales: " + value);
+      }
     } else if (name == "check") {
       flags.check = ParseNumber<int32_t>(name, value) != 0;
     } else if (name == "profile_seconds") {
@@ -217,6 +225,10 @@ CompressOptions OptionsFor(const Flags& flags, int32_t chunk,
   CompressOptions options{.target_ratio = flags.ratio, .chunk_size = chunk,
       .sink_tokens = flags.sink, .recent_tokens = flags.recent, .max_passes = 1,
       .uniform_heads = true, .compute_assignment = true, .result_dtype = result_dtype};
+  if (IsFp8(result_dtype) && flags.result_scale > 0.0f) {
+    options.result_key_scales = {flags.result_scale};
+    options.result_value_scales = {flags.result_scale};
+  }
   return options;
 }
 
@@ -781,8 +793,9 @@ void Report(const Flags& flags, BenchRun& run, const CapturingReporter& reporter
   json << std::setprecision(6);
   json << "{\"engine\": \"" << engine_name << "\", \"heads\": " << spec.heads
        << ", \"tokens\": " << spec.tokens << ", \"dim\": " << spec.dim
-       << ", \"dtype\": \"float16\", \"result_dtype\": \"" << DTypeName(headline_dtype)
-       << "\", \"ratio\": " << flags.ratio << ", \"sink\": " << flags.sink
+       << ", \"dtype\": \"" << DTypeName(flags.input_dtype) << "\", \"result_dtype\": \""
+       << DTypeName(headline_dtype) << "\", \"result_scale\": " << flags.result_scale
+       << ", \"ratio\": " << flags.ratio << ", \"sink\": " << flags.sink
        << ", \"recent\": " << flags.recent << ", \"max_passes\": 1, \"seed\": " << spec.seed
        << ", \"threads\": " << flags.threads << ", \"peak\": {\"isa\": \"" << peak_before.isa
        << "\", \"before_gflops\": " << peak_before.gflops

@@ -207,6 +207,14 @@ bool LooksValid(const LayerView& layer) {
       !AllFinite(layer.values, layer.dtype, rows * layer.value_dim)) {
     return false;
   }
+  if (IsFp8(layer.dtype)) {  // a finite code times its scale can still overflow
+    const float largest = Fp8MaxFinite(layer.dtype);
+    for (const std::span<const float> scales : {layer.key_scales, layer.value_scales}) {
+      for (float scale : scales) {
+        if (!std::isfinite(largest * scale)) return false;
+      }
+    }
+  }
   if (layer.counts == nullptr) return true;
   for (int32_t h = 0; h < layer.num_heads; ++h) {
     const int32_t n = layer.HeadTokens(h);
@@ -235,9 +243,12 @@ absl::Status CheckData(const LayerView& layer) {
     uint64_t count_sum = 0;
     int32_t first_zero = -1;
     for (int32_t t = 0; t < n; ++t) {
+      // An fp8 element stands for its value times its scale (docs/fp8.md).
+      const float key_scale = layer.key_scales.empty() ? 1.0f : layer.KeyScale(h);
+      const float value_scale = layer.value_scales.empty() ? 1.0f : layer.ValueScale(h);
       const int64_t key_base = layer.KeyOffset(h, t);
       for (int32_t j = 0; j < layer.key_dim; ++j) {
-        if (!std::isfinite(LoadAsFloat(layer.keys, layer.dtype, key_base + j))) {
+        if (!std::isfinite(LoadAsFloat(layer.keys, layer.dtype, key_base + j) * key_scale)) {
           return InvalidFieldError({"keys", h, t},
                                    absl::StrCat("keys hold a NaN or Inf at head ", h, ", token ",
                                                 t, ", dim ", j));
@@ -245,7 +256,8 @@ absl::Status CheckData(const LayerView& layer) {
       }
       const int64_t value_base = layer.ValueOffset(h, t);
       for (int32_t j = 0; j < layer.value_dim; ++j) {
-        if (!std::isfinite(LoadAsFloat(layer.values, layer.dtype, value_base + j))) {
+        if (!std::isfinite(LoadAsFloat(layer.values, layer.dtype, value_base + j) *
+                           value_scale)) {
           return InvalidFieldError({"values", h, t},
                                    absl::StrCat("values hold a NaN or Inf at head ", h,
                                                 ", token ", t, ", dim ", j));
@@ -392,10 +404,14 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   result->key_rounding = CompressResult::RoundingCheck::kNotChecked;
   result->value_rounding = CompressResult::RoundingCheck::kNotChecked;
   if (IsFp8(layer.dtype) || IsFp8(options.result_dtype)) {
-    return RunFp8(layer, options, control, reuse, result);
+    // The shape first: whether the job splits above the backend reads its counts.
+    CKV_RETURN_IF_ERROR(ValidateJobShape(layer, options, limits_));
+    if (WidensFp8Input(layer, options) || QuantisesFp8Result(layer, options)) {
+      return RunFp8(layer, options, control, reuse, result);
+    }
   }
-  // A reused result may hold an earlier fp8 job's codes and scales, which no backend
-  // touches: they must not travel with this job's result.
+  // A reused result may hold an earlier fp8 job's codes and scales, which a backend writes
+  // only for an fp8 job: they must not travel with this job's result.
   result->fp8_keys.clear();
   result->fp8_values.clear();
   result->key_scales.clear();
@@ -435,6 +451,37 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   return ShapeRows(options, result);
 }
 
+namespace {
+
+// Whether the stages above the backends split the job into others (ragged or padded heads,
+// exact_target's second stage): those work on float32 rows.
+bool SplitAboveBackend(const LayerView& layer, const CompressOptions& options) {
+  if (layer.head_offsets != nullptr || options.exact_target) return true;
+  const std::vector<int32_t> lengths = RealHeadLengths(layer);  // count-0 padding
+  return !std::all_of(lengths.begin(), lengths.end(),
+                      [&](int32_t length) { return length == layer.num_tokens; });
+}
+
+}  // namespace
+
+// An fp8 input needs widening above the backend where the backend does not read it or the
+// job is split above it.
+bool ClusterEngine::WidensFp8Input(const LayerView& layer, const CompressOptions& options) const {
+  return IsFp8(layer.dtype) &&
+         (!ReadsInputDType(layer.dtype) || SplitAboveBackend(layer, options));
+}
+
+// fp8 rows need quantising above the backend where they have dynamic scales (the whole
+// float32 result first), the backend does not write them, or a stage above the backend
+// rearranges the float32 rows (split jobs, padded or token-major rows).
+bool ClusterEngine::QuantisesFp8Result(const LayerView& layer,
+                                       const CompressOptions& options) const {
+  return IsFp8(options.result_dtype) &&
+         (options.result_key_scales.empty() || options.result_value_scales.empty() ||
+          !WritesResultDType(options.result_dtype) || ReshapesRows(options) ||
+          SplitAboveBackend(layer, options));
+}
+
 // fp8 in or out, the same for every backend: the input widened exactly to float32 and
 // multiplied by its scales (one float multiply per element), the job run on that, and the
 // float32 result divided by the result scales and rounded once (nearest even, saturating),
@@ -450,7 +497,9 @@ absl::Status ClusterEngine::RunFp8(const LayerView& layer, const CompressOptions
   // The scratch leaves the result while the job runs (the stages below may clear it), and
   // goes back only to a result that is reused (CompressInto).
   std::vector<float> scratch = std::move(result->fp8_input_scratch);
-  const LayerView input = IsFp8(layer.dtype) ? WidenFp8Layer(*this, layer, &scratch) : layer;
+  // The input stays fp8 where the backend reads it and only the result needs the stage.
+  const LayerView input =
+      WidensFp8Input(layer, options) ? WidenFp8Layer(*this, layer, &scratch) : layer;
   absl::Status status = RunFp8Stages(input, options, control, reuse, result);
   if (reuse) result->fp8_input_scratch = std::move(scratch);
   return status;

@@ -1,15 +1,17 @@
 // BlockWriter (block_writer.h): staging rows in L1 and streaming whole 64-byte lines of the
-// result block out.
+// result block out (fp8 rows narrowed with plain stores: a quarter of float32's bytes).
 #include "kernels/cpu/block_writer.h"
 
 #include <algorithm>
 #include <cstring>
 
+#include "centroidkv/common/dtype.h"
+
 namespace centroidkv::cpu {
 namespace {
 
-// Elements of the narrowest result type (fp16 / bf16) in a 64-byte line.
-constexpr int64_t kLineHalves = 64 / sizeof(uint16_t);
+// Elements of the narrowest result type (fp8) in a 64-byte line.
+constexpr int64_t kLineElements = 64;
 // How much a BlockWriter stages before it writes out its complete lines: a few rows, well
 // inside L1 with everything else a merge reads.
 constexpr int64_t kStageFloats = 1024;
@@ -20,25 +22,28 @@ int64_t LineOffset(const void* p, int64_t element_bytes) {
   return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) & 63) / element_bytes;
 }
 
-int64_t ElemBytesOf(ElemType type) { return type == ElemType::kF32 ? 4 : 2; }
+int64_t ElemBytesOf(ElemType type) {
+  return type == ElemType::kF32 ? 4 : IsFp8Elem(type) ? 1 : 2;
+}
 
 }  // namespace
 
-// Room for two lines of the narrowest type (32 elements), rounded up to whole lines of
-// halves, so that buffers placed one after another stay aligned.
+// Room for two lines of the narrowest type (64 elements), rounded up to whole lines of
+// it, so that buffers placed one after another stay aligned.
 int64_t BlockWriter::Capacity(int32_t dim) {
-  const int64_t floats = std::max<int64_t>(kStageFloats, dim) + 2 * kLineHalves;
-  return (floats + kLineHalves - 1) / kLineHalves * kLineHalves;
+  const int64_t floats = std::max<int64_t>(kStageFloats, dim) + 2 * kLineElements;
+  return (floats + kLineElements - 1) / kLineElements * kLineElements;
 }
 
 // The staged rows sit at out's offset (in elements) within a line, so each whole line of the
 // block is one or two whole, aligned lines of the buffer.
 void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, ElemType type,
-                        void* out) {
+                        void* out, float scale) {
   kernels_ = &kernels;
   buffer_ = buffer;
   dim_ = dim;
   type_ = type;
+  scale_ = scale;
   element_bytes_ = ElemBytesOf(type);
   out_ = static_cast<char*>(out);
   stage_ = buffer + LineOffset(out, element_bytes_);
@@ -57,6 +62,11 @@ void BlockWriter::Flush(bool final) {
   if (type_ == ElemType::kF32) {
     finite_ &= kernels_->stream_floats(stage_, count, reinterpret_cast<float*>(out_));
     fits_ = finite_;
+  } else if (IsFp8Elem(type_)) {  // saturating: every element fits
+    const RowBlock staged{stage_, ElemType::kF32, count};
+    finite_ &= count == 0 || kernels_->rows_finite(&staged, 0, 1, static_cast<int32_t>(count));
+    NarrowToFp8(stage_, count, type_ == ElemType::kE4M3 ? DType::kFp8E4M3 : DType::kFp8E5M2,
+                scale_, reinterpret_cast<uint8_t*>(out_));
   } else {
     const uint32_t flags =
         kernels_->stream_halves(stage_, count, type_, reinterpret_cast<uint16_t*>(out_));

@@ -16,7 +16,7 @@
 namespace centroidkv::cpu {
 
 // Writes rows, one after another, to one contiguous block of the CompressResult's rows
-// (float32, or fp16 / bf16: each float rounded once) through a small staging buffer of
+// (float32, or fp16 / bf16 / fp8: each float rounded once) through a small staging buffer of
 // floats that stays in L1: every 64-byte line of the block that is complete goes out at once
 // with a non-temporal store (KernelTable::stream_floats / stream_halves), so the stores
 // drain to memory while the next rows are computed, and no read-for-ownership of the result
@@ -25,10 +25,12 @@ namespace centroidkv::cpu {
 // is read. On the way it notes whether every float written is finite.
 class BlockWriter {
  public:
-  // `buffer`: 64-byte aligned, Capacity(dim) floats. `out`: elements of `type` (kF32, kF16
-  // or kBF16).
+  // `buffer`: 64-byte aligned, Capacity(dim) floats. `out`: elements of `type` (kF32, kF16,
+  // kBF16, or fp8: each float divided by `scale` and rounded once, saturating, as
+  // NarrowToFp8 of common/dtype.h does).
   static int64_t Capacity(int32_t dim);
-  void Start(const KernelTable& kernels, float* buffer, int32_t dim, ElemType type, void* out);
+  void Start(const KernelTable& kernels, float* buffer, int32_t dim, ElemType type, void* out,
+             float scale = 1.0f);
   // Where to put the next row (dim floats): valid until the next call.
   float* Next() {
     if (staged_ + dim_ > capacity_) Flush(/*final=*/false);
@@ -41,7 +43,7 @@ class BlockWriter {
   // Whether every float written since Start is finite (no Inf or NaN).
   bool finite() const { return finite_; }
   // Whether every element written since Start is finite in the block's type (an fp16 /
-  // bf16 rounding made no Inf; float rows: finite()).
+  // bf16 rounding made no Inf; float rows: finite(); fp8 saturates: always).
   bool fits() const { return fits_; }
 
  private:
@@ -52,6 +54,7 @@ class BlockWriter {
   int64_t capacity_ = 0;  // floats from stage_ (stage_ - buffer_ < 32)
   int32_t dim_ = 0;
   ElemType type_ = ElemType::kF32;
+  float scale_ = 1.0f;         // fp8
   int64_t element_bytes_ = 4;  // of `type_`
   char* out_ = nullptr;        // where stage_[0] goes
   float* stage_ = nullptr;

@@ -21,7 +21,9 @@
 // writes, see LayerJob::RunChunks) and, while its match kernel runs, prefetches the next
 // task's rows into L2, so the input is read from memory once and mostly overlapped with
 // arithmetic. Result rows go out a few at a time with non-temporal stores (BlockWriter), in
-// float32 or already rounded to the options' result_dtype (fp16 / bf16: half the bytes).
+// float32 or already rounded to the options' result_dtype (fp16 / bf16: half the bytes; fp8
+// in static scales, a quarter). fp8 input rows are read as they are, widened with their
+// scales by the kernels (kernel_table.h's RowBlock).
 //
 // Thread-safe: Compress() may run concurrently from many threads.
 #pragma once
@@ -51,8 +53,12 @@ class CpuEngine final : public ClusterEngine {
 
   std::string_view name() const override { return "cpu"; }
   SimdLevel simd_level() const { return level_; }
-  // The last pass rounds fp16 / bf16 rows as it streams them out (BlockWriter).
+  // The last pass rounds fp16 / bf16 rows, and fp8 rows in static scales, as it streams
+  // them out (BlockWriter).
   bool WritesResultDType(DType) const override { return true; }
+  // fp8 rows are widened (codes times their scale) inside the kernels, as fp16 rows are:
+  // no float32 copy of the input.
+  bool ReadsInputDType(DType) const override { return true; }
   // The result writer streams rows to any memory, a client's shared memory region included.
   bool WritesRowsInPlace() const override { return true; }
   // oneTBB tasks in the caller's arena, like the engine's own.

@@ -29,6 +29,13 @@ void WidenRowToDouble(const RowBlock& rows, int64_t r, int32_t dim, double* out)
           rows, r, dim, [](uint16_t v) { return ToDouble(BFloat16ToFloat(v)); }, out);
     case ElemType::kF64:
       return WidenRow<double>(rows, r, dim, [](double v) { return v; }, out);
+    case ElemType::kE4M3:
+    case ElemType::kE5M2: {
+      const DType dtype = rows.type == ElemType::kE4M3 ? DType::kFp8E4M3 : DType::kFp8E5M2;
+      return WidenRow<uint8_t>(
+          rows, r, dim, [&](uint8_t v) { return ToDouble(Fp8ToFloat(v, dtype) * rows.scale); },
+          out);
+    }
   }
 }
 

@@ -13,16 +13,24 @@
 
 namespace centroidkv::cpu {
 
-// Element type of a row source: the three wire dtypes, and float64 for the rows of a head
-// that earlier passes merged (kept in double between passes, like the reference engine).
-enum class ElemType : uint8_t { kF32, kF16, kBF16, kF64 };
+// Element type of a row source: the wire dtypes (the two fp8 formats as codes with a
+// scale), and float64 for the rows of a head that earlier passes merged (kept in double
+// between passes, like the reference engine).
+enum class ElemType : uint8_t { kF32, kF16, kBF16, kF64, kE4M3, kE5M2 };
+
+constexpr bool IsFp8Elem(ElemType type) {
+  return type == ElemType::kE4M3 || type == ElemType::kE5M2;
+}
 
 // A set of rows of equal length in host memory: element j of row r is element
-// r * stride + j of `data`, of type `type`. Borrowed.
+// r * stride + j of `data`, of type `type`. Borrowed. An fp8 element stands for its value
+// times `scale`, widened as one float multiply (docs/fp8.md), so every kernel reads fp8 rows
+// as the float32 rows the reference engine is given.
 struct RowBlock {
   const void* data;
   ElemType type;
-  int64_t stride;  // elements from one row to the next (>= the row length)
+  int64_t stride;       // elements from one row to the next (>= the row length)
+  float scale = 1.0f;   // fp8 only
 };
 
 // The result of matching one source row against the destination rows of its chunk: the

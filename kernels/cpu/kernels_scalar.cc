@@ -41,6 +41,15 @@ void ForEachElement(const RowBlock& rows, int64_t r, int32_t begin, int32_t end,
       for (int32_t j = begin; j < end; ++j) fn(j, p[j]);
       return;
     }
+    case ElemType::kE4M3:
+    case ElemType::kE5M2: {
+      const uint8_t* p = static_cast<const uint8_t*>(rows.data) + r * rows.stride;
+      const DType dtype = rows.type == ElemType::kE4M3 ? DType::kFp8E4M3 : DType::kFp8E5M2;
+      for (int32_t j = begin; j < end; ++j) {
+        fn(j, static_cast<double>(Fp8ToFloat(p[j], dtype) * rows.scale));
+      }
+      return;
+    }
   }
 }
 

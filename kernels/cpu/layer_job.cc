@@ -22,9 +22,11 @@ ElemType ElemTypeOf(DType dtype) {
       return ElemType::kF16;
     case DType::kBFloat16:
       return ElemType::kBF16;
-    case DType::kFloat32:
-    case DType::kFp8E4M3:  // fp8 jobs reach the backend as float32 (kernels/fp8_rows.h)
+    case DType::kFp8E4M3:
+      return ElemType::kE4M3;
     case DType::kFp8E5M2:
+      return ElemType::kE5M2;
+    case DType::kFloat32:
       break;
   }
   return ElemType::kF32;
@@ -109,14 +111,16 @@ RowBlock LayerJob::Keys(const Head& head) const {
   if (head.owned) return RowBlock{head.keys.data(), ElemType::kF64, key_dim_};
   const char* base = static_cast<const char*>(layer_.keys) +
                      layer_.KeyOffset(head.index, 0) * input_element_bytes_;
-  return RowBlock{base, input_type_, key_stride_};
+  const float scale = IsFp8Elem(input_type_) ? layer_.KeyScale(head.index) : 1.0f;
+  return RowBlock{base, input_type_, key_stride_, scale};
 }
 
 RowBlock LayerJob::Values(const Head& head) const {
   if (head.owned) return RowBlock{head.values.data(), ElemType::kF64, value_dim_};
   const char* base = static_cast<const char*>(layer_.values) +
                      layer_.ValueOffset(head.index, 0) * input_element_bytes_;
-  return RowBlock{base, input_type_, value_stride_};
+  const float scale = IsFp8Elem(input_type_) ? layer_.ValueScale(head.index) : 1.0f;
+  return RowBlock{base, input_type_, value_stride_, scale};
 }
 
 ExactScorer LayerJob::Scorer(const Head& head) const {

@@ -1,11 +1,12 @@
 // One Compress() call of the CPU engine: the passes of SPEC.md section 2 over one layer,
 // as oneTBB tasks over heads x chunks (see cpu_engine.h for the design).
 //
-// Rows between passes: a head starts on the caller's input rows (any dtype, either layout)
-// and is read from there until its first merge; a pass that is not the last writes the
-// compacted head in float64 (like the reference), later passes compact it in place. The last
-// pass writes the result rows into the CompressResult, in float32 or rounded once to the
-// options' result_dtype (fp16 / bf16): each chunk's float32 rows are staged in cache, then
+// Rows between passes: a head starts on the caller's input rows (any dtype, fp8 codes with
+// their head's scale included; either layout) and is read from there until its first merge;
+// a pass that is not the last writes the compacted head in float64 (like the reference),
+// later passes compact it in place. The last pass writes the result rows into the
+// CompressResult, in float32 or rounded once to the options' result_dtype (fp16 / bf16, or
+// fp8 in the options' static scales): each chunk's float32 rows are staged in cache, then
 // rounded and streamed to the result a few rows at a time (non-temporal stores: no read of
 // the result memory; BlockWriter, block_writer.h).
 //
@@ -170,11 +171,11 @@ class LayerJob {
     BlockWriter* output_values;
   };
 
-  // Starts the thread's BlockWriters on the result rows from `out_row` on.
-  void StartOutput(int64_t out_row, ChunkScratch& scratch) const;
-  // Rows first .. first + count - 1 of `keys` / `values` as result rows out_row ...
-  // (the counts are the caller's), through the thread's BlockWriters.
-  void WriteOutputRows(const RowBlock& keys, const RowBlock& values, int64_t first,
+  // Starts the thread's BlockWriters on the result rows of head `head` from `out_row` on.
+  void StartOutput(int32_t head, int64_t out_row, ChunkScratch& scratch) const;
+  // Rows first .. first + count - 1 of `keys` / `values` as result rows out_row ... of head
+  // `head` (the counts are the caller's), through the thread's BlockWriters.
+  void WriteOutputRows(int32_t head, const RowBlock& keys, const RowBlock& values, int64_t first,
                        int64_t count, int64_t out_row) const;
 
   // Row sources of a head's current rows.

@@ -15,6 +15,9 @@ namespace {
 
 int64_t ElemBytes(ElemType type) {
   switch (type) {
+    case ElemType::kE4M3:
+    case ElemType::kE5M2:
+      return 1;
     case ElemType::kF16:
     case ElemType::kBF16:
       return 2;
@@ -144,7 +147,7 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
   }
   const int64_t start = head.chunk_start[chunk];
   if (head.sink == Sink::kOutput) {  // the chunk's rows are one block of the result
-    StartOutput(out_->offsets[head.index] + start, scratch);
+    StartOutput(head.index, out_->offsets[head.index] + start, scratch);
     rows.output_keys = &scratch.key_writer;
     rows.output_values = &scratch.value_writer;
   }
@@ -273,8 +276,8 @@ void LayerJob::WriteProtectedRows(Head& head) {
   const RowBlock keys = Keys(head), values = Values(head);
   if (head.sink == Sink::kOutput) {  // the sinks and the recent rows: two blocks of the result
     const int64_t out_first = out_->offsets[head.index];
-    WriteOutputRows(keys, values, 0, head.begin, out_first);
-    WriteOutputRows(keys, values, head.end, head.length - head.end,
+    WriteOutputRows(head.index, keys, values, 0, head.begin, out_first);
+    WriteOutputRows(head.index, keys, values, head.end, head.length - head.end,
                     out_first + head.end - head.merges);
   }
   auto write = [&](int64_t row, int64_t new_row) {

@@ -3,6 +3,7 @@
 // survivors (MergeChunk starts the writers), the protected rows, and every head no last pass
 // wrote (Finalize), with the counts and the assignment.
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <numeric>
 
@@ -63,23 +64,31 @@ void LayerJob::AllocateOutput() {
   const auto total = static_cast<size_t>(out_->offsets.back());
   out_->dtype = plan_.options.result_dtype;
   out_->rows_in_target = plan_.row_target != nullptr;
-  if (out_->rows_in_target) {
-    // The rows go to the caller's memory (a client's shared memory region): no arrays here.
-    out_->keys.clear();
-    out_->values.clear();
-    out_->half_keys.clear();
-    out_->half_values.clear();
-  } else if (output_type_ == ElemType::kF32) {
-    ResizeOutput(&out_->keys, total * key_dim_);
-    ResizeOutput(&out_->values, total * value_dim_);
-    out_->half_keys.clear();
-    out_->half_values.clear();
-  } else {
-    ResizeOutput(&out_->half_keys, total * key_dim_);
-    ResizeOutput(&out_->half_values, total * value_dim_);
-    out_->keys.clear();
-    out_->values.clear();
-  }
+  // Every array of rows but the one this dtype fills (none with a target: the rows go to the
+  // caller's memory, a client's shared memory region) is emptied.
+  const bool own_rows = !out_->rows_in_target;
+  auto size = [&](auto* keys, auto* values, bool used) {
+    if (own_rows && used) {
+      ResizeOutput(keys, total * key_dim_);
+      ResizeOutput(values, total * value_dim_);
+    } else {
+      keys->clear();
+      values->clear();
+    }
+  };
+  const bool fp8 = IsFp8Elem(output_type_);
+  const bool half = output_type_ == ElemType::kF16 || output_type_ == ElemType::kBF16;
+  size(&out_->keys, &out_->values, output_type_ == ElemType::kF32);
+  size(&out_->half_keys, &out_->half_values, half);
+  size(&out_->fp8_keys, &out_->fp8_values, fp8);
+  // fp8 rows in the static scales of the options (the engine asks only with static ones).
+  auto scales = [&](const std::vector<float>& given) {
+    if (!fp8) return std::vector<float>();
+    assert(!given.empty());
+    return given.size() == 1 ? std::vector<float>(heads_.size(), given[0]) : given;
+  };
+  out_->key_scales = scales(plan_.options.result_key_scales);
+  out_->value_scales = scales(plan_.options.result_value_scales);
   ResizeOutput(&out_->counts, total);
   if (with_assignment_) {
     ResizeOutput(&out_->assignment, static_cast<size_t>(layer_.num_heads) * layer_.num_tokens);
@@ -88,7 +97,7 @@ void LayerJob::AllocateOutput() {
   }
 }
 
-void LayerJob::StartOutput(int64_t out_row, ChunkScratch& scratch) const {
+void LayerJob::StartOutput(int32_t head, int64_t out_row, ChunkScratch& scratch) const {
   const int64_t key_capacity = BlockWriter::Capacity(key_dim_);
   GrowScratch(&scratch.output_stage,
        static_cast<size_t>(key_capacity + BlockWriter::Capacity(value_dim_) + kLineFloats));
@@ -102,19 +111,25 @@ void LayerJob::StartOutput(int64_t out_row, ChunkScratch& scratch) const {
   } else if (output_type_ == ElemType::kF32) {
     keys = out_->keys.data() + out_row * key_dim_;
     values = out_->values.data() + out_row * value_dim_;
+  } else if (IsFp8Elem(output_type_)) {
+    keys = out_->fp8_keys.data() + out_row * key_dim_;
+    values = out_->fp8_values.data() + out_row * value_dim_;
   } else {
     keys = out_->half_keys.data() + out_row * key_dim_;
     values = out_->half_values.data() + out_row * value_dim_;
   }
-  scratch.key_writer.Start(kernels_, buffer, key_dim_, output_type_, keys);
-  scratch.value_writer.Start(kernels_, buffer + key_capacity, value_dim_, output_type_, values);
+  const bool fp8 = IsFp8Elem(output_type_);
+  scratch.key_writer.Start(kernels_, buffer, key_dim_, output_type_, keys,
+                           fp8 ? out_->key_scales[head] : 1.0f);
+  scratch.value_writer.Start(kernels_, buffer + key_capacity, value_dim_, output_type_, values,
+                             fp8 ? out_->value_scales[head] : 1.0f);
 }
 
-void LayerJob::WriteOutputRows(const RowBlock& keys, const RowBlock& values, int64_t first,
-                               int64_t count, int64_t out_row) const {
+void LayerJob::WriteOutputRows(int32_t head, const RowBlock& keys, const RowBlock& values,
+                               int64_t first, int64_t count, int64_t out_row) const {
   if (count <= 0) return;
   ChunkScratch& scratch = scratch_->local();
-  StartOutput(out_row, scratch);
+  StartOutput(head, out_row, scratch);
   for (int64_t row = first; row < first + count; ++row) {
     kernels_.convert_row_f32(&keys, row, key_dim_, scratch.key_writer.Next());
     kernels_.convert_row_f32(&values, row, value_dim_, scratch.value_writer.Next());
@@ -135,7 +150,7 @@ void LayerJob::NoteRounding(const BlockWriter& keys, const BlockWriter& values) 
 void LayerJob::FinalizeHead(Head& head) {
   const int64_t first = out_->offsets[head.index];
   if (!head.written) {
-    WriteOutputRows(Keys(head), Values(head), 0, head.length, first);
+    WriteOutputRows(head.index, Keys(head), Values(head), 0, head.length, first);
     for (int64_t row = 0; row < head.length; ++row) {
       out_->counts[first + row] = static_cast<uint32_t>(head.counts[row]);
     }

@@ -30,8 +30,9 @@ class HostPipelineEngine final : public ClusterEngine {
       : ClusterEngine(limits), warp_lanes_(warp_lanes), match_(match) {}
 
   std::string_view name() const override { return "cuda-stages-on-host"; }
-  // The stages write the packed rows in the result dtype, as on the device.
-  bool WritesResultDType(DType) const override { return true; }
+  // The stages write the packed rows in the result dtype, as on the device (fp8 rows are
+  // quantised above the backend).
+  bool WritesResultDType(DType dtype) const override { return !IsFp8(dtype); }
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,

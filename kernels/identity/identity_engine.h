@@ -17,8 +17,9 @@ class IdentityEngine final : public ClusterEngine {
   explicit IdentityEngine(EngineLimits limits = {}) : ClusterEngine(limits) {}
   std::string_view name() const override { return "identity"; }
   // Rows in the result dtype (copied as they are when the input has that dtype), and into
-  // caller memory: the floor pays for the copies a real backend pays for, and no more.
-  bool WritesResultDType(DType) const override { return true; }
+  // caller memory: the floor pays for the copies a real backend pays for, and no more. fp8
+  // rows are quantised above it (kernels/fp8_rows.h).
+  bool WritesResultDType(DType dtype) const override { return !IsFp8(dtype); }
   bool WritesRowsInPlace() const override { return true; }
 
  protected:

@@ -11,89 +11,15 @@
 
 #include "centroidkv/common/field_status.h"
 #include "tests/kernels/engine_conformance.h"
+#include "tests/testing/fp8_layer.h"
 #include "tests/testing/golden_fp8.h"
 
 namespace centroidkv::conformance {
 namespace {
 
+using test::Fp8Layer;
 using test::RandomLayer;
 using test::Spec;
-
-// A random layer as fp8 codes with per-head scales, and the same layer widened exactly as
-// the engine must see it (code value x scale, one float multiply).
-struct Fp8Layer {
-  DType dtype = DType::kFp8E4M3;
-  int32_t heads = 0, tokens = 0, key_dim = 0, value_dim = 0;
-  std::vector<uint8_t> key_codes, value_codes;
-  std::vector<float> key_scales, value_scales;
-  std::vector<float> wide_keys, wide_values;
-
-  static Fp8Layer From(const RandomLayer& source, DType dtype) {
-    const LayerView in = source.view();
-    Fp8Layer out;
-    out.dtype = dtype;
-    out.heads = in.num_heads;
-    out.tokens = in.num_tokens;
-    out.key_dim = in.key_dim;
-    out.value_dim = in.value_dim;
-    out.key_scales = PerHeadScales(source, in.key_dim, /*keys=*/true, dtype);
-    out.value_scales = PerHeadScales(source, in.value_dim, /*keys=*/false, dtype);
-    for (int32_t h = 0; h < in.num_heads; ++h) {
-      for (int32_t t = 0; t < in.num_tokens; ++t) {
-        for (int32_t j = 0; j < in.key_dim; ++j) {
-          out.Push(source.Key(h, t, j), out.key_scales[h], &out.key_codes, &out.wide_keys);
-        }
-        for (int32_t j = 0; j < in.value_dim; ++j) {
-          out.Push(source.Value(h, t, j), out.value_scales[h], &out.value_codes,
-                   &out.wide_values);
-        }
-      }
-    }
-    return out;
-  }
-
-  LayerView Fp8View() const {
-    LayerView view = WideView();
-    view.dtype = dtype;
-    view.keys = key_codes.data();
-    view.values = value_codes.data();
-    view.key_scales = key_scales;
-    view.value_scales = value_scales;
-    return view;
-  }
-  LayerView WideView() const {
-    LayerView view;
-    view.num_heads = heads;
-    view.num_tokens = tokens;
-    view.key_dim = key_dim;
-    view.value_dim = value_dim;
-    view.keys = wide_keys.data();
-    view.values = wide_values.data();
-    return view;
-  }
-
- private:
-  static std::vector<float> PerHeadScales(const RandomLayer& source, int32_t dim, bool keys,
-                                          DType dtype) {
-    const LayerView in = source.view();
-    std::vector<float> scales(static_cast<size_t>(in.num_heads), 0.0f);
-    for (int32_t h = 0; h < in.num_heads; ++h) {
-      for (int32_t t = 0; t < in.num_tokens; ++t) {
-        for (int32_t j = 0; j < dim; ++j) {
-          const float x = keys ? source.Key(h, t, j) : source.Value(h, t, j);
-          scales[h] = std::max(scales[h], std::fabs(x));
-        }
-      }
-      scales[h] /= Fp8MaxFinite(dtype);
-    }
-    return scales;
-  }
-  void Push(float x, float scale, std::vector<uint8_t>* codes, std::vector<float>* wide) const {
-    const uint8_t code = FloatToFp8(x / scale, dtype);
-    codes->push_back(code);
-    wide->push_back(Fp8ToFloat(code, dtype) * scale);
-  }
-};
 
 // The head of row `row` of a result (head-major by offsets, or token-major r * H + h).
 int32_t HeadOfRow(const CompressResult& result, int64_t row) {

@@ -29,7 +29,7 @@ void StoreDoubles(Out* p, typename V::D x) {
 // halving is exact unless the result is subnormal. A row where some float sum overflows or
 // some result may be subnormal (V::HalfSums, tested once per row) is done again in float64.
 template <class V, ElemType T>
-void MeanOfPairToFloat(const Storage<T>* x0, const Storage<T>* x1, int32_t dim, float* out) {
+void MeanOfPairToFloat(TypedRow<T> x0, TypedRow<T> x1, int32_t dim, float* out) {
   using F = typename V::F;
   constexpr int32_t W = V::kW, WD = V::kWD;
   const F half = V::Set1(0.5f);
@@ -83,11 +83,11 @@ bool MergeTermsInDouble(const RowBlock& rows, const MergeTerm* terms, int32_t nu
   auto term = [](double count, D x) { return kUnitCounts ? x : V::MulD(V::Set1D(count), x); };
   int32_t j = 0;
   for (; j + 2 * WD <= dim; j += 2 * WD) {
-    const Storage<T>* row = RowPointer<T>(rows, terms[0].row);
+    TypedRow<T> row = RowAt<T>(rows, terms[0].row);
     D s0 = term(terms[0].count, LoadDoubles<V, T>(row, j));
     D s1 = term(terms[0].count, LoadDoubles<V, T>(row, j + WD));
     for (int32_t k = 1; k < num_terms; ++k) {
-      row = RowPointer<T>(rows, terms[k].row);
+      row = RowAt<T>(rows, terms[k].row);
       s0 = V::AddD(s0, term(terms[k].count, LoadDoubles<V, T>(row, j)));
       s1 = V::AddD(s1, term(terms[k].count, LoadDoubles<V, T>(row, j + WD)));
     }
@@ -95,16 +95,16 @@ bool MergeTermsInDouble(const RowBlock& rows, const MergeTerm* terms, int32_t nu
     StoreDoubles<V>(out + j + WD, quotient(s1));
   }
   for (; j + WD <= dim; j += WD) {
-    D s = term(terms[0].count, LoadDoubles<V, T>(RowPointer<T>(rows, terms[0].row), j));
+    D s = term(terms[0].count, LoadDoubles<V, T>(RowAt<T>(rows, terms[0].row), j));
     for (int32_t k = 1; k < num_terms; ++k) {
-      s = V::AddD(s, term(terms[k].count, LoadDoubles<V, T>(RowPointer<T>(rows, terms[k].row), j)));
+      s = V::AddD(s, term(terms[k].count, LoadDoubles<V, T>(RowAt<T>(rows, terms[k].row), j)));
     }
     StoreDoubles<V>(out + j, quotient(s));
   }
   for (; j < dim; ++j) {
-    double s = terms[0].count * WidenToDouble<T>(RowPointer<T>(rows, terms[0].row), j);
+    double s = terms[0].count * WidenToDouble<T>(RowAt<T>(rows, terms[0].row), j);
     for (int32_t k = 1; k < num_terms; ++k) {
-      s += terms[k].count * WidenToDouble<T>(RowPointer<T>(rows, terms[k].row), j);
+      s += terms[k].count * WidenToDouble<T>(RowAt<T>(rows, terms[k].row), j);
     }
     out[j] = static_cast<Out>(s / total);
   }
@@ -141,8 +141,8 @@ void MergeRowTyped(const RowBlock& rows, const MergeTerm* terms, int32_t num_ter
                    int32_t dim, Out* out) {
   if constexpr (sizeof(Out) == sizeof(float) && T != ElemType::kF64) {
     if (num_terms == 2 && terms[0].count == 1.0 && terms[1].count == 1.0) {
-      return MeanOfPairToFloat<V, T>(RowPointer<T>(rows, terms[0].row),
-                                     RowPointer<T>(rows, terms[1].row), dim, out);
+      return MeanOfPairToFloat<V, T>(RowAt<T>(rows, terms[0].row),
+                                     RowAt<T>(rows, terms[1].row), dim, out);
     }
   }
   const auto integer_total = static_cast<uint64_t>(total);
@@ -156,20 +156,13 @@ void MergeRowTyped(const RowBlock& rows, const MergeTerm* terms, int32_t num_ter
 template <class V, typename Out>
 void MergeRow(const RowBlock* rows, const MergeTerm* terms, int32_t num_terms, double total,
               int32_t dim, Out* out) {
-  switch (rows->type) {
-    case ElemType::kF32:
-      return MergeRowTyped<V, ElemType::kF32>(*rows, terms, num_terms, total, dim, out);
-    case ElemType::kF16:
-      return MergeRowTyped<V, ElemType::kF16>(*rows, terms, num_terms, total, dim, out);
-    case ElemType::kBF16:
-      return MergeRowTyped<V, ElemType::kBF16>(*rows, terms, num_terms, total, dim, out);
-    case ElemType::kF64:
-      return MergeRowTyped<V, ElemType::kF64>(*rows, terms, num_terms, total, dim, out);
-  }
+  WithElemType(rows->type, [&]<ElemType T>() {
+    MergeRowTyped<V, T>(*rows, terms, num_terms, total, dim, out);
+  });
 }
 
 template <class V, ElemType T>
-void ConvertRowTyped(const Storage<T>* row, int32_t dim, float* out) {
+void ConvertRowTyped(TypedRow<T> row, int32_t dim, float* out) {
   constexpr int32_t W = V::kW;
   int32_t j = 0;
   for (; j + W <= dim; j += W) V::Store(out + j, LoadFloats<V, T>(row, j));
@@ -177,7 +170,7 @@ void ConvertRowTyped(const Storage<T>* row, int32_t dim, float* out) {
 }
 
 template <class V, ElemType T>
-void ConvertRowTyped(const Storage<T>* row, int32_t dim, double* out) {
+void ConvertRowTyped(TypedRow<T> row, int32_t dim, double* out) {
   constexpr int32_t WD = V::kWD;
   int32_t j = 0;
   for (; j + WD <= dim; j += WD) V::StoreD(out + j, LoadDoubles<V, T>(row, j));
@@ -186,38 +179,17 @@ void ConvertRowTyped(const Storage<T>* row, int32_t dim, double* out) {
 
 template <class V, typename Out>
 void ConvertRow(const RowBlock* rows, int64_t row, int32_t dim, Out* out) {
-  switch (rows->type) {
-    case ElemType::kF32:
-      return ConvertRowTyped<V, ElemType::kF32>(RowPointer<ElemType::kF32>(*rows, row), dim, out);
-    case ElemType::kF16:
-      return ConvertRowTyped<V, ElemType::kF16>(RowPointer<ElemType::kF16>(*rows, row), dim, out);
-    case ElemType::kBF16:
-      return ConvertRowTyped<V, ElemType::kBF16>(RowPointer<ElemType::kBF16>(*rows, row), dim, out);
-    case ElemType::kF64:
-      return ConvertRowTyped<V, ElemType::kF64>(RowPointer<ElemType::kF64>(*rows, row), dim, out);
-  }
+  WithElemType(rows->type,
+               [&]<ElemType T>() { ConvertRowTyped<V, T>(RowAt<T>(*rows, row), dim, out); });
 }
 
 template <class V>
 void ConvertRows(const RowBlock* rows, int64_t first, int32_t count, int32_t dim, float* out) {
-  for (int32_t i = 0; i < count; ++i) {
-    float* dst = out + static_cast<int64_t>(i) * dim;
-    switch (rows->type) {
-      case ElemType::kF32:
-        ConvertRowTyped<V, ElemType::kF32>(RowPointer<ElemType::kF32>(*rows, first + i), dim, dst);
-        break;
-      case ElemType::kF16:
-        ConvertRowTyped<V, ElemType::kF16>(RowPointer<ElemType::kF16>(*rows, first + i), dim, dst);
-        break;
-      case ElemType::kBF16:
-        ConvertRowTyped<V, ElemType::kBF16>(RowPointer<ElemType::kBF16>(*rows, first + i), dim,
-                                            dst);
-        break;
-      case ElemType::kF64:
-        ConvertRowTyped<V, ElemType::kF64>(RowPointer<ElemType::kF64>(*rows, first + i), dim, dst);
-        break;
+  WithElemType(rows->type, [&]<ElemType T>() {
+    for (int32_t i = 0; i < count; ++i) {
+      ConvertRowTyped<V, T>(RowAt<T>(*rows, first + i), dim, out + static_cast<int64_t>(i) * dim);
     }
-  }
+  });
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ constexpr float kNegInfinity = -__builtin_huge_valf();
 
 // Slow path of WidenRows: a row whose float sum of squares overflows, normalised in double.
 template <ElemType T>
-void NormalizeRowInDouble(const Storage<T>* row, int32_t dim, float* dst) {
+void NormalizeRowInDouble(TypedRow<T> row, int32_t dim, float* dst) {
   double sum_squares = 0.0;
   for (int32_t j = 0; j < dim; ++j) {
     const double x = WidenToDouble<T>(row, j);
@@ -55,7 +55,7 @@ bool WidenRowsTyped(const RowBlock& rows, int64_t first, int32_t count, int32_t 
   constexpr int32_t W = V::kW;
   const int32_t full = dim - dim % W;
   for (int32_t i = 0; i < count; ++i) {
-    const Storage<T>* row = RowPointer<T>(rows, first + i);
+    const TypedRow<T> row = RowAt<T>(rows, first + i);
     float* dst = out + static_cast<int64_t>(i) * dim;
     F acc0 = V::Zero(), acc1 = V::Zero();
     int32_t j = 0;
@@ -83,7 +83,7 @@ bool WidenRowsTyped(const RowBlock& rows, int64_t first, int32_t count, int32_t 
   bool exact = true;
   for (int32_t i = 0; i < count; ++i) {
     if (inverse_norms[i] <= 3.0e38f) continue;
-    NormalizeRowInDouble<T>(RowPointer<T>(rows, first + i), dim,
+    NormalizeRowInDouble<T>(RowAt<T>(rows, first + i), dim,
                             out + static_cast<int64_t>(i) * dim);
     inverse_norms[i] = 1.0f;  // its inverse norm below is then exactly 1
     exact = false;
@@ -95,17 +95,9 @@ bool WidenRowsTyped(const RowBlock& rows, int64_t first, int32_t count, int32_t 
 template <class V>
 bool WidenRows(const RowBlock* rows, int64_t first, int32_t count, int32_t dim, float* out,
                float* inverse_norms) {
-  switch (rows->type) {
-    case ElemType::kF32:
-      return WidenRowsTyped<V, ElemType::kF32>(*rows, first, count, dim, out, inverse_norms);
-    case ElemType::kF16:
-      return WidenRowsTyped<V, ElemType::kF16>(*rows, first, count, dim, out, inverse_norms);
-    case ElemType::kBF16:
-      return WidenRowsTyped<V, ElemType::kBF16>(*rows, first, count, dim, out, inverse_norms);
-    case ElemType::kF64:
-      return WidenRowsTyped<V, ElemType::kF64>(*rows, first, count, dim, out, inverse_norms);
-  }
-  return false;
+  return WithElemType(rows->type, [&]<ElemType T>() {
+    return WidenRowsTyped<V, T>(*rows, first, count, dim, out, inverse_norms);
+  });
 }
 
 // W x W blocks transposed in registers, each lane (a destination row) scaled by its inverse

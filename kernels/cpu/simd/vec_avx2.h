@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/simd/fp8_bits.h"
 
 namespace centroidkv::cpu {
 namespace {  // NOLINT(build/namespaces): one copy per SIMD translation unit, by design
@@ -217,6 +218,16 @@ struct Avx2 {
     return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(p + 4)),
                            _mm256_cvtpd_ps(_mm256_loadu_pd(p)));
   }
+  // fp8 codes of format T (kE4M3 or kE5M2): each code's value (fp8_bits.h) times `scale`,
+  // one float multiply, as the reference widens them.
+  template <ElemType T>
+  static F LoadFp8(const uint8_t* p, float scale) {
+    const __m128i codes =
+        _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    __m256 x = _mm256_cvtph_ps(Fp8HalfBits<T>(codes));
+    if constexpr (T == ElemType::kE4M3) x = _mm256_mul_ps(x, _mm256_set1_ps(Fp8HalfFactor(T)));
+    return _mm256_mul_ps(x, _mm256_set1_ps(scale));
+  }
 
   // In-register transpose of 8 rows of 8 floats.
   static void Transpose(F* r) {
@@ -244,6 +255,14 @@ struct Avx2 {
   static D LoadDBF16(const uint16_t* p) {
     const __m128i wide = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(wide, 16)));
+  }
+  template <ElemType T>
+  static D LoadDFp8(const uint8_t* p, float scale) {
+    int32_t four;
+    __builtin_memcpy(&four, p, sizeof(four));
+    __m128 x = _mm_cvtph_ps(Fp8HalfBits<T>(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(four))));
+    if constexpr (T == ElemType::kE4M3) x = _mm_mul_ps(x, _mm_set1_ps(Fp8HalfFactor(T)));
+    return _mm256_cvtps_pd(_mm_mul_ps(x, _mm_set1_ps(scale)));
   }
   static D LoadDF64(const double* p) { return _mm256_loadu_pd(p); }
   static D Set1D(double x) { return _mm256_set1_pd(x); }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/simd/fp8_bits.h"
 
 namespace centroidkv::cpu {
 namespace {  // NOLINT(build/namespaces): one copy per SIMD translation unit, by design
@@ -196,6 +197,16 @@ struct Avx512 {
     const __m256 hi = _mm512_cvtpd_ps(_mm512_loadu_pd(p + 8));
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
   }
+  // fp8 codes of format T (kE4M3 or kE5M2): each code's value (fp8_bits.h) times `scale`,
+  // one float multiply, as the reference widens them.
+  template <ElemType T>
+  static F LoadFp8(const uint8_t* p, float scale) {
+    const __m256i codes =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    __m512 x = _mm512_cvtph_ps(Fp8HalfBits<T>(codes));
+    if constexpr (T == ElemType::kE4M3) x = _mm512_mul_ps(x, _mm512_set1_ps(Fp8HalfFactor(T)));
+    return _mm512_mul_ps(x, _mm512_set1_ps(scale));
+  }
 
   // In-register transpose of 16 rows of 16 floats.
   static void Transpose(F* r) {
@@ -231,6 +242,14 @@ struct Avx512 {
     const __m256i wide =
         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+  }
+  template <ElemType T>
+  static D LoadDFp8(const uint8_t* p, float scale) {
+    const __m128i codes =
+        _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    __m256 x = _mm256_cvtph_ps(Fp8HalfBits<T>(codes));
+    if constexpr (T == ElemType::kE4M3) x = _mm256_mul_ps(x, _mm256_set1_ps(Fp8HalfFactor(T)));
+    return _mm512_cvtps_pd(_mm256_mul_ps(x, _mm256_set1_ps(scale)));
   }
   static D LoadDF64(const double* p) { return _mm512_loadu_pd(p); }
   static D Set1D(double x) { return _mm512_set1_pd(x); }

@@ -1,7 +1,7 @@
 // Tests of the BlockWriter of kernels/cpu/block_writer.h (the engine's path from merged rows to
 // the CompressResult), at every SIMD level this CPU supports: rows of many lengths written to
-// float32, fp16 and bf16 blocks at every element offset within a 64-byte line arrive exactly
-// (halves rounded once, as common/dtype.h rounds them), and nothing outside the block is
+// float32, fp16, bf16 and fp8 blocks at every element offset within a 64-byte line arrive
+// exactly (rounded once, as common/dtype.h rounds them), and nothing outside the block is
 // touched (a neighbouring block may belong to another thread). The engine itself,
 // layer_job*.cc included, is tested against the reference in cpu_engine_test.cc.
 #include "kernels/cpu/block_writer.h"
@@ -38,13 +38,25 @@ float TestValue(int32_t r, int32_t j) {
   return value;
 }
 
-// The bits of `value` as a result row of `type` holds it.
+// The scale of the fp8 blocks (not a power of two: the division rounds).
+constexpr float kFp8Scale = 0.37f;
+
+int64_t ElementBytes(ElemType type) {
+  return type == ElemType::kF32 ? 4 : IsFp8Elem(type) ? 1 : 2;
+}
+
+// The bits of `value` as a result row of `type` holds it (fp8: divided by kFp8Scale, rounded
+// once, saturating).
 uint32_t Expected(ElemType type, float value) {
   switch (type) {
     case ElemType::kF16:
       return FloatToHalf(value);
     case ElemType::kBF16:
       return FloatToBFloat16(value);
+    case ElemType::kE4M3:
+      return FloatToFp8(value / kFp8Scale, DType::kFp8E4M3);
+    case ElemType::kE5M2:
+      return FloatToFp8(value / kFp8Scale, DType::kFp8E5M2);
     default:
       break;
   }
@@ -60,6 +72,7 @@ uint32_t Element(ElemType type, const unsigned char* block, int64_t i) {
     std::memcpy(&bits, block + 4 * i, sizeof(bits));
     return bits;
   }
+  if (IsFp8Elem(type)) return block[i];
   uint16_t bits;
   std::memcpy(&bits, block + 2 * i, sizeof(bits));
   return bits;
@@ -68,8 +81,9 @@ uint32_t Element(ElemType type, const unsigned char* block, int64_t i) {
 TEST_P(BlockWriterTest, WritesEveryRowExactlyAndNothingElse) {
   const KernelTable& kernels = KernelsFor(GetParam());
   constexpr unsigned char kUntouched = 0xa5;
-  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16}) {
-    const int64_t element_bytes = type == ElemType::kF32 ? 4 : 2;
+  for (ElemType type :
+       {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kE4M3, ElemType::kE5M2}) {
+    const int64_t element_bytes = ElementBytes(type);
     for (int32_t dim : {1, 3, 15, 16, 17, 33, 64, 100, 128, 1030, 2100}) {
       for (int32_t rows : {0, 1, 2, 7, 40}) {
         for (int32_t shift = 0; shift < 64 / element_bytes + 1; ++shift) {
@@ -87,7 +101,7 @@ TEST_P(BlockWriterTest, WritesEveryRowExactlyAndNothingElse) {
           float* buffer = buffer_storage.data();
           while (reinterpret_cast<uintptr_t>(buffer) % 64 != 0) ++buffer;
           BlockWriter writer;
-          writer.Start(kernels, buffer, dim, type, block);
+          writer.Start(kernels, buffer, dim, type, block, kFp8Scale);
           for (int32_t r = 0; r < rows; ++r) {
             float* row = writer.Next();
             for (int32_t j = 0; j < dim; ++j) row[j] = TestValue(r, j);
@@ -118,7 +132,8 @@ TEST_P(BlockWriterTest, WritesEveryRowExactlyAndNothingElse) {
 TEST_P(BlockWriterTest, NotesANonFiniteFloat) {
   const KernelTable& kernels = KernelsFor(GetParam());
   constexpr int32_t kDim = 100;
-  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16}) {
+  for (ElemType type :
+       {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kE4M3, ElemType::kE5M2}) {
     for (float bad : {std::numeric_limits<float>::infinity(),
                       std::numeric_limits<float>::quiet_NaN()}) {
       for (int32_t at : {0, 3, 40, 99, 150, 299}) {
@@ -131,8 +146,8 @@ TEST_P(BlockWriterTest, NotesANonFiniteFloat) {
         BlockWriter writer;
         // Off the vector alignment, but aligned for the element type (a float at an odd
         // 2-byte offset would itself be undefined behaviour).
-        const size_t offset = type == ElemType::kF32 ? 4 : 6;
-        writer.Start(kernels, buffer, kDim, type, storage.data() + offset);
+        const size_t offset = type == ElemType::kF32 ? 4 : IsFp8Elem(type) ? 5 : 6;
+        writer.Start(kernels, buffer, kDim, type, storage.data() + offset, kFp8Scale);
         for (int32_t r = 0; r < 3; ++r) {
           float* row = writer.Next();
           for (int32_t j = 0; j < kDim; ++j) row[j] = r * kDim + j == at ? bad : 1.0f;

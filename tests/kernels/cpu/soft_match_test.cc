@@ -39,21 +39,31 @@ std::string ElemTypeName(ElemType type) {
       return "bf16";
     case ElemType::kF64:
       return "f64";
+    case ElemType::kE4M3:
+      return "e4m3";
+    case ElemType::kE5M2:
+      return "e5m2";
   }
   return "?";
 }
 
-// `rows` rows of `dim` elements stored as `type`, `stride` elements apart.
+// `rows` rows of `dim` elements stored as `type`, `stride` elements apart; fp8 codes stand
+// for their value times kFp8Scale (not a power of two: widening rounds).
 class Rows {
  public:
+  static constexpr float kFp8Scale = 0.0371f;
+
   Rows(ElemType type, int32_t rows, int32_t dim, int32_t padding = 0)
       : type_(type), rows_(rows), dim_(dim), stride_(dim + padding) {
     bytes_.assign(static_cast<size_t>(rows) * stride_ * ElemBytes(), 0);
-    block_ = RowBlock{bytes_.data(), type_, stride_};
+    block_ = RowBlock{bytes_.data(), type_, stride_, IsFp8Elem(type) ? kFp8Scale : 1.0f};
   }
 
   int64_t ElemBytes() const {
-    return type_ == ElemType::kF64 ? 8 : type_ == ElemType::kF32 ? 4 : 2;
+    return type_ == ElemType::kF64 ? 8 : type_ == ElemType::kF32 ? 4 : IsFp8Elem(type_) ? 1 : 2;
+  }
+  DType Fp8DType() const {
+    return type_ == ElemType::kE4M3 ? DType::kFp8E4M3 : DType::kFp8E5M2;
   }
 
   // Stores `x` rounded to the element type.
@@ -72,6 +82,10 @@ class Rows {
       case ElemType::kF64:
         reinterpret_cast<double*>(bytes_.data())[index] = x;
         return;
+      case ElemType::kE4M3:
+      case ElemType::kE5M2:
+        bytes_[index] = FloatToFp8(static_cast<float>(x) / kFp8Scale, Fp8DType());
+        return;
     }
   }
 
@@ -87,6 +101,9 @@ class Rows {
         return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(bytes_.data())[index]);
       case ElemType::kF64:
         return reinterpret_cast<const double*>(bytes_.data())[index];
+      case ElemType::kE4M3:
+      case ElemType::kE5M2:
+        return Fp8ToFloat(bytes_[index], Fp8DType()) * kFp8Scale;
     }
     return 0.0;
   }
@@ -317,6 +334,8 @@ void CheckScoresAgainstExactCosines(const KernelTable& kernels) {
       {ElemType::kF32, 17, 20, Shape::kIndependent, 1e-9},  // norms clamp at 1e-6
       {ElemType::kF32, 40, 18, Shape::kIndependent, 1e20},  // float sums of squares overflow
       {ElemType::kBF16, 24, 12, Shape::kNearDuplicates, 1e30},
+      {ElemType::kE4M3, 64, 72, Shape::kNearDuplicates},
+      {ElemType::kE5M2, 33, 40, Shape::kIndependent},
   };
   double worst = 0.0;
   int near_ties = 0, listed = 0;
@@ -382,7 +401,8 @@ TEST_P(SoftMatchTest, JobBoundCoversEveryChunkLength) {
 // batch size and dtype.
 TEST_P(SoftMatchTest, ExactScorerIsTheReferenceCosineInEveryBatch) {
   std::mt19937_64 rng(kSeed + 7);
-  for (ElemType type : {ElemType::kF16, ElemType::kBF16, ElemType::kF32, ElemType::kF64}) {
+  for (ElemType type : {ElemType::kF16, ElemType::kBF16, ElemType::kF32, ElemType::kF64,
+                        ElemType::kE4M3, ElemType::kE5M2}) {
     for (int32_t dim : {1, 7, 128, 129}) {
       SCOPED_TRACE(ElemTypeName(type) + " dim " + std::to_string(dim));
       const Rows rows = RandomRows(type, 24, dim, Shape::kNearDuplicates, 3.0, rng, 1);
@@ -418,7 +438,8 @@ TEST_P(SoftMatchTest, BoundHoldsForLongNearParallelRows) {
 
 TEST_P(SoftMatchTest, WidenRowsIsExactAndGivesInverseNorms) {
   std::mt19937_64 rng(kSeed + 2);
-  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64}) {
+  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64,
+                        ElemType::kE4M3, ElemType::kE5M2}) {
     for (int32_t dim : {1, 7, 16, 33, 128, 255}) {
       SCOPED_TRACE(ElemTypeName(type) + " dim " + std::to_string(dim));
       const Rows rows = RandomRows(type, 5, dim, Shape::kIndependent, 1.0, rng, 3);
@@ -516,7 +537,8 @@ void ExpectMergeExact(const KernelTable& kernels, const Rows& rows,
 
 TEST_P(SoftMatchTest, MergeRowIsBitExact) {
   std::mt19937_64 rng(kSeed + 4);
-  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64}) {
+  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64,
+                        ElemType::kE4M3, ElemType::kE5M2}) {
     for (int32_t dim : {1, 3, 8, 16, 31, 128, 130}) {
       SCOPED_TRACE(ElemTypeName(type) + " dim " + std::to_string(dim));
       const Rows rows = RandomRows(type, 80, dim, Shape::kIndependent, 3.0, rng, 1);
@@ -568,7 +590,8 @@ TEST_P(SoftMatchTest, MergeRowIsBitExactOnEveryPath) {
       {1, 1},       {1, 1, 1},    {1, 1, 1, 1},        {1, 1, 1, 1, 1},   {1, 1, 1, 1, 1, 1, 1},
       {1, 3},       {3, 5},       {1, 1, 2},           {2, 2, 4},         {1, 2},
       {2, 3, 4},    {1, 1, 1, 2}, {4294967295.0, 1.0}, {1, 2147483649.0}, {3, 1073741825.0, 7}};
-  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64}) {
+  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64,
+                        ElemType::kE4M3, ElemType::kE5M2}) {
     for (int32_t dim : {1, 4, 7, 8, 9, 16, 24, 33, 128}) {
       SCOPED_TRACE(ElemTypeName(type) + " dim " + std::to_string(dim));
       const Rows rows = RandomRows(type, 16, dim, Shape::kIndependent, 5.0, rng);
@@ -628,7 +651,8 @@ TEST_P(SoftMatchTest, MergeRowIntoFloatRoundsQuotientsNextToFloatMidpoints) {
 
 TEST_P(SoftMatchTest, ConvertAndStreamCopyExactly) {
   std::mt19937_64 rng(kSeed + 5);
-  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64}) {
+  for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kF64,
+                        ElemType::kE4M3, ElemType::kE5M2}) {
     for (int32_t dim : {1, 15, 16, 17, 128}) {
       const Rows rows = RandomRows(type, 4, dim, Shape::kIndependent, 1.0, rng, 2);
       std::vector<float> as_float(static_cast<size_t>(dim)), block(static_cast<size_t>(3) * dim);

@@ -95,8 +95,15 @@ class ClusterEngine {
   // Whether the backend writes result rows in `dtype` itself. Every backend honours
   // CompressOptions::result_dtype, but one that writes float32 only rounds its rows in an
   // extra pass afterwards (RoundResultRows); a caller that rounds while copying anyway (the
-  // service's encoder) asks for half rows only from a backend that writes them.
+  // service's encoder) asks for half rows only from a backend that writes them. For fp8, it
+  // writes them with static scales (CompressOptions::result_key_scales given); dynamic
+  // scales need the whole float32 result first (kernels/fp8_rows.h).
   virtual bool WritesResultDType(DType dtype) const { return dtype == DType::kFloat32; }
+
+  // Whether the backend reads input rows of `dtype` itself: fp8 codes with their scales
+  // (LayerView::key_scales), widened exactly as kernels/fp8_rows.h widens them. Otherwise an
+  // fp8 input is widened to a float32 copy above the backend. Every dtype but fp8: true.
+  virtual bool ReadsInputDType(DType dtype) const { return !IsFp8(dtype); }
 
   // Whether the backend can write a result's rows into caller memory (LayerPlan::row_target)
   // instead of the result's arrays: the service then writes a job's rows straight into the
@@ -139,6 +146,8 @@ class ClusterEngine {
  private:
   absl::Status Run(const LayerView& layer, const CompressOptions& options,
                    const CompressControl& control, bool reuse, CompressResult* result) const;
+  bool WidensFp8Input(const LayerView& layer, const CompressOptions& options) const;
+  bool QuantisesFp8Result(const LayerView& layer, const CompressOptions& options) const;
   absl::Status RunFp8(const LayerView& layer, const CompressOptions& options,
                       const CompressControl& control, bool reuse, CompressResult* result) const;
   absl::Status RunFp8Stages(const LayerView& input, const CompressOptions& options,
@@ -163,9 +172,9 @@ absl::Status ValidateJobShape(const LayerView& layer, const CompressOptions& opt
 absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOptions& options,
                                     const EngineLimits& limits);
 
-// PlanLayer's check of the data alone: every key and value finite, every count at least 1
-// and each head's counts summing within uint32. The error names the first offending element
-// in (head, token, dim) order.
+// PlanLayer's check of the data alone: every key and value finite (an fp8 element times its
+// scale), every count at least 1 and each head's counts summing within uint32. The error
+// names the first offending element in (head, token, dim) order.
 absl::Status CheckLayerData(const LayerView& layer);
 
 }  // namespace centroidkv

@@ -46,8 +46,9 @@ class CudaEngine final : public ClusterEngine {
 
   std::string_view name() const override { return device_.backend; }
   // The packed rows are written in the result dtype on the device (half the bytes to write
-  // and to download for fp16 / bf16).
-  bool WritesResultDType(DType) const override { return true; }
+  // and to download for fp16 / bf16). fp8 rows are quantised above the backend
+  // (kernels/fp8_rows.h).
+  bool WritesResultDType(DType dtype) const override { return !IsFp8(dtype); }
   const DeviceInfo& device() const { return device_; }
 
  protected:

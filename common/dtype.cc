@@ -8,6 +8,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <limits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -329,6 +330,11 @@ float MaxMagnitude(const float* in, int64_t count) {
     if (x > found) found = x;
   }
   return found;
+}
+
+float Fp8ScaleFor(float amax, DType dtype) {
+  return amax > 0.0f ? std::max(amax / Fp8MaxFinite(dtype), std::numeric_limits<float>::min())
+                     : 1.0f;
 }
 
 void WidenFp8(const uint8_t* codes, int64_t count, DType dtype, float scale, float* out) {

@@ -471,14 +471,13 @@ bool ClusterEngine::WidensFp8Input(const LayerView& layer, const CompressOptions
          (!ReadsInputDType(layer.dtype) || SplitAboveBackend(layer, options));
 }
 
-// fp8 rows need quantising above the backend where they have dynamic scales (the whole
-// float32 result first), the backend does not write them, or a stage above the backend
-// rearranges the float32 rows (split jobs, padded or token-major rows).
+// fp8 rows need quantising above the backend where the backend does not write them, or a
+// stage above the backend rearranges the float32 rows (split jobs, padded or token-major
+// rows).
 bool ClusterEngine::QuantisesFp8Result(const LayerView& layer,
                                        const CompressOptions& options) const {
   return IsFp8(options.result_dtype) &&
-         (options.result_key_scales.empty() || options.result_value_scales.empty() ||
-          !WritesResultDType(options.result_dtype) || ReshapesRows(options) ||
+         (!WritesResultDType(options.result_dtype) || ReshapesRows(options) ||
           SplitAboveBackend(layer, options));
 }
 

@@ -27,13 +27,6 @@ void ForEachSpanOfHead(const CompressResult& result, const std::vector<float>& r
   fn(first, result.offsets[head + 1] * dim - first);
 }
 
-// The scale of a head whose largest magnitude is `amax`: it maps amax to the format's
-// maximum (1 for an all-zero head; never below FLT_MIN, so that the division stays finite).
-float DynamicScale(float amax, DType dtype) {
-  return amax > 0.0f ? std::max(amax / Fp8MaxFinite(dtype), std::numeric_limits<float>::min())
-                     : 1.0f;
-}
-
 // `rows` quantised into `out` with `given` scales (one, or one per head) or per-head dynamic
 // ones, a head per task of `engine`; returns each head's scale. A head's amax and its
 // narrowing read the same rows back to back, while they are still in cache.
@@ -50,7 +43,7 @@ std::vector<float> QuantiseTensor(const ClusterEngine& engine, const CompressRes
       ForEachSpanOfHead(result, rows, dim, h, [&](int64_t first, int64_t elements) {
         amax = std::max(amax, MaxMagnitude(rows.data() + first, elements));
       });
-      scales[h] = DynamicScale(amax, dtype);
+      scales[h] = Fp8ScaleFor(amax, dtype);
     }
     ForEachSpanOfHead(result, rows, dim, h, [&](int64_t first, int64_t elements) {
       NarrowToFp8(rows.data() + first, elements, dtype, scales[h], out + first);

@@ -51,6 +51,8 @@ void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, 
   staged_ = 0;
   finite_ = true;
   fits_ = true;
+  note_max_magnitude_ = false;
+  max_magnitude_ = 0.0f;
 }
 
 // Writes out the staged floats up to the last line boundary of the block (all of them when
@@ -59,6 +61,7 @@ void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, 
 void BlockWriter::Flush(bool final) {
   int64_t count = staged_;
   if (!final) count -= LineOffset(out_ + staged_ * element_bytes_, element_bytes_);
+  if (note_max_magnitude_) max_magnitude_ = std::max(max_magnitude_, MaxMagnitude(stage_, count));
   if (type_ == ElemType::kF32) {
     finite_ &= kernels_->stream_floats(stage_, count, reinterpret_cast<float*>(out_));
     fits_ = finite_;

@@ -31,6 +31,8 @@ class BlockWriter {
   static int64_t Capacity(int32_t dim);
   void Start(const KernelTable& kernels, float* buffer, int32_t dim, ElemType type, void* out,
              float scale = 1.0f);
+  // Also notes the largest magnitude of the floats written (max_magnitude()).
+  void NoteMaxMagnitude() { note_max_magnitude_ = true; }
   // Where to put the next row (dim floats): valid until the next call.
   float* Next() {
     if (staged_ + dim_ > capacity_) Flush(/*final=*/false);
@@ -45,6 +47,9 @@ class BlockWriter {
   // Whether every element written since Start is finite in the block's type (an fp16 /
   // bf16 rounding made no Inf; float rows: finite(); fp8 saturates: always).
   bool fits() const { return fits_; }
+  // The largest magnitude of the floats written since Start (NaN ignored), where
+  // NoteMaxMagnitude was called; else 0.
+  float max_magnitude() const { return max_magnitude_; }
 
  private:
   void Flush(bool final);
@@ -61,6 +66,8 @@ class BlockWriter {
   int64_t staged_ = 0;
   bool finite_ = true;
   bool fits_ = true;
+  bool note_max_magnitude_ = false;
+  float max_magnitude_ = 0.0f;
 };
 
 // Orders the non-temporal stores of KernelTable::stream_floats before every later store

@@ -54,7 +54,8 @@ class CpuEngine final : public ClusterEngine {
   std::string_view name() const override { return "cpu"; }
   SimdLevel simd_level() const { return level_; }
   // The last pass rounds fp16 / bf16 rows, and fp8 rows in static scales, as it streams
-  // them out (BlockWriter).
+  // them out (BlockWriter); fp8 rows with a dynamic scale are narrowed once each head's
+  // largest magnitude is known, which the writers note on the way.
   bool WritesResultDType(DType) const override { return true; }
   // fp8 rows are widened (codes times their scale) inside the kernels, as fp16 rows are:
   // no float32 copy of the input.

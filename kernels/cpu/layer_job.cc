@@ -99,7 +99,10 @@ LayerJob::LayerJob(const KernelTable& kernels, ScratchPool* scratch, const Layer
       target_(plan.target_length),
       bound_(MatchErrorBound(kernels, layer.key_dim, plan.options.chunk_size)),
       with_assignment_(plan.options.compute_assignment),
-      output_type_(ElemTypeOf(plan.options.result_dtype)) {
+      output_type_(ElemTypeOf(plan.options.result_dtype)),
+      fp8_staged_(IsFp8Elem(output_type_) && (plan.options.result_key_scales.empty() ||
+                                              plan.options.result_value_scales.empty())),
+      row_max_bits_(fp8_staged_ ? new std::atomic<uint32_t>[2 * layer.num_heads] : nullptr) {
   if (head_pool_ != nullptr) heads_ = head_pool_->Take();
 }
 
@@ -414,7 +417,8 @@ void LayerJob::Finalize() {
   for (Head& head : heads_) head.merges = 0;
   AllocateOutput();
   ParallelOverHeads([](const Head&) { return true; }, [&](Head& head) { FinalizeHead(head); });
-  // Every result row went out through a BlockWriter, which saw each rounding.
+  if (fp8_staged_) NarrowStagedRows();
+  // Every result row went out through a BlockWriter, which saw each rounding (fp8 saturates).
   if (output_type_ != ElemType::kF32) {
     using Check = CompressResult::RoundingCheck;
     out_->key_rounding = keys_overflow_.load() ? Check::kOverflows : Check::kFits;

@@ -243,7 +243,15 @@ class LayerJob {
   mutable std::atomic<bool> bad_input_{false};
   // fp16 / bf16 result rows: whether a rounded key / value became Inf (BlockWriter::fits).
   mutable std::atomic<bool> keys_overflow_{false}, values_overflow_{false};
-  void NoteRounding(const BlockWriter& keys, const BlockWriter& values) const;
+  // fp8 result rows with a dynamic scale (for keys, values or both): written as float32 rows
+  // first, each head's largest magnitude noted on the way, then narrowed (NarrowStagedRows).
+  bool fp8_staged_ = false;
+  std::unique_ptr<std::atomic<uint32_t>[]> row_max_bits_;  // [2H]: keys, values of each head
+  ElemType WriterType() const;
+  // What the thread's BlockWriters saw of a head's rows: an fp16 / bf16 rounding to Inf, or
+  // (fp8_staged_) the largest magnitudes.
+  void NoteWritten(int32_t head, const BlockWriter& keys, const BlockWriter& values) const;
+  void NarrowStagedRows();
 };
 
 // Per-head state of finished jobs, for the next ones: a job's O(n) arrays per head (counts,

@@ -181,7 +181,7 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
     scratch.value_writer.Finish();
     FenceStreamedStores();
     if (values_at_output_ && !scratch.value_writer.finite()) bad_input_.store(true);
-    NoteRounding(scratch.key_writer, scratch.value_writer);
+    NoteWritten(head.index, scratch.key_writer, scratch.value_writer);
   }
   if (head.sink == Sink::kInPlace) {  // back into the chunk's own rows; ShiftInPlace moves them
     std::memcpy(head.keys.data() + first * key_dim_, rows.staged_keys,

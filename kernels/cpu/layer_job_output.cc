@@ -3,8 +3,9 @@
 // survivors (MergeChunk starts the writers), the protected rows, and every head no last pass
 // wrote (Finalize), with the counts and the assignment.
 #include <algorithm>
-#include <cassert>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 
 #if defined(__linux__)
@@ -13,6 +14,7 @@
 
 #include "centroidkv/common/dtype.h"
 #include "kernels/cpu/layer_job.h"
+#include "oneapi/tbb/parallel_for.h"
 
 namespace centroidkv::cpu {
 namespace {
@@ -64,11 +66,13 @@ void LayerJob::AllocateOutput() {
   const auto total = static_cast<size_t>(out_->offsets.back());
   out_->dtype = plan_.options.result_dtype;
   out_->rows_in_target = plan_.row_target != nullptr;
-  // Every array of rows but the one this dtype fills (none with a target: the rows go to the
-  // caller's memory, a client's shared memory region) is emptied.
-  const bool own_rows = !out_->rows_in_target;
+  // Every array of rows but the ones the writers fill is emptied: float32 rows (also the
+  // float rows of fp8 with a dynamic scale, narrowed at the end), fp16 / bf16, or fp8; none
+  // but those float rows with a target (the caller's memory, a client's shared memory region).
+  const ElemType written = WriterType();
+  const bool fp8 = IsFp8Elem(output_type_);
   auto size = [&](auto* keys, auto* values, bool used) {
-    if (own_rows && used) {
+    if (used) {
       ResizeOutput(keys, total * key_dim_);
       ResizeOutput(values, total * value_dim_);
     } else {
@@ -76,19 +80,23 @@ void LayerJob::AllocateOutput() {
       values->clear();
     }
   };
-  const bool fp8 = IsFp8Elem(output_type_);
-  const bool half = output_type_ == ElemType::kF16 || output_type_ == ElemType::kBF16;
-  size(&out_->keys, &out_->values, output_type_ == ElemType::kF32);
-  size(&out_->half_keys, &out_->half_values, half);
-  size(&out_->fp8_keys, &out_->fp8_values, fp8);
-  // fp8 rows in the static scales of the options (the engine asks only with static ones).
+  const bool own_rows = !out_->rows_in_target;
+  size(&out_->keys, &out_->values, written == ElemType::kF32 && (own_rows || fp8));
+  size(&out_->half_keys, &out_->half_values,
+       own_rows && (written == ElemType::kF16 || written == ElemType::kBF16));
+  size(&out_->fp8_keys, &out_->fp8_values, own_rows && fp8);
+  // fp8 scales: the options' static ones for every head; dynamic ones once the rows are known
+  // (NarrowStagedRows).
   auto scales = [&](const std::vector<float>& given) {
     if (!fp8) return std::vector<float>();
-    assert(!given.empty());
+    if (given.empty()) return std::vector<float>(heads_.size(), 0.0f);
     return given.size() == 1 ? std::vector<float>(heads_.size(), given[0]) : given;
   };
   out_->key_scales = scales(plan_.options.result_key_scales);
   out_->value_scales = scales(plan_.options.result_value_scales);
+  if (fp8_staged_) {
+    for (size_t i = 0; i < 2 * heads_.size(); ++i) row_max_bits_[i].store(0);
+  }
   ResizeOutput(&out_->counts, total);
   if (with_assignment_) {
     ResizeOutput(&out_->assignment, static_cast<size_t>(layer_.num_heads) * layer_.num_tokens);
@@ -97,32 +105,40 @@ void LayerJob::AllocateOutput() {
   }
 }
 
+// The type the BlockWriters write: the result's, but float32 for fp8 with a dynamic scale.
+ElemType LayerJob::WriterType() const { return fp8_staged_ ? ElemType::kF32 : output_type_; }
+
 void LayerJob::StartOutput(int32_t head, int64_t out_row, ChunkScratch& scratch) const {
   const int64_t key_capacity = BlockWriter::Capacity(key_dim_);
   GrowScratch(&scratch.output_stage,
        static_cast<size_t>(key_capacity + BlockWriter::Capacity(value_dim_) + kLineFloats));
   float* buffer = AlignToLine(scratch.output_stage.data());
+  const ElemType written = WriterType();
   void* keys = nullptr;
   void* values = nullptr;
-  if (out_->rows_in_target) {
+  if (written == ElemType::kF32 && !out_->keys.empty()) {
+    keys = out_->keys.data() + out_row * key_dim_;
+    values = out_->values.data() + out_row * value_dim_;
+  } else if (out_->rows_in_target) {
     const auto element = static_cast<int64_t>(DTypeSize(out_->dtype));
     keys = static_cast<char*>(plan_.row_target->keys) + out_row * key_dim_ * element;
     values = static_cast<char*>(plan_.row_target->values) + out_row * value_dim_ * element;
-  } else if (output_type_ == ElemType::kF32) {
-    keys = out_->keys.data() + out_row * key_dim_;
-    values = out_->values.data() + out_row * value_dim_;
-  } else if (IsFp8Elem(output_type_)) {
+  } else if (IsFp8Elem(written)) {
     keys = out_->fp8_keys.data() + out_row * key_dim_;
     values = out_->fp8_values.data() + out_row * value_dim_;
   } else {
     keys = out_->half_keys.data() + out_row * key_dim_;
     values = out_->half_values.data() + out_row * value_dim_;
   }
-  const bool fp8 = IsFp8Elem(output_type_);
-  scratch.key_writer.Start(kernels_, buffer, key_dim_, output_type_, keys,
+  const bool fp8 = IsFp8Elem(written);
+  scratch.key_writer.Start(kernels_, buffer, key_dim_, written, keys,
                            fp8 ? out_->key_scales[head] : 1.0f);
-  scratch.value_writer.Start(kernels_, buffer + key_capacity, value_dim_, output_type_, values,
+  scratch.value_writer.Start(kernels_, buffer + key_capacity, value_dim_, written, values,
                              fp8 ? out_->value_scales[head] : 1.0f);
+  if (fp8_staged_) {
+    scratch.key_writer.NoteMaxMagnitude();
+    scratch.value_writer.NoteMaxMagnitude();
+  }
 }
 
 void LayerJob::WriteOutputRows(int32_t head, const RowBlock& keys, const RowBlock& values,
@@ -138,13 +154,61 @@ void LayerJob::WriteOutputRows(int32_t head, const RowBlock& keys, const RowBloc
   scratch.value_writer.Finish();
   FenceStreamedStores();
   if (values_at_output_ && !scratch.value_writer.finite()) bad_input_.store(true);
-  NoteRounding(scratch.key_writer, scratch.value_writer);
+  NoteWritten(head, scratch.key_writer, scratch.value_writer);
 }
 
-void LayerJob::NoteRounding(const BlockWriter& keys, const BlockWriter& values) const {
+namespace {
+
+// *max = the larger of *max and `value`, for non-negative floats as bits (which order as the
+// floats do).
+void RaiseMax(std::atomic<uint32_t>* max, float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  uint32_t seen = max->load(std::memory_order_relaxed);
+  while (bits > seen && !max->compare_exchange_weak(seen, bits, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+void LayerJob::NoteWritten(int32_t head, const BlockWriter& keys, const BlockWriter& values) const {
+  if (fp8_staged_) {
+    RaiseMax(&row_max_bits_[2 * head], keys.max_magnitude());
+    RaiseMax(&row_max_bits_[2 * head + 1], values.max_magnitude());
+    return;
+  }
   if (output_type_ == ElemType::kF32) return;
   if (!keys.fits()) keys_overflow_.store(true, std::memory_order_relaxed);
   if (!values.fits()) values_overflow_.store(true, std::memory_order_relaxed);
+}
+
+// fp8 with a dynamic scale: each head's float rows, staged in the result's float arrays, are
+// narrowed with its scale (from the largest magnitude the writers saw, or the options' static
+// one for the other tensor) into the fp8 arrays or the caller's memory, a head per task.
+void LayerJob::NarrowStagedRows() {
+  const DType dtype = plan_.options.result_dtype;
+  const bool dynamic_keys = plan_.options.result_key_scales.empty();
+  const bool dynamic_values = plan_.options.result_value_scales.empty();
+  auto* key_codes = static_cast<uint8_t*>(out_->rows_in_target ? plan_.row_target->keys
+                                                                : out_->fp8_keys.data());
+  auto* value_codes = static_cast<uint8_t*>(out_->rows_in_target ? plan_.row_target->values
+                                                                  : out_->fp8_values.data());
+  tbb::parallel_for(int32_t{0}, layer_.num_heads, [&](int32_t h) {
+    float max_keys, max_values;
+    const uint32_t key_bits = row_max_bits_[2 * h].load();
+    const uint32_t value_bits = row_max_bits_[2 * h + 1].load();
+    std::memcpy(&max_keys, &key_bits, sizeof(max_keys));
+    std::memcpy(&max_values, &value_bits, sizeof(max_values));
+    if (dynamic_keys) out_->key_scales[h] = Fp8ScaleFor(max_keys, dtype);
+    if (dynamic_values) out_->value_scales[h] = Fp8ScaleFor(max_values, dtype);
+    const int64_t first = out_->offsets[h], rows = out_->offsets[h + 1] - first;
+    NarrowToFp8(out_->keys.data() + first * key_dim_, rows * key_dim_, dtype,
+                out_->key_scales[h], key_codes + first * key_dim_);
+    NarrowToFp8(out_->values.data() + first * value_dim_, rows * value_dim_, dtype,
+                out_->value_scales[h], value_codes + first * value_dim_);
+  });
+  out_->keys.clear();
+  out_->values.clear();
 }
 
 void LayerJob::FinalizeHead(Head& head) {

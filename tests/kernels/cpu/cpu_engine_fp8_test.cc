@@ -132,9 +132,13 @@ TEST_P(CpuEngineFp8Test, BitIdenticalToReferenceOnRandomJobs) {
       const int32_t heads = job.spec.num_heads;
       CompressOptions half = job.options;
       half.result_dtype = DType::kFloat16;
+      CompressOptions dynamic = job.options;
+      dynamic.result_dtype = format;
+      CompressOptions mixed = StaticFp8Result(job.options, DType::kFp8E4M3, heads, true);
+      mixed.result_value_scales.clear();  // static keys, dynamic values
       const CompressOptions cases[] = {
           job.options, half, StaticFp8Result(job.options, DType::kFp8E4M3, heads, true),
-          StaticFp8Result(job.options, format, heads, false)};
+          StaticFp8Result(job.options, format, heads, false), dynamic, mixed};
       for (const CompressOptions& options : cases) {
         SCOPED_TRACE("result " + std::string(DTypeName(options.result_dtype)));
         ExpectSameAsReference(layer.Fp8View(), options);
@@ -186,13 +190,19 @@ TEST_P(CpuEngineFp8Test, EveryCodeWidensAsTheReferenceWidensIt) {
   }
 }
 
-// Static fp8 results straight into caller memory (the service's shared memory), with the
-// input fp8 too: the codes in the target are those of the result's own arrays.
-TEST_P(CpuEngineFp8Test, StaticFp8RowsGoIntoCallerMemory) {
+// fp8 results straight into caller memory (the service's shared memory), with the input fp8
+// too: the codes in the target are those of the result's own arrays, with static and with
+// dynamic scales.
+TEST_P(CpuEngineFp8Test, Fp8RowsGoIntoCallerMemory) {
   const RandomLayer source = RandomLayer::Generate(Spec(3, 256, 24, 16, 41));
   const Fp8Layer layer = Fp8Layer::From(source, DType::kFp8E4M3);
-  const CompressOptions options =
-      StaticFp8Result(Options(32, 4, 8, 0.25), DType::kFp8E4M3, 3, true);
+  for (const bool dynamic : {false, true}) {
+  SCOPED_TRACE(dynamic ? "dynamic scales" : "static scales");
+  CompressOptions options = StaticFp8Result(Options(32, 4, 8, 0.25), DType::kFp8E4M3, 3, true);
+  if (dynamic) {
+    options.result_key_scales.clear();
+    options.result_value_scales.clear();
+  }
   const CompressResult in_arrays = CompressOrFail(engine_, layer.Fp8View(), options);
   ASSERT_EQ(in_arrays.dtype, DType::kFp8E4M3);
   std::vector<uint8_t> keys(3 * 256 * 24, 0xee), values(3 * 256 * 16, 0xee);
@@ -211,6 +221,8 @@ TEST_P(CpuEngineFp8Test, StaticFp8RowsGoIntoCallerMemory) {
             in_arrays.fp8_values);
   EXPECT_EQ(keys[key_bytes], 0xee) << "a byte past the result was written";
   EXPECT_EQ(values[value_bytes], 0xee) << "a byte past the result was written";
+  EXPECT_TRUE(in_target.keys.empty() && in_target.values.empty());
+  }
 }
 
 // A NaN code (E5M2: an Inf code too) anywhere the engine reads (a chunk's key or value, a

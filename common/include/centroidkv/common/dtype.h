@@ -111,4 +111,9 @@ void NarrowToFp8(const float* in, int64_t count, DType dtype, float scale, uint8
 // The largest |in[i]| of `count` floats (0 for none; NaN ignored), AVX2 where the CPU has it.
 float MaxMagnitude(const float* in, int64_t count);
 
+// The dynamic fp8 scale of rows whose largest magnitude is `amax`: it maps amax to the
+// format's maximum (1 for all-zero rows; never below FLT_MIN, so that dividing by it stays
+// finite).
+float Fp8ScaleFor(float amax, DType dtype);
+
 }  // namespace centroidkv

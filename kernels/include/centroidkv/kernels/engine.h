@@ -96,8 +96,8 @@ class ClusterEngine {
   // CompressOptions::result_dtype, but one that writes float32 only rounds its rows in an
   // extra pass afterwards (RoundResultRows); a caller that rounds while copying anyway (the
   // service's encoder) asks for half rows only from a backend that writes them. For fp8, it
-  // writes them with static scales (CompressOptions::result_key_scales given); dynamic
-  // scales need the whole float32 result first (kernels/fp8_rows.h).
+  // writes them with static or dynamic scales as kernels/fp8_rows.h quantises them;
+  // otherwise that runs above the backend, on its float32 rows.
   virtual bool WritesResultDType(DType dtype) const { return dtype == DType::kFloat32; }
 
   // Whether the backend reads input rows of `dtype` itself: fp8 codes with their scales

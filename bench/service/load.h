@@ -92,6 +92,7 @@ struct LoadFlags {
   std::optional<int32_t> context;  // --context; unset: 4096, or 256 with --decode
   std::string dtype = "float16";
   std::string output_dtype = "input";
+  std::optional<float> output_scale;  // --output-scale: static fp8 result scale
   std::string backend = "auto";
 };
 void AddLoadFlags(CLI::App* app, LoadFlags* flags);
@@ -104,10 +105,12 @@ absl::StatusOr<LoadConfig> ParseLoadArgs(const std::vector<std::string>& args);
 // (numpy's default); 0 for an empty input. `values` need not be sorted.
 double Percentile(std::vector<double> values, double q);
 
-// The data the jobs send: `distinct_layers` layers of synthetic clustered KV in the dtype.
+// The data the jobs send: `distinct_layers` layers of synthetic clustered KV in the dtype
+// (fp8: codes with per-head scales, each head's largest magnitude mapped to the format's).
 struct Dataset {
   std::vector<std::vector<uint8_t>> keys;    // per layer, [H, n, d] of dtype
   std::vector<std::vector<uint8_t>> values;  // per layer
+  std::vector<std::vector<float>> key_scales, value_scales;  // per layer, [H]; fp8 only
   LayerView View(const LoadConfig& config, size_t layer) const;
 };
 Dataset MakeDataset(const LoadConfig& config);

@@ -74,7 +74,10 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
   app->add_option("--context", flags->context,
                   "Tokens per head (context length; default 4096, or 256 new tokens with "
                   "--decode)");
-  app->add_option("--dtype", flags->dtype, "float16 | float32 | bfloat16")->capture_default_str();
+  app->add_option("--dtype", flags->dtype,
+                  "float16 | float32 | bfloat16 | fp8_e4m3 | fp8_e5m2 (fp8: codes with per-head "
+                  "scales)")
+      ->capture_default_str();
   app->add_option("--seed", c.seed, "Seed of the synthetic clustered KV")->capture_default_str();
   app->add_option("--distinct-layers", c.distinct_layers,
                   "Distinct layers of data generated (reused round-robin)")
@@ -82,8 +85,13 @@ void AddLoadFlags(CLI::App* app, LoadFlags* flags) {
   // SPEC parameters, the flags of `centroidkv compress`; the assignment is off by default here.
   c.options.compute_assignment = false;
   cli::AddCompressOptionFlags(app, &c.options, {.output_layout = false});
-  app->add_option("--output-dtype", flags->output_dtype, "input (default), or a dtype: float32, float16, bfloat16 (fp32, fp16, bf16)")
+  app->add_option("--output-dtype", flags->output_dtype,
+                  "input (default), or a dtype: float32, float16, bfloat16 (fp32, fp16, bf16), "
+                  "fp8_e4m3, fp8_e5m2")
       ->capture_default_str();
+  app->add_option("--output-scale", flags->output_scale,
+                  "fp8 results in this static scale (keys and values, every head, as a serving "
+                  "engine's k_scale / v_scale); default: per-head dynamic scales");
   app->add_option("--backend", flags->backend, "auto | cpu | cuda (gpu) | reference | identity")
       ->capture_default_str();
   client::AddSecurityFlags(app, &c.security);
@@ -138,6 +146,16 @@ absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
     CKV_ASSIGN_OR_RETURN(config.output_dtype,
                          ParseFlag<DType>(kDTypeNames, flags.output_dtype, "--output-dtype"));
   }
+  const DType output_dtype = config.output_dtype.value_or(config.dtype);
+  if (flags.output_scale.has_value()) {
+    if (!IsFp8(output_dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--output-scale: only for fp8 results (the output dtype is ",
+          std::string(DTypeName(output_dtype)), ")"));
+    }
+    config.options.result_key_scales = {*flags.output_scale};
+    config.options.result_value_scales = {*flags.output_scale};
+  }
   CKV_ASSIGN_OR_RETURN(config.backend,
                        ParseFlag<BackendKind>(kBackendKindNames, flags.backend, "--backend"));
   if (config.format != "text" && config.format != "json" && config.format != "csv") {
@@ -174,10 +192,14 @@ absl::StatusOr<LoadConfig> FinishConfig(LoadFlags& flags) {
   CKV_RETURN_IF_ERROR(CheckRange("--slab-kib", config.slab_kib, 4, 4096));
   if (config.compare || config.decode) config.backend = BackendKind::kCpu;
   // The engine's own checks, on the shape alone: the same messages the server would send.
+  const std::vector<float> unit_scale = {1.0f};  // fp8 input: the dataset's scales come later
   LayerView shape{.dtype = config.dtype, .num_heads = config.preset.kv_heads,
       .num_tokens = config.context, .key_dim = config.preset.head_dim,
       .value_dim = config.preset.head_dim};
-  absl::Status valid = ValidateJobShape(shape, config.options, EngineLimits{});
+  if (IsFp8(config.dtype)) shape.key_scales = shape.value_scales = unit_scale;
+  CompressOptions options = config.options;
+  options.result_dtype = output_dtype;
+  absl::Status valid = ValidateJobShape(shape, options, EngineLimits{});
   if (!valid.ok()) return valid;
   return config;
 }

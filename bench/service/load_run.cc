@@ -121,17 +121,32 @@ LayerView Dataset::View(const LoadConfig& config, size_t layer) const {
       .num_heads = config.preset.kv_heads, .num_tokens = config.context,
       .key_dim = config.preset.head_dim, .value_dim = config.preset.head_dim,
       .keys = keys[layer % keys.size()].data(), .values = values[layer % values.size()].data()};
+  if (IsFp8(config.dtype)) {
+    view.key_scales = key_scales[layer % key_scales.size()];
+    view.value_scales = value_scales[layer % value_scales.size()];
+  }
   return view;
 }
 
 Dataset MakeDataset(const LoadConfig& config) {
   Dataset data;
   const int32_t layers = std::min(config.distinct_layers, config.preset.layers);
-  auto convert = [&](const std::vector<uint16_t>& half) {
+  const int64_t head_elements = int64_t{config.context} * config.preset.head_dim;
+  auto convert = [&](const std::vector<uint16_t>& half, std::vector<std::vector<float>>* scales) {
     std::vector<uint8_t> out(half.size() * DTypeSize(config.dtype));
-    for (size_t i = 0; i < half.size(); ++i) {
-      StoreFromFloat(out.data(), config.dtype, static_cast<int64_t>(i), HalfToFloat(half[i]));
+    std::vector<float> head_scales(static_cast<size_t>(config.preset.kv_heads), 1.0f);
+    for (int32_t h = 0; h < config.preset.kv_heads; ++h) {
+      const int64_t first = h * head_elements;
+      std::vector<float> rows(static_cast<size_t>(head_elements));
+      for (int64_t i = 0; i < head_elements; ++i) rows[i] = HalfToFloat(half[first + i]);
+      if (IsFp8(config.dtype)) {
+        head_scales[h] = Fp8ScaleFor(MaxMagnitude(rows.data(), head_elements), config.dtype);
+        NarrowToFp8(rows.data(), head_elements, config.dtype, head_scales[h], out.data() + first);
+      } else {
+        StoreFromFloats(out.data(), config.dtype, first, head_elements, rows.data());
+      }
     }
+    scales->push_back(std::move(head_scales));
     return out;
   };
   for (int32_t l = 0; l < layers; ++l) {
@@ -141,8 +156,8 @@ Dataset MakeDataset(const LoadConfig& config) {
     spec.dim = config.preset.head_dim;
     spec.seed = config.seed + static_cast<uint64_t>(l) * 1000003u;
     Workload w = MakeWorkload(spec);
-    data.keys.push_back(convert(w.keys));
-    data.values.push_back(convert(w.values));
+    data.keys.push_back(convert(w.keys, &data.key_scales));
+    data.values.push_back(convert(w.values, &data.value_scales));
   }
   return data;
 }
@@ -256,8 +271,10 @@ RunStats RunService(const LoadConfig& config, const Dataset& data, BackendKind b
         if (stack != nullptr) {
           slot = free_slots.back();
           free_slots.pop_back();
-          job = stack->Job(static_cast<int32_t>(static_cast<size_t>(ticket) % data.keys.size()),
-                           slot);
+          const auto layer = static_cast<int32_t>(static_cast<size_t>(ticket) % data.keys.size());
+          job = stack->Job(layer, slot);
+          job.layer.key_scales = data.View(config, static_cast<size_t>(layer)).key_scales;
+          job.layer.value_scales = data.View(config, static_cast<size_t>(layer)).value_scales;
         } else {
           job.layer = data.View(config, static_cast<size_t>(ticket));
           job.options = config.options;
@@ -336,7 +353,9 @@ RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind
   // ResultPool; here one per executor thread).
   CompressOptions options = config.options;
   const DType output_dtype = config.output_dtype.value_or(config.dtype);
-  if ((*engine)->WritesResultDType(output_dtype)) options.result_dtype = output_dtype;
+  if ((*engine)->WritesResultDType(output_dtype) || IsFp8(output_dtype)) {
+    options.result_dtype = output_dtype;  // fp8: the server's codec always asks for it
+  }
   auto loop = [&](Tickets& tickets, Clock::time_point /*start*/, std::atomic<int64_t>& done,
                   std::vector<JobRecord>* local, std::string* /*fatal*/) {
     // Like a stream: up to config.pipeline jobs in flight, results taken oldest first.

@@ -112,6 +112,8 @@ TEST(LoadArgsTest, BadValuesAreRejectedNamingTheFlag) {
       {{"--concurrency", "many"}, "concurrency"},
       {{"--no-such-flag"}, "no-such-flag"},
       {{"--decode", "--compare"}, "--decode"},
+      {{"--output-scale", "0.1"}, "--output-scale"},  // float16 results have no scales
+      {{"--dtype", "fp8_e4m3", "--output-scale", "-1"}, "output_key_scales"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<LoadConfig> config = ParseLoadArgs(c.args);
@@ -228,6 +230,38 @@ TEST_F(LoadRunTest, TheFloorAnswersWithARealJobsShape) {
     // qwen2.5-7b: 4 heads of 256; head 1 passes through, the others keep 64.
     EXPECT_EQ(floor.records[0].entries_out, 3 * 64 + 256) << dtype;
     EXPECT_EQ(floor.threads, 2) << "the server's clustering threads, from GetInfo";
+  }
+}
+
+// fp8 in (codes with per-head scales) and out (dynamic or static scales), through the
+// service and the in-process engine: every job completes with the target compression.
+TEST_F(LoadRunTest, Fp8JobsInAndOut) {
+  const std::vector<std::vector<std::string>> variants = {
+      {"--dtype", "fp8_e4m3"},
+      {"--dtype", "fp8_e4m3", "--output-scale", "0.05"},
+      {"--dtype", "fp8_e5m2", "--output-dtype", "float16"},
+      {"--dtype", "float16", "--output-dtype", "fp8_e4m3", "--output-scale", "0.02"}};
+  for (const std::vector<std::string>& variant : variants) {
+    SCOPED_TRACE(variant[1] + " " + variant.back());
+    std::vector<std::string> args = {"--jobs", "4", "--sink-tokens", "0", "--recent-tokens", "0"};
+    args.insert(args.end(), variant.begin(), variant.end());
+    const LoadConfig config = Config(args);
+    const Dataset data = MakeDataset(config);
+    const LayerView view = data.View(config, 1);
+    if (IsFp8(config.dtype)) {  // codes with each head's scale from its largest magnitude
+      ASSERT_EQ(view.key_scales.size(), 4u);
+      ASSERT_EQ(view.value_scales.size(), 4u);
+      EXPECT_GT(view.key_scales[0], 0.0f);
+      EXPECT_NE(view.key_scales[0], data.View(config, 0).key_scales[0]) << "per layer";
+      EXPECT_EQ(config.BytesPerJob(), 2 * 4 * 256 * 128);
+    }
+    const RunStats service = RunService(config, data, BackendKind::kCpu);
+    const RunStats in_process = RunInProcess(config, data, BackendKind::kCpu, 1);
+    for (const RunStats* stats : {&service, &in_process}) {
+      EXPECT_EQ(stats->fatal, "") << stats->label;
+      EXPECT_EQ(stats->jobs_ok(), 4) << stats->label;
+      EXPECT_NEAR(stats->compression(), 0.25, 0.01) << stats->label;
+    }
   }
 }
 

@@ -110,20 +110,59 @@ LayerJob::~LayerJob() {
   if (head_pool_ != nullptr) head_pool_->Give(std::move(heads_));
 }
 
-RowBlock LayerJob::Keys(const Head& head) const {
-  if (head.owned) return RowBlock{head.keys.data(), ElemType::kF64, key_dim_};
+RowBlock ShiftRows(const RowBlock& rows, int64_t first) {
+  int64_t element_bytes = 8;
+  switch (rows.type) {
+    case ElemType::kE4M3:
+    case ElemType::kE5M2:
+      element_bytes = 1;
+      break;
+    case ElemType::kF16:
+    case ElemType::kBF16:
+      element_bytes = 2;
+      break;
+    case ElemType::kF32:
+      element_bytes = 4;
+      break;
+    case ElemType::kF64:
+      break;
+  }
+  RowBlock shifted = rows;
+  shifted.data = static_cast<const char*>(rows.data) + first * rows.stride * element_bytes;
+  return shifted;
+}
+
+RowBlock LayerJob::InputKeys(const Head& head) const {
   const char* base = static_cast<const char*>(layer_.keys) +
                      layer_.KeyOffset(head.index, 0) * input_element_bytes_;
   const float scale = IsFp8Elem(input_type_) ? layer_.KeyScale(head.index) : 1.0f;
   return RowBlock{base, input_type_, key_stride_, scale};
 }
 
-RowBlock LayerJob::Values(const Head& head) const {
-  if (head.owned) return RowBlock{head.values.data(), ElemType::kF64, value_dim_};
+RowBlock LayerJob::InputValues(const Head& head) const {
   const char* base = static_cast<const char*>(layer_.values) +
                      layer_.ValueOffset(head.index, 0) * input_element_bytes_;
   const float scale = IsFp8Elem(input_type_) ? layer_.ValueScale(head.index) : 1.0f;
   return RowBlock{base, input_type_, value_stride_, scale};
+}
+
+RowBlock LayerJob::Keys(const Head& head) const {
+  if (head.owned) return RowBlock{head.keys.data(), ElemType::kF64, key_dim_};
+  return InputKeys(head);
+}
+
+RowBlock LayerJob::Values(const Head& head) const {
+  if (head.owned) return RowBlock{head.values.data(), ElemType::kF64, value_dim_};
+  return InputValues(head);
+}
+
+// Head row r of the recent window is input row r + (n - length): nothing before it merged.
+RowBlock LayerJob::RecentKeys(const Head& head) const {
+  return ShiftRows(InputKeys(head), layer_.num_tokens - head.length);
+}
+
+RowBlock LayerJob::RecentValues(const Head& head) const {
+  return ShiftRows(InputValues(head), layer_.num_tokens - head.length);
 }
 
 ExactScorer LayerJob::Scorer(const Head& head) const {
@@ -338,9 +377,10 @@ void LayerJob::PrepareSinks(int32_t pass, bool fused) {
     if (head.merges <= 0) continue;
     const int64_t new_length = head.length - head.merges;
     head.sink = last ? Sink::kOutput : head.owned ? Sink::kInPlace : Sink::kFreshState;
-    if (head.sink == Sink::kFreshState) {
-      head.keys.resize(static_cast<size_t>(new_length) * key_dim_);
-      head.values.resize(static_cast<size_t>(new_length) * value_dim_);
+    if (head.sink == Sink::kFreshState) {  // the compressible rows only (rows from end on:
+      const int64_t new_end = head.end - head.merges;  // recent, read from the input)
+      head.keys.resize(static_cast<size_t>(new_end) * key_dim_);
+      head.values.resize(static_cast<size_t>(new_end) * value_dim_);
     }
     if (head.sink != Sink::kOutput) head.next_counts.resize(static_cast<size_t>(new_length));
     if (with_assignment_) head.remap.resize(static_cast<size_t>(head.length));

@@ -3,8 +3,11 @@
 //
 // Rows between passes: a head starts on the caller's input rows (any dtype, fp8 codes with
 // their head's scale included; either layout) and is read from there until its first merge;
-// a pass that is not the last writes the compacted head in float64 (like the reference),
-// later passes compact it in place. The last pass writes the result rows into the
+// a pass that is not the last writes the compacted compressible rows in float64 (like the
+// reference), later passes compact them in place. Protected rows (sinks and the recent
+// window) are never merged, so they stay in the input for every pass: no pass copies or
+// moves them, which for small jobs of many passes (decode-time splices) was most of the work
+// between the passes. The last pass writes the result rows into the
 // CompressResult, in float32 or rounded once to the options' result_dtype (fp16 / bf16, or
 // fp8 in the options' static scales): each chunk's float32 rows are staged in cache, then
 // rounded and streamed to the result a few rows at a time (non-temporal stores: no read of
@@ -36,6 +39,9 @@
 #include "oneapi/tbb/enumerable_thread_specific.h"
 
 namespace centroidkv::cpu {
+
+// The same rows, numbered from row `first` (row 0 of the result is row `first` of `rows`).
+RowBlock ShiftRows(const RowBlock& rows, int64_t first);
 
 // Grows a scratch buffer to at least `size` elements (never shrinks it).
 template <typename T>
@@ -122,9 +128,12 @@ class LayerJob {
     int32_t index = 0;
     bool passthrough = false;
     int64_t length = 0;
-    bool owned = false;            // rows are `keys`/`values`, else the input
-    RowStore keys;                 // [length, key_dim] when owned
-    RowStore values;               // [length, value_dim] when owned
+    // Whether the compressible rows are `keys` / `values` (float64, indexed by head row: the
+    // store's rows below the sinks are never touched), else the input; the protected rows
+    // are always the input's (InputKeys, RecentKeys).
+    bool owned = false;
+    RowStore keys;                 // [length - recent rows, key_dim] when owned
+    RowStore values;               // [length - recent rows, value_dim] when owned
     std::vector<uint64_t> counts;  // [length]
     std::vector<uint64_t> next_counts;
     std::vector<int32_t> owner;  // [n]: current row of each input entry; empty = identity
@@ -178,9 +187,16 @@ class LayerJob {
   void WriteOutputRows(int32_t head, const RowBlock& keys, const RowBlock& values, int64_t first,
                        int64_t count, int64_t out_row) const;
 
-  // Row sources of a head's current rows.
+  // Row sources of a head's current rows: Keys / Values hold its compressible rows (and,
+  // when not owned, every row); InputKeys / InputValues the input's rows of the head (its
+  // sinks); RecentKeys / RecentValues its recent window, rows length - recent .. length - 1,
+  // indexed by head row (the input's last rows).
   RowBlock Keys(const Head& head) const;
   RowBlock Values(const Head& head) const;
+  RowBlock InputKeys(const Head& head) const;
+  RowBlock InputValues(const Head& head) const;
+  RowBlock RecentKeys(const Head& head) const;
+  RowBlock RecentValues(const Head& head) const;
   ExactScorer Scorer(const Head& head) const;
   int32_t ChunkLength(const Head& head, int32_t chunk) const;
 

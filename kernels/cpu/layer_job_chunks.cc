@@ -11,32 +11,6 @@
 #include "kernels/cpu/layer_job.h"
 
 namespace centroidkv::cpu {
-namespace {
-
-int64_t ElemBytes(ElemType type) {
-  switch (type) {
-    case ElemType::kE4M3:
-    case ElemType::kE5M2:
-      return 1;
-    case ElemType::kF16:
-    case ElemType::kBF16:
-      return 2;
-    case ElemType::kF32:
-      return 4;
-    case ElemType::kF64:
-      break;
-  }
-  return 8;
-}
-
-// The same rows, numbered from row `first`.
-RowBlock From(const RowBlock& rows, int64_t first) {
-  RowBlock shifted = rows;
-  shifted.data = static_cast<const char*>(rows.data) + first * rows.stride * ElemBytes(rows.type);
-  return shifted;
-}
-
-}  // namespace
 
 // The memory of one chunk's key rows (and value rows) where each is one contiguous block.
 PrefetchRanges LayerJob::ChunkRanges(const Head& head, int32_t chunk, bool with_values) const {
@@ -127,7 +101,7 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
                  bound_, scorer);
   }
   ChunkRows rows{
-      From(Keys(head), first), From(Values(head), first), nullptr, nullptr, nullptr, nullptr};
+      ShiftRows(Keys(head), first), ShiftRows(Values(head), first), nullptr, nullptr, nullptr, nullptr};
   const float* tile = fused && length >= 2 ? scratch.matcher.ExactRows() : nullptr;
   if (tile != nullptr) {
     rows.keys = RowBlock{tile, ElemType::kF32, key_dim_};
@@ -247,6 +221,7 @@ void LayerJob::WriteCount(Head& head, int64_t new_row, uint64_t count) {
 void LayerJob::FinishHead(Head& head) {
   WriteProtectedRows(head);
   if (head.sink == Sink::kInPlace) ShiftInPlace(head);
+  const int64_t new_end = head.end - head.merges;  // the owned rows: up to the recent window
   head.length -= head.merges;
   switch (head.sink) {
     case Sink::kOutput:
@@ -257,8 +232,8 @@ void LayerJob::FinishHead(Head& head) {
       head.counts.swap(head.next_counts);
       break;
     case Sink::kInPlace:
-      head.keys.resize(static_cast<size_t>(head.length) * key_dim_);
-      head.values.resize(static_cast<size_t>(head.length) * value_dim_);
+      head.keys.resize(static_cast<size_t>(new_end) * key_dim_);
+      head.values.resize(static_cast<size_t>(new_end) * value_dim_);
       head.counts.swap(head.next_counts);
       break;
   }
@@ -271,29 +246,26 @@ void LayerJob::FinishHead(Head& head) {
   }
 }
 
-// Sinks [0, begin) keep their rows; recent rows [end, length) move down by the merges.
+// Sinks [0, begin) keep their rows; recent rows [end, length) move down by the merges. Both
+// stay in the input (Keys / Values hold the compressible rows only): the last pass writes
+// them to the result, the others only renumber them.
 void LayerJob::WriteProtectedRows(Head& head) {
-  const RowBlock keys = Keys(head), values = Values(head);
   if (head.sink == Sink::kOutput) {  // the sinks and the recent rows: two blocks of the result
     const int64_t out_first = out_->offsets[head.index];
-    WriteOutputRows(head.index, keys, values, 0, head.begin, out_first);
-    WriteOutputRows(head.index, keys, values, head.end, head.length - head.end,
-                    out_first + head.end - head.merges);
+    WriteOutputRows(head.index, InputKeys(head), InputValues(head), 0, head.begin, out_first);
+    WriteOutputRows(head.index, RecentKeys(head), RecentValues(head), head.end,
+                    head.length - head.end, out_first + head.end - head.merges);
   }
   auto write = [&](int64_t row, int64_t new_row) {
     if (with_assignment_) head.remap[row] = static_cast<int32_t>(new_row);
-    if (head.sink == Sink::kFreshState) {
-      kernels_.convert_row_f64(&keys, row, key_dim_, head.keys.data() + new_row * key_dim_);
-      kernels_.convert_row_f64(&values, row, value_dim_, head.values.data() + new_row * value_dim_);
-    }  // in place: ShiftInPlace moves the rows
     WriteCount(head, new_row, head.counts[row]);
   };
   for (int64_t row = 0; row < head.begin; ++row) write(row, row);
   for (int64_t row = head.end; row < head.length; ++row) write(row, row - head.merges);
 }
 
-// Moves each chunk's survivors (compacted at the chunk's start by MergeChunk) and the recent
-// rows down to their new rows, in row order, so no move overwrites a row still to be moved.
+// Moves each chunk's survivors (compacted at the chunk's start by MergeChunk) down to their
+// new rows, in row order, so no move overwrites a row still to be moved.
 void LayerJob::ShiftInPlace(Head& head) {
   auto move = [&](int64_t from, int64_t to, int64_t rows) {
     if (from == to || rows == 0) return;
@@ -306,7 +278,6 @@ void LayerJob::ShiftInPlace(Head& head) {
     const int64_t first = head.begin + int64_t{c} * chunk_size_;
     move(first, head.chunk_start[c], head.chunk_start[c + 1] - head.chunk_start[c]);
   }
-  move(head.end, head.end - head.merges, head.length - head.end);
 }
 
 }  // namespace centroidkv::cpu

@@ -213,8 +213,17 @@ void LayerJob::NarrowStagedRows() {
 
 void LayerJob::FinalizeHead(Head& head) {
   const int64_t first = out_->offsets[head.index];
-  if (!head.written) {
+  if (!head.written && !head.owned) {
     WriteOutputRows(head.index, Keys(head), Values(head), 0, head.length, first);
+  } else if (!head.written) {  // sinks and recent rows from the input, the rest owned
+    const int64_t sinks = plan_.options.sink_tokens;
+    const int64_t end = head.length - plan_.options.recent_tokens;
+    WriteOutputRows(head.index, InputKeys(head), InputValues(head), 0, sinks, first);
+    WriteOutputRows(head.index, Keys(head), Values(head), sinks, end - sinks, first + sinks);
+    WriteOutputRows(head.index, RecentKeys(head), RecentValues(head), end, head.length - end,
+                    first + end);
+  }
+  if (!head.written) {
     for (int64_t row = 0; row < head.length; ++row) {
       out_->counts[first + row] = static_cast<uint32_t>(head.counts[row]);
     }

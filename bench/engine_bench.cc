@@ -26,6 +26,7 @@
 //
 // Own flags (--name=value, after Google Benchmark's --benchmark_* flags):
 //   --tokens --heads --dim --chunks=64,256,1024 --ratio --sink --recent --seed
+//   --passes=N (max_passes of the jobs, default 1; the similarity flops count the first pass)
 //   --engine=cpu|reference --reps --min_time --threads --peak_reps --faiss=0|1 --check=0|1
 //   --level=scalar|avx2|avx512|amx  (the cpu engine's kernels forced to a level this CPU has,
 //                    and the fp32 peak measured with that level's vectors: every level shipped
@@ -96,6 +97,7 @@ struct Flags {
   double ratio = 0.5;
   int32_t sink = 0;
   int32_t recent = 0;
+  int32_t passes = 1;  // max_passes of the jobs
   std::string engine = "cpu";
   std::string level;  // "": the cpu engine's own choice
   int32_t reps = 5;
@@ -159,6 +161,8 @@ Flags ParseFlags(int argc, char** argv) {
       flags.sink = ParseNumber<int32_t>(name, value);
     } else if (name == "recent") {
       flags.recent = ParseNumber<int32_t>(name, value);
+    } else if (name == "passes") {
+      flags.passes = ParseNumber<int32_t>(name, value);
     } else if (name == "engine") {
       flags.engine = value;
     } else if (name == "level") {
@@ -211,8 +215,9 @@ Flags ParseFlags(int argc, char** argv) {
     }
   }
   if (flags.workload.heads < 1 || flags.workload.tokens < 2 || flags.workload.dim < 1 ||
-      flags.chunks.empty() || flags.reps < 1 || flags.result_dtypes.empty()) {
-    Die("need --heads >= 1, --tokens >= 2, --dim >= 1, --reps >= 1 and some --chunks");
+      flags.chunks.empty() || flags.reps < 1 || flags.result_dtypes.empty() || flags.passes < 1) {
+    Die("need --heads >= 1, --tokens >= 2, --dim >= 1, --reps >= 1, --passes >= 1 and some "
+        "--chunks");
   }
   if (flags.threads <= 0) {
     flags.threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
@@ -223,7 +228,7 @@ Flags ParseFlags(int argc, char** argv) {
 CompressOptions OptionsFor(const Flags& flags, int32_t chunk,
                            DType result_dtype = DType::kFloat32) {
   CompressOptions options{.target_ratio = flags.ratio, .chunk_size = chunk,
-      .sink_tokens = flags.sink, .recent_tokens = flags.recent, .max_passes = 1,
+      .sink_tokens = flags.sink, .recent_tokens = flags.recent, .max_passes = flags.passes,
       .uniform_heads = true, .compute_assignment = true, .result_dtype = result_dtype};
   if (IsFp8(result_dtype) && flags.result_scale > 0.0f) {
     options.result_key_scales = {flags.result_scale};
@@ -796,7 +801,8 @@ void Report(const Flags& flags, BenchRun& run, const CapturingReporter& reporter
        << ", \"dtype\": \"" << DTypeName(flags.input_dtype) << "\", \"result_dtype\": \""
        << DTypeName(headline_dtype) << "\", \"result_scale\": " << flags.result_scale
        << ", \"ratio\": " << flags.ratio << ", \"sink\": " << flags.sink
-       << ", \"recent\": " << flags.recent << ", \"max_passes\": 1, \"seed\": " << spec.seed
+       << ", \"recent\": " << flags.recent << ", \"max_passes\": " << flags.passes
+       << ", \"seed\": " << spec.seed
        << ", \"threads\": " << flags.threads << ", \"peak\": {\"isa\": \"" << peak_before.isa
        << "\", \"before_gflops\": " << peak_before.gflops
        << ", \"after_gflops\": " << peak_after.gflops << ", \"gflops\": " << peak_gflops

@@ -219,8 +219,8 @@ def main():
          + " (floor / our time)." if summary.get('memory_floor') else "- Memory floor: n/a."),
         f"- Workload: {summary['heads']} heads x {summary['tokens']} tokens, head dim "
         f"{summary['dim']} (keys and values), {summary['dtype']}, head-major, one layer job; "
-        f"one pass (max_passes 1) at target_ratio {summary['ratio']}, sink {summary['sink']}, "
-        f"recent {summary['recent']}, uniform heads, no similarity floor, assignment computed. "
+        f"max_passes {summary.get('max_passes', 1)} at target_ratio {summary['ratio']}, "
+        f"sink {summary['sink']}, recent {summary['recent']}, uniform heads, no similarity floor, assignment computed. "
         f"Synthetic clustered keys and values (seed {summary['seed']}: 32 shared directions "
         "per head, runs of tokens near one direction, Gaussian noise 0.35).",
         f"- PyTorch {torch_meta.get('torch_version', 'n/a')}, "

@@ -108,8 +108,10 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
   }
   // Values widened in one sequential sweep, which streams from memory far better than the
   // scattered row order of the merges below; unless the rows are one contiguous block, which
-  // the matching of the chunk before has prefetched into L2 (LayerJob::ChunkRanges).
-  if (tile != nullptr && rows.values.stride != value_dim_) {
+  // the matching of the chunk before has prefetched into L2 (LayerJob::ChunkRanges). fp8 rows
+  // are widened so too: a code takes several operations to widen, and a merge of more than
+  // two rows would widen it at the float64 path's half width.
+  if (tile != nullptr && (rows.values.stride != value_dim_ || IsFp8Elem(rows.values.type))) {
     GrowScratch(&scratch.value_tile, static_cast<size_t>(length) * value_dim_);
     kernels_.convert_rows_f32(&rows.values, 0, length, value_dim_, scratch.value_tile.data());
     rows.values = RowBlock{scratch.value_tile.data(), ElemType::kF32, value_dim_};

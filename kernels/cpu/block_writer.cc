@@ -22,10 +22,6 @@ int64_t LineOffset(const void* p, int64_t element_bytes) {
   return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) & 63) / element_bytes;
 }
 
-int64_t ElemBytesOf(ElemType type) {
-  return type == ElemType::kF32 ? 4 : IsFp8Elem(type) ? 1 : 2;
-}
-
 }  // namespace
 
 // Room for two lines of the narrowest type (64 elements), rounded up to whole lines of
@@ -44,7 +40,7 @@ void BlockWriter::Start(const KernelTable& kernels, float* buffer, int32_t dim, 
   dim_ = dim;
   type_ = type;
   scale_ = scale;
-  element_bytes_ = ElemBytesOf(type);
+  element_bytes_ = ElemTypeBytes(type);
   out_ = static_cast<char*>(out);
   stage_ = buffer + LineOffset(out, element_bytes_);
   capacity_ = Capacity(dim) - (stage_ - buffer);

@@ -22,6 +22,14 @@ constexpr bool IsFp8Elem(ElemType type) {
   return type == ElemType::kE4M3 || type == ElemType::kE5M2;
 }
 
+// Bytes of one element of `type`.
+constexpr int64_t ElemTypeBytes(ElemType type) {
+  return type == ElemType::kF64   ? 8
+         : type == ElemType::kF32 ? 4
+         : IsFp8Elem(type)        ? 1
+                                  : 2;
+}
+
 // A set of rows of equal length in host memory: element j of row r is element
 // r * stride + j of `data`, of type `type`. Borrowed. An fp8 element stands for its value
 // times `scale`, widened as one float multiply (docs/fp8.md), so every kernel reads fp8 rows

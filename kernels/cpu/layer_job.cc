@@ -111,24 +111,9 @@ LayerJob::~LayerJob() {
 }
 
 RowBlock ShiftRows(const RowBlock& rows, int64_t first) {
-  int64_t element_bytes = 8;
-  switch (rows.type) {
-    case ElemType::kE4M3:
-    case ElemType::kE5M2:
-      element_bytes = 1;
-      break;
-    case ElemType::kF16:
-    case ElemType::kBF16:
-      element_bytes = 2;
-      break;
-    case ElemType::kF32:
-      element_bytes = 4;
-      break;
-    case ElemType::kF64:
-      break;
-  }
   RowBlock shifted = rows;
-  shifted.data = static_cast<const char*>(rows.data) + first * rows.stride * element_bytes;
+  shifted.data =
+      static_cast<const char*>(rows.data) + first * rows.stride * ElemTypeBytes(rows.type);
   return shifted;
 }
 

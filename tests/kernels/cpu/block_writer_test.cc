@@ -41,10 +41,6 @@ float TestValue(int32_t r, int32_t j) {
 // The scale of the fp8 blocks (not a power of two: the division rounds).
 constexpr float kFp8Scale = 0.37f;
 
-int64_t ElementBytes(ElemType type) {
-  return type == ElemType::kF32 ? 4 : IsFp8Elem(type) ? 1 : 2;
-}
-
 // The bits of `value` as a result row of `type` holds it (fp8: divided by kFp8Scale, rounded
 // once, saturating).
 uint32_t Expected(ElemType type, float value) {
@@ -83,7 +79,7 @@ TEST_P(BlockWriterTest, WritesEveryRowExactlyAndNothingElse) {
   constexpr unsigned char kUntouched = 0xa5;
   for (ElemType type :
        {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kE4M3, ElemType::kE5M2}) {
-    const int64_t element_bytes = ElementBytes(type);
+    const int64_t element_bytes = ElemTypeBytes(type);
     for (int32_t dim : {1, 3, 15, 16, 17, 33, 64, 100, 128, 1030, 2100}) {
       for (int32_t rows : {0, 1, 2, 7, 40}) {
         for (int32_t shift = 0; shift < 64 / element_bytes + 1; ++shift) {

@@ -59,9 +59,7 @@ class Rows {
     block_ = RowBlock{bytes_.data(), type_, stride_, IsFp8Elem(type) ? kFp8Scale : 1.0f};
   }
 
-  int64_t ElemBytes() const {
-    return type_ == ElemType::kF64 ? 8 : type_ == ElemType::kF32 ? 4 : IsFp8Elem(type_) ? 1 : 2;
-  }
+  int64_t ElemBytes() const { return ElemTypeBytes(type_); }
   DType Fp8DType() const {
     return type_ == ElemType::kE4M3 ? DType::kFp8E4M3 : DType::kFp8E5M2;
   }

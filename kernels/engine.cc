@@ -406,7 +406,7 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   if (IsFp8(layer.dtype) || IsFp8(options.result_dtype)) {
     // The shape first: whether the job splits above the backend reads its counts.
     CKV_RETURN_IF_ERROR(ValidateJobShape(layer, options, limits_));
-    if (WidensFp8Input(layer, options) || QuantisesFp8Result(layer, options)) {
+    if (WidensFp8Input(layer) || QuantisesFp8Result(layer, options)) {
       return RunFp8(layer, options, control, reuse, result);
     }
   }
@@ -453,10 +453,10 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
 
 namespace {
 
-// Whether the stages above the backends split the job into others (ragged or padded heads,
-// exact_target's second stage): those work on float32 rows.
-bool SplitAboveBackend(const LayerView& layer, const CompressOptions& options) {
-  if (layer.head_offsets != nullptr || options.exact_target) return true;
+// Whether the stages above the backends split the job's input into other jobs (ragged or
+// padded heads: regrouped heads, copied rows), which work on float32 rows.
+bool SplitsInputAboveBackend(const LayerView& layer) {
+  if (layer.head_offsets != nullptr) return true;
   const std::vector<int32_t> lengths = RealHeadLengths(layer);  // count-0 padding
   return !std::all_of(lengths.begin(), lengths.end(),
                       [&](int32_t length) { return length == layer.num_tokens; });
@@ -465,20 +465,20 @@ bool SplitAboveBackend(const LayerView& layer, const CompressOptions& options) {
 }  // namespace
 
 // An fp8 input needs widening above the backend where the backend does not read it or the
-// job is split above it.
-bool ClusterEngine::WidensFp8Input(const LayerView& layer, const CompressOptions& options) const {
-  return IsFp8(layer.dtype) &&
-         (!ReadsInputDType(layer.dtype) || SplitAboveBackend(layer, options));
+// job's input is split above it. (exact_target's second stage reads the first stage's float32
+// result rows, not the input.)
+bool ClusterEngine::WidensFp8Input(const LayerView& layer) const {
+  return IsFp8(layer.dtype) && (!ReadsInputDType(layer.dtype) || SplitsInputAboveBackend(layer));
 }
 
 // fp8 rows need quantising above the backend where the backend does not write them, or a
-// stage above the backend rearranges the float32 rows (split jobs, padded or token-major
-// rows).
+// stage above the backend works on the float32 rows (split jobs, exact_target's second stage,
+// padded or token-major rows).
 bool ClusterEngine::QuantisesFp8Result(const LayerView& layer,
                                        const CompressOptions& options) const {
   return IsFp8(options.result_dtype) &&
          (!WritesResultDType(options.result_dtype) || ReshapesRows(options) ||
-          SplitAboveBackend(layer, options));
+          options.exact_target || SplitsInputAboveBackend(layer));
 }
 
 // fp8 in or out, the same for every backend: the input widened exactly to float32 and
@@ -498,7 +498,7 @@ absl::Status ClusterEngine::RunFp8(const LayerView& layer, const CompressOptions
   std::vector<float> scratch = std::move(result->fp8_input_scratch);
   // The input stays fp8 where the backend reads it and only the result needs the stage.
   const LayerView input =
-      WidensFp8Input(layer, options) ? WidenFp8Layer(*this, layer, &scratch) : layer;
+      WidensFp8Input(layer) ? WidenFp8Layer(*this, layer, &scratch) : layer;
   absl::Status status = RunFp8Stages(input, options, control, reuse, result);
   if (reuse) result->fp8_input_scratch = std::move(scratch);
   return status;

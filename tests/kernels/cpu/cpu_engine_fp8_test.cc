@@ -149,6 +149,30 @@ TEST_P(CpuEngineFp8Test, BitIdenticalToReferenceOnRandomJobs) {
   }
 }
 
+// exact_target (its second stage above the backend works on the first stage's float32
+// rows): the input is still read as fp8 codes by the backend, the result quantised above it.
+TEST_P(CpuEngineFp8Test, ExactTargetJobsReadFp8Too) {
+  const RandomLayer source = RandomLayer::Generate(Spec(3, 300, 24, 16, 61));
+  for (const DType format : kFormats) {
+    SCOPED_TRACE(std::string(DTypeName(format)));
+    const Fp8Layer layer = Fp8Layer::From(source, format);
+    CompressOptions exact = Options(32, 4, 8, 0.2, 2);  // two passes leave heads above t
+    exact.exact_target = true;
+    exact.compute_assignment = true;
+    CompressOptions half = exact;
+    half.result_dtype = DType::kFloat16;
+    CompressOptions dynamic = exact;
+    dynamic.result_dtype = format;
+    for (const CompressOptions& options :
+         {exact, half, dynamic, StaticFp8Result(exact, format, 3, true)}) {
+      SCOPED_TRACE("result " + std::string(DTypeName(options.result_dtype)));
+      ExpectSameAsReference(layer.Fp8View(), options);
+      EXPECT_GT(reused_.passes_run, 2) << "the second stage ran";
+      EXPECT_TRUE(reused_.target_reached);
+    }
+  }
+}
+
 // Every code of both formats (NaN codes excepted) in key and value rows, with scales that
 // make some widened values subnormal and some near the float maximum: passthrough heads
 // (rows copied) and merged heads (pair means and weighted sums).

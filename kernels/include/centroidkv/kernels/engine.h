@@ -146,7 +146,7 @@ class ClusterEngine {
  private:
   absl::Status Run(const LayerView& layer, const CompressOptions& options,
                    const CompressControl& control, bool reuse, CompressResult* result) const;
-  bool WidensFp8Input(const LayerView& layer, const CompressOptions& options) const;
+  bool WidensFp8Input(const LayerView& layer) const;
   bool QuantisesFp8Result(const LayerView& layer, const CompressOptions& options) const;
   absl::Status RunFp8(const LayerView& layer, const CompressOptions& options,
                       const CompressControl& control, bool reuse, CompressResult* result) const;

@@ -100,8 +100,8 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
     OrderSources(edges, std::span<int32_t>(scratch.bucket_slots.data() + begin, end - begin),
                  bound_, scorer);
   }
-  ChunkRows rows{
-      ShiftRows(Keys(head), first), ShiftRows(Values(head), first), nullptr, nullptr, nullptr, nullptr};
+  ChunkRows rows{ShiftRows(Keys(head), first), ShiftRows(Values(head), first), nullptr, nullptr,
+                 nullptr, nullptr};
   const float* tile = fused && length >= 2 ? scratch.matcher.ExactRows() : nullptr;
   if (tile != nullptr) {
     rows.keys = RowBlock{tile, ElemType::kF32, key_dim_};

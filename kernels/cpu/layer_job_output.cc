@@ -116,7 +116,7 @@ void LayerJob::StartOutput(int32_t head, int64_t out_row, ChunkScratch& scratch)
   const ElemType written = WriterType();
   void* keys = nullptr;
   void* values = nullptr;
-  if (written == ElemType::kF32 && !out_->keys.empty()) {
+  if (written == ElemType::kF32 && (fp8_staged_ || !out_->rows_in_target)) {
     keys = out_->keys.data() + out_row * key_dim_;
     values = out_->values.data() + out_row * value_dim_;
   } else if (out_->rows_in_target) {
@@ -171,7 +171,8 @@ void RaiseMax(std::atomic<uint32_t>* max, float value) {
 
 }  // namespace
 
-void LayerJob::NoteWritten(int32_t head, const BlockWriter& keys, const BlockWriter& values) const {
+void LayerJob::NoteWritten(int32_t head, const BlockWriter& keys,
+                           const BlockWriter& values) const {
   if (fp8_staged_) {
     RaiseMax(&row_max_bits_[2 * head], keys.max_magnitude());
     RaiseMax(&row_max_bits_[2 * head + 1], values.max_magnitude());

@@ -221,31 +221,31 @@ TEST_P(CpuEngineFp8Test, Fp8RowsGoIntoCallerMemory) {
   const RandomLayer source = RandomLayer::Generate(Spec(3, 256, 24, 16, 41));
   const Fp8Layer layer = Fp8Layer::From(source, DType::kFp8E4M3);
   for (const bool dynamic : {false, true}) {
-  SCOPED_TRACE(dynamic ? "dynamic scales" : "static scales");
-  CompressOptions options = StaticFp8Result(Options(32, 4, 8, 0.25), DType::kFp8E4M3, 3, true);
-  if (dynamic) {
-    options.result_key_scales.clear();
-    options.result_value_scales.clear();
-  }
-  const CompressResult in_arrays = CompressOrFail(engine_, layer.Fp8View(), options);
-  ASSERT_EQ(in_arrays.dtype, DType::kFp8E4M3);
-  std::vector<uint8_t> keys(3 * 256 * 24, 0xee), values(3 * 256 * 16, 0xee);
-  const ResultRowTarget target{keys.data(), keys.size(), values.data(), values.size()};
-  CompressControl control;
-  control.row_target = &target;
-  CompressResult in_target;
-  ASSERT_TRUE(engine_.CompressInto(layer.Fp8View(), options, &in_target, control).ok());
-  ASSERT_TRUE(in_target.rows_in_target);
-  EXPECT_TRUE(in_target.fp8_keys.empty() && in_target.fp8_values.empty());
-  EXPECT_EQ(in_target.key_scales, in_arrays.key_scales);
-  EXPECT_EQ(in_target.value_scales, in_arrays.value_scales);
-  const size_t key_bytes = in_arrays.fp8_keys.size(), value_bytes = in_arrays.fp8_values.size();
-  EXPECT_EQ(std::vector<uint8_t>(keys.begin(), keys.begin() + key_bytes), in_arrays.fp8_keys);
-  EXPECT_EQ(std::vector<uint8_t>(values.begin(), values.begin() + value_bytes),
-            in_arrays.fp8_values);
-  EXPECT_EQ(keys[key_bytes], 0xee) << "a byte past the result was written";
-  EXPECT_EQ(values[value_bytes], 0xee) << "a byte past the result was written";
-  EXPECT_TRUE(in_target.keys.empty() && in_target.values.empty());
+    SCOPED_TRACE(dynamic ? "dynamic scales" : "static scales");
+    CompressOptions options = StaticFp8Result(Options(32, 4, 8, 0.25), DType::kFp8E4M3, 3, true);
+    if (dynamic) {
+      options.result_key_scales.clear();
+      options.result_value_scales.clear();
+    }
+    const CompressResult in_arrays = CompressOrFail(engine_, layer.Fp8View(), options);
+    ASSERT_EQ(in_arrays.dtype, DType::kFp8E4M3);
+    std::vector<uint8_t> keys(3 * 256 * 24, 0xee), values(3 * 256 * 16, 0xee);
+    const ResultRowTarget target{keys.data(), keys.size(), values.data(), values.size()};
+    CompressControl control;
+    control.row_target = &target;
+    CompressResult in_target;
+    ASSERT_TRUE(engine_.CompressInto(layer.Fp8View(), options, &in_target, control).ok());
+    ASSERT_TRUE(in_target.rows_in_target);
+    EXPECT_TRUE(in_target.fp8_keys.empty() && in_target.fp8_values.empty());
+    EXPECT_EQ(in_target.key_scales, in_arrays.key_scales);
+    EXPECT_EQ(in_target.value_scales, in_arrays.value_scales);
+    const size_t key_bytes = in_arrays.fp8_keys.size(), value_bytes = in_arrays.fp8_values.size();
+    EXPECT_EQ(std::vector<uint8_t>(keys.begin(), keys.begin() + key_bytes), in_arrays.fp8_keys);
+    EXPECT_EQ(std::vector<uint8_t>(values.begin(), values.begin() + value_bytes),
+              in_arrays.fp8_values);
+    EXPECT_EQ(keys[key_bytes], 0xee) << "a byte past the result was written";
+    EXPECT_EQ(values[value_bytes], 0xee) << "a byte past the result was written";
+    EXPECT_TRUE(in_target.keys.empty() && in_target.values.empty());
   }
 }
 
@@ -258,10 +258,11 @@ TEST_P(CpuEngineFp8Test, RejectsBadCodesAndOverflowingScalesAsTheReferenceDoes) 
     bool key;
     int32_t head, token, dim;
   };
-  const Placement placements[] = {{"ChunkKey", true, 1, 40, 3},     {"ChunkValue", false, 0, 41, 5},
-                                  {"ChunkSourceValue", false, 1, 44, 7},
-                                  {"SinkKey", true, 0, 2, 1},       {"RecentValue", false, 2, 297, 6},
-                                  {"PassthroughKey", true, 2, 50, 7}};
+  const Placement placements[] = {
+      {"ChunkKey", true, 1, 40, 3},     {"ChunkValue", false, 0, 41, 5},
+      {"ChunkSourceValue", false, 1, 44, 7},
+      {"SinkKey", true, 0, 2, 1},       {"RecentValue", false, 2, 297, 6},
+      {"PassthroughKey", true, 2, 50, 7}};
   CompressOptions fused = Options(32, 4, 8, 0.5, 1);
   fused.passthrough_heads = {2};
   CompressOptions floor = Options(32, 4, 8, 0.5, 2);

@@ -242,10 +242,10 @@ absl::Status CheckData(const LayerView& layer) {
     const int32_t n = layer.HeadTokens(h);
     uint64_t count_sum = 0;
     int32_t first_zero = -1;
+    // An fp8 element stands for its value times its scale (docs/fp8.md).
+    const float key_scale = layer.key_scales.empty() ? 1.0f : layer.KeyScale(h);
+    const float value_scale = layer.value_scales.empty() ? 1.0f : layer.ValueScale(h);
     for (int32_t t = 0; t < n; ++t) {
-      // An fp8 element stands for its value times its scale (docs/fp8.md).
-      const float key_scale = layer.key_scales.empty() ? 1.0f : layer.KeyScale(h);
-      const float value_scale = layer.value_scales.empty() ? 1.0f : layer.ValueScale(h);
       const int64_t key_base = layer.KeyOffset(h, t);
       for (int32_t j = 0; j < layer.key_dim; ++j) {
         if (!std::isfinite(LoadAsFloat(layer.keys, layer.dtype, key_base + j) * key_scale)) {
@@ -391,6 +391,15 @@ absl::Status CheckRowTarget(const ResultRowTarget& target, const LayerView& laye
   return absl::OkStatus();
 }
 
+// Whether the stages above the backends split the job's input into other jobs (ragged or
+// padded heads: regrouped heads, copied rows), which work on float32 rows.
+bool SplitsInputAboveBackend(const LayerView& layer) {
+  if (layer.head_offsets != nullptr) return true;
+  const std::vector<int32_t> lengths = RealHeadLengths(layer);  // count-0 padding
+  return !std::all_of(lengths.begin(), lengths.end(),
+                      [&](int32_t length) { return length == layer.num_tokens; });
+}
+
 }  // namespace
 
 // The part every backend shares: validation, ragged / padded input split into regular
@@ -406,8 +415,10 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   if (IsFp8(layer.dtype) || IsFp8(options.result_dtype)) {
     // The shape first: whether the job splits above the backend reads its counts.
     CKV_RETURN_IF_ERROR(ValidateJobShape(layer, options, limits_));
-    if (WidensFp8Input(layer) || QuantisesFp8Result(layer, options)) {
-      return RunFp8(layer, options, control, reuse, result);
+    const bool splits = SplitsInputAboveBackend(layer);
+    const bool widen = WidensFp8Input(layer.dtype, splits);
+    if (widen || QuantisesFp8Result(options, splits)) {
+      return RunFp8(layer, options, control, reuse, widen, result);
     }
   }
   // A reused result may hold an earlier fp8 job's codes and scales, which a backend writes
@@ -451,34 +462,20 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   return ShapeRows(options, result);
 }
 
-namespace {
-
-// Whether the stages above the backends split the job's input into other jobs (ragged or
-// padded heads: regrouped heads, copied rows), which work on float32 rows.
-bool SplitsInputAboveBackend(const LayerView& layer) {
-  if (layer.head_offsets != nullptr) return true;
-  const std::vector<int32_t> lengths = RealHeadLengths(layer);  // count-0 padding
-  return !std::all_of(lengths.begin(), lengths.end(),
-                      [&](int32_t length) { return length == layer.num_tokens; });
-}
-
-}  // namespace
-
 // An fp8 input needs widening above the backend where the backend does not read it or the
 // job's input is split above it. (exact_target's second stage reads the first stage's float32
 // result rows, not the input.)
-bool ClusterEngine::WidensFp8Input(const LayerView& layer) const {
-  return IsFp8(layer.dtype) && (!ReadsInputDType(layer.dtype) || SplitsInputAboveBackend(layer));
+bool ClusterEngine::WidensFp8Input(DType dtype, bool splits_input) const {
+  return IsFp8(dtype) && (!ReadsInputDType(dtype) || splits_input);
 }
 
 // fp8 rows need quantising above the backend where the backend does not write them, or a
 // stage above the backend works on the float32 rows (split jobs, exact_target's second stage,
 // padded or token-major rows).
-bool ClusterEngine::QuantisesFp8Result(const LayerView& layer,
-                                       const CompressOptions& options) const {
+bool ClusterEngine::QuantisesFp8Result(const CompressOptions& options, bool splits_input) const {
   return IsFp8(options.result_dtype) &&
          (!WritesResultDType(options.result_dtype) || ReshapesRows(options) ||
-          options.exact_target || SplitsInputAboveBackend(layer));
+          options.exact_target || splits_input);
 }
 
 // fp8 in or out, the same for every backend: the input widened exactly to float32 and
@@ -486,9 +483,9 @@ bool ClusterEngine::QuantisesFp8Result(const LayerView& layer,
 // float32 result divided by the result scales and rounded once (nearest even, saturating),
 // straight into the caller's memory when it gives some.
 absl::Status ClusterEngine::RunFp8(const LayerView& layer, const CompressOptions& options,
-                                   const CompressControl& control, bool reuse,
+                                   const CompressControl& control, bool reuse, bool widen_input,
                                    CompressResult* result) const {
-  CKV_RETURN_IF_ERROR(ValidateJobShape(layer, options, limits_));
+  // Run validated the job's shape before it chose this path.
   if (layer.keys == nullptr || layer.values == nullptr) {
     return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
                                                             : "values are missing");
@@ -497,8 +494,7 @@ absl::Status ClusterEngine::RunFp8(const LayerView& layer, const CompressOptions
   // goes back only to a result that is reused (CompressInto).
   std::vector<float> scratch = std::move(result->fp8_input_scratch);
   // The input stays fp8 where the backend reads it and only the result needs the stage.
-  const LayerView input =
-      WidensFp8Input(layer) ? WidenFp8Layer(*this, layer, &scratch) : layer;
+  const LayerView input = widen_input ? WidenFp8Layer(*this, layer, &scratch) : layer;
   absl::Status status = RunFp8Stages(input, options, control, reuse, result);
   if (reuse) result->fp8_input_scratch = std::move(scratch);
   return status;

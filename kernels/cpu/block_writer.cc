@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "centroidkv/common/dtype.h"
+#include "kernels/cpu/fp8_elements.h"
 
 namespace centroidkv::cpu {
 namespace {
@@ -64,8 +65,7 @@ void BlockWriter::Flush(bool final) {
   } else if (IsFp8Elem(type_)) {  // saturating: every element fits
     const RowBlock staged{stage_, ElemType::kF32, count};
     finite_ &= count == 0 || kernels_->rows_finite(&staged, 0, 1, static_cast<int32_t>(count));
-    NarrowToFp8(stage_, count, type_ == ElemType::kE4M3 ? DType::kFp8E4M3 : DType::kFp8E5M2,
-                scale_, reinterpret_cast<uint8_t*>(out_));
+    NarrowToFp8(stage_, count, Fp8DTypeOf(type_), scale_, reinterpret_cast<uint8_t*>(out_));
   } else {
     const uint32_t flags =
         kernels_->stream_halves(stage_, count, type_, reinterpret_cast<uint16_t*>(out_));

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "centroidkv/common/dtype.h"
+#include "kernels/cpu/fp8_elements.h"
 
 namespace centroidkv::cpu {
 namespace {
@@ -30,12 +31,9 @@ void WidenRowToDouble(const RowBlock& rows, int64_t r, int32_t dim, double* out)
     case ElemType::kF64:
       return WidenRow<double>(rows, r, dim, [](double v) { return v; }, out);
     case ElemType::kE4M3:
-    case ElemType::kE5M2: {
-      const DType dtype = rows.type == ElemType::kE4M3 ? DType::kFp8E4M3 : DType::kFp8E5M2;
+    case ElemType::kE5M2:
       return WidenRow<uint8_t>(
-          rows, r, dim, [&](uint8_t v) { return ToDouble(Fp8ToFloat(v, dtype) * rows.scale); },
-          out);
-    }
+          rows, r, dim, [&](uint8_t v) { return ToDouble(WidenFp8Element(rows, v)); }, out);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "centroidkv/common/dtype.h"
+#include "kernels/cpu/fp8_elements.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/rows_finite.h"
 
@@ -44,9 +45,8 @@ void ForEachElement(const RowBlock& rows, int64_t r, int32_t begin, int32_t end,
     case ElemType::kE4M3:
     case ElemType::kE5M2: {
       const uint8_t* p = static_cast<const uint8_t*>(rows.data) + r * rows.stride;
-      const DType dtype = rows.type == ElemType::kE4M3 ? DType::kFp8E4M3 : DType::kFp8E5M2;
       for (int32_t j = begin; j < end; ++j) {
-        fn(j, static_cast<double>(Fp8ToFloat(p[j], dtype) * rows.scale));
+        fn(j, static_cast<double>(WidenFp8Element(rows, p[j])));
       }
       return;
     }
@@ -182,6 +182,16 @@ uint32_t StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* o
 }
 
 }  // namespace
+
+bool Fp8RowsWidenFinite(const RowBlock& rows, int64_t first, int32_t count, int32_t dim) {
+  for (int32_t i = 0; i < count; ++i) {
+    const uint8_t* row = static_cast<const uint8_t*>(rows.data) + (first + i) * rows.stride;
+    for (int32_t j = 0; j < dim; ++j) {
+      if (!std::isfinite(WidenFp8Element(rows, row[j]))) return false;
+    }
+  }
+  return true;
+}
 
 namespace internal {
 

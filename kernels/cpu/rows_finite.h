@@ -10,6 +10,12 @@
 #include "kernels/cpu/kernel_table.h"
 
 namespace centroidkv::cpu {
+
+// Whether fp8 rows first .. first + count - 1 widen to finite floats (no code times the
+// scale overflows), code by code; defined in kernels_scalar.cc, compiled without SIMD flags
+// (this header is compiled for every level).
+bool Fp8RowsWidenFinite(const RowBlock& rows, int64_t first, int32_t count, int32_t dim);
+
 namespace {  // NOLINT(build/namespaces): one copy per kernel translation unit, by design
 
 // Whether none of `count` consecutive elements has every bit of `mask` set: vectors of the
@@ -57,25 +63,6 @@ bool RowsFiniteTyped(const RowBlock& rows, int64_t first, int32_t count, int32_t
   return finite;
 }
 
-// The value of an fp8 code that is not NaN (E4M3: mantissa_bits 3, bias 7; E5M2: 2, 15)
-// times `scale`, one float multiply, as the engines widen it; from the code's bits, since
-// this header is compiled for every SIMD level and may not take the table of common/dtype.h.
-float ScaledFp8(uint8_t code, int mantissa_bits, int bias, float scale) {
-  const uint32_t magnitude = code & 0x7fu;
-  const uint32_t exponent = magnitude >> mantissa_bits;
-  const uint32_t mantissa = magnitude & ((1u << mantissa_bits) - 1);
-  // 2^(1 - bias - mantissa_bits), the smallest subnormal.
-  const uint32_t unit_bits = static_cast<uint32_t>(127 + 1 - bias - mantissa_bits) << 23;
-  float unit;
-  __builtin_memcpy(&unit, &unit_bits, sizeof(unit));
-  float value = static_cast<float>(mantissa) * unit;  // exact
-  if (exponent != 0) {
-    const uint32_t bits = ((exponent + 127 - bias) << 23) | (mantissa << (23 - mantissa_bits));
-    __builtin_memcpy(&value, &bits, sizeof(value));
-  }
-  return ((code & 0x80u) != 0 ? -value : value) * scale;
-}
-
 // fp8 rows: no NaN code (nor, E5M2, Inf), and no code whose value times the scale overflows
 // to Inf. That needs a look at each code only when the format's largest value would
 // (scales above ~1e33).
@@ -85,15 +72,7 @@ bool RowsFiniteFp8(const RowBlock& rows, int64_t first, int32_t count, int32_t d
   if (!RowsFiniteTyped<uint8_t>(rows, first, count, dim, special)) return false;
   const float largest = e4m3 ? 448.0f : 57344.0f;
   if (largest * rows.scale <= 3.4028234663852886e38f) return true;
-  for (int32_t i = 0; i < count; ++i) {
-    const uint8_t* row = static_cast<const uint8_t*>(rows.data) + (first + i) * rows.stride;
-    for (int32_t j = 0; j < dim; ++j) {
-      const float x =
-          e4m3 ? ScaledFp8(row[j], 3, 7, rows.scale) : ScaledFp8(row[j], 2, 15, rows.scale);
-      if (!(x - x == 0.0f)) return false;  // Inf
-    }
-  }
-  return true;
+  return Fp8RowsWidenFinite(rows, first, count, dim);
 }
 
 // KernelTable::rows_finite.

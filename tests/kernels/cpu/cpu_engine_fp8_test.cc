@@ -14,31 +14,21 @@
 #include "kernels/cpu/cpu_engine.h"
 #include "kernels/reference/reference_engine.h"
 #include "tests/testing/fp8_layer.h"
+#include "tests/kernels/cpu/cpu_engine_testing.h"
 #include "tests/testing/random_layer.h"
 #include "tests/testing/result_checks.h"
 
 namespace centroidkv::cpu {
 namespace {
 
+using test::CompressOrFail;
 using test::ExpectBitIdentical;
 using test::Fp8Layer;
+using test::Options;
 using test::RandomLayer;
 using test::Spec;
 
 constexpr DType kFormats[] = {DType::kFp8E4M3, DType::kFp8E5M2};
-
-CompressOptions Options(int32_t chunk, int32_t sink, int32_t recent, double ratio,
-                        int32_t passes = CompressOptions::kDefaultMaxPasses) {
-  return CompressOptions{.target_ratio = ratio, .chunk_size = chunk, .sink_tokens = sink,
-                         .recent_tokens = recent, .max_passes = passes};
-}
-
-CompressResult CompressOrFail(const ClusterEngine& engine, const LayerView& layer,
-                              const CompressOptions& options) {
-  absl::StatusOr<CompressResult> result = engine.Compress(layer, options);
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result.ok() ? *std::move(result) : CompressResult{};
-}
 
 // `options` with fp8 results of `dtype` in static scales: one per head (scale_per_head) or
 // one per layer.

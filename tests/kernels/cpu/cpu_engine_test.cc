@@ -18,30 +18,19 @@
 #include "kernels/reference/reference_engine.h"
 #include "oneapi/tbb/task_arena.h"
 #include "oneapi/tbb/task_group.h"
+#include "tests/kernels/cpu/cpu_engine_testing.h"
 #include "tests/testing/random_layer.h"
 #include "tests/testing/result_checks.h"
 
 namespace centroidkv::cpu {
 namespace {
 
+using test::CompressOrFail;
 using test::ExpectBitIdentical;
+using test::Options;
 using test::RandomLayer;
 using test::RandomLayerSpec;
 using test::Spec;
-
-CompressOptions Options(int32_t chunk, int32_t sink, int32_t recent, double ratio,
-                        int32_t passes = CompressOptions::kDefaultMaxPasses) {
-  CompressOptions options{.target_ratio = ratio, .chunk_size = chunk, .sink_tokens = sink,
-      .recent_tokens = recent, .max_passes = passes};
-  return options;
-}
-
-CompressResult CompressOrFail(const ClusterEngine& engine, const LayerView& layer,
-                              const CompressOptions& options) {
-  absl::StatusOr<CompressResult> result = engine.Compress(layer, options);
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result.ok() ? *std::move(result) : CompressResult{};
-}
 
 class CpuEngineTest : public ::testing::TestWithParam<SimdLevel> {
  protected:

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/edge_decisions.h"
 #include "kernels/cpu/exact_cosine.h"
+#include "kernels/cpu/fp8_elements.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/simd_dispatch.h"
 
@@ -60,9 +61,6 @@ class Rows {
   }
 
   int64_t ElemBytes() const { return ElemTypeBytes(type_); }
-  DType Fp8DType() const {
-    return type_ == ElemType::kE4M3 ? DType::kFp8E4M3 : DType::kFp8E5M2;
-  }
 
   // Stores `x` rounded to the element type.
   void Set(int32_t r, int32_t j, double x) {
@@ -82,7 +80,7 @@ class Rows {
         return;
       case ElemType::kE4M3:
       case ElemType::kE5M2:
-        bytes_[index] = FloatToFp8(static_cast<float>(x) / kFp8Scale, Fp8DType());
+        bytes_[index] = FloatToFp8(static_cast<float>(x) / kFp8Scale, Fp8DTypeOf(type_));
         return;
     }
   }
@@ -101,7 +99,7 @@ class Rows {
         return reinterpret_cast<const double*>(bytes_.data())[index];
       case ElemType::kE4M3:
       case ElemType::kE5M2:
-        return Fp8ToFloat(bytes_[index], Fp8DType()) * kFp8Scale;
+        return Fp8ToFloat(bytes_[index], Fp8DTypeOf(type_)) * kFp8Scale;
     }
     return 0.0;
   }

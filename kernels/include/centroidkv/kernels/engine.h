@@ -146,10 +146,13 @@ class ClusterEngine {
  private:
   absl::Status Run(const LayerView& layer, const CompressOptions& options,
                    const CompressControl& control, bool reuse, CompressResult* result) const;
-  bool WidensFp8Input(const LayerView& layer) const;
-  bool QuantisesFp8Result(const LayerView& layer, const CompressOptions& options) const;
+  // Whether an fp8 job converts above the backend: its input (`splits_input`: ragged or
+  // padded heads, regrouped above the backend) or its result.
+  bool WidensFp8Input(DType dtype, bool splits_input) const;
+  bool QuantisesFp8Result(const CompressOptions& options, bool splits_input) const;
   absl::Status RunFp8(const LayerView& layer, const CompressOptions& options,
-                      const CompressControl& control, bool reuse, CompressResult* result) const;
+                      const CompressControl& control, bool reuse, bool widen_input,
+                      CompressResult* result) const;
   absl::Status RunFp8Stages(const LayerView& input, const CompressOptions& options,
                             const CompressControl& control, bool reuse,
                             CompressResult* result) const;

@@ -400,6 +400,15 @@ bool SplitsInputAboveBackend(const LayerView& layer) {
                       [&](int32_t length) { return length == layer.num_tokens; });
 }
 
+// After the backend and the stages above it: the honest account, the rows rounded once to
+// the result dtype (where the backend did not write them so), padding and the layout.
+absl::Status FinishResult(const LayerPlan& plan, const LayerView& layer,
+                          const CompressOptions& options, CompressResult* result) {
+  FillAccount(plan, layer, result);
+  RoundResultRows(options.result_dtype, result);
+  return ShapeRows(options, result);
+}
+
 }  // namespace
 
 // The part every backend shares: validation, ragged / padded input split into regular
@@ -431,12 +440,35 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   if (control.IsCancelled()) {
     return absl::CancelledError("job cancelled before it started");
   }
+  // exact_target needs its second stage only where the passes stop short of t. Where they
+  // reach it on their own, the job runs as a plain one: rows in the result dtype, into the
+  // caller's memory (online mode's splices over shared memory). Should a head still end
+  // above t, the job runs again through the stages below, which replace every row.
+  if (options.exact_target && plan.regular && PassesReachTarget(plan)) {
+    CKV_RETURN_IF_ERROR(RunPlan(plan, layer, control, reuse, /*staged=*/false, result));
+    if (HeadsWithinTarget(plan, *result)) return FinishResult(plan, layer, options, result);
+  }
   // The stages above the backend work on float32 rows and round once at the end.
   const bool staged = !plan.regular || options.exact_target;
+  CKV_RETURN_IF_ERROR(RunPlan(plan, layer, control, reuse, staged, result));
+  if (options.exact_target) {
+    CompressControl stage_control = control;  // the second stage's rows are its own
+    stage_control.row_target = nullptr;
+    CKV_RETURN_IF_ERROR(ReachExactTarget(*this, plan, layer, stage_control, result));
+  }
+  return FinishResult(plan, layer, options, result);
+}
+
+// The backend's part of a job (or, for a ragged plan, of each regular job it splits into).
+// `staged`: rows in float32 for a stage above the backend, never into the caller's memory.
+absl::Status ClusterEngine::RunPlan(LayerPlan plan, const LayerView& layer,
+                                    const CompressControl& control, bool reuse, bool staged,
+                                    CompressResult* result) const {
   if (staged) plan.options.result_dtype = DType::kFloat32;
   // Rows straight into the caller's memory when nothing above the backend rearranges them.
-  if (control.row_target != nullptr && plan.regular && !staged && !ReshapesRows(options) &&
-      WritesRowsInPlace() && WritesResultDType(plan.options.result_dtype)) {
+  if (control.row_target != nullptr && plan.regular && !staged &&
+      !ReshapesRows(plan.options) && WritesRowsInPlace() &&
+      WritesResultDType(plan.options.result_dtype)) {
     CKV_RETURN_IF_ERROR(CheckRowTarget(*control.row_target, layer, plan.options.result_dtype));
     plan.row_target = control.row_target;
   }
@@ -444,22 +476,14 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   // heads and exact_target split a job into write the result's own arrays.
   CompressControl stage_control = control;
   stage_control.row_target = nullptr;
-  if (plan.regular) {
-    if (reuse) {
-      CKV_RETURN_IF_ERROR(CompressReusingImpl(plan, layer, stage_control, result));
-    } else {
-      CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, stage_control, result));
-    }
-    FillStopReasons(plan, result->passes_run, /*first_head=*/0, layer.num_heads, result);
+  if (!plan.regular) return RunRagged(*this, plan, layer, stage_control, result);
+  if (reuse) {
+    CKV_RETURN_IF_ERROR(CompressReusingImpl(plan, layer, stage_control, result));
   } else {
-    CKV_RETURN_IF_ERROR(RunRagged(*this, plan, layer, stage_control, result));
+    CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, stage_control, result));
   }
-  if (options.exact_target) {
-    CKV_RETURN_IF_ERROR(ReachExactTarget(*this, plan, layer, stage_control, result));
-  }
-  FillAccount(plan, layer, result);
-  RoundResultRows(options.result_dtype, result);
-  return ShapeRows(options, result);
+  FillStopReasons(plan, result->passes_run, /*first_head=*/0, layer.num_heads, result);
+  return absl::OkStatus();
 }
 
 // An fp8 input needs widening above the backend where the backend does not read it or the

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -168,6 +169,52 @@ absl::Status RunRagged(const ClusterEngine& engine, const LayerPlan& plan,
     }
   }
   return absl::OkStatus();
+}
+
+bool PassesReachTarget(const LayerPlan& plan) {
+  const CompressOptions& options = plan.options;
+  if (options.min_similarity.has_value()) return false;
+  const int64_t t = plan.target_length;
+  const int64_t chunk = options.chunk_size;
+  std::vector<int64_t> lengths;
+  for (size_t h = 0; h < plan.head_lengths.size(); ++h) {
+    if (!plan.passthrough[h]) lengths.push_back(plan.head_lengths[h]);
+  }
+  std::vector<int64_t> merges(lengths.size());
+  for (int32_t pass = 0; pass < options.max_passes; ++pass) {
+    bool any_long = false;
+    int64_t fewest = std::numeric_limits<int64_t>::max();
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const int64_t m = lengths[i];
+      int64_t edges = 0;  // every source of a chunk of two or more entries has one
+      const int64_t compressible = m - options.sink_tokens - options.recent_tokens;
+      if (m > t && compressible >= 2) {
+        const int64_t rest = compressible % chunk;
+        edges = compressible / chunk * ((chunk + 1) / 2) + (rest >= 2 ? (rest + 1) / 2 : 0);
+      }
+      any_long = any_long || m > t;
+      merges[i] = std::min(std::max<int64_t>(m - t, 0), edges);
+      fewest = std::min(fewest, merges[i]);
+    }
+    if (!any_long) return true;
+    bool merged = false;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const int64_t r = options.uniform_heads ? fewest : merges[i];
+      lengths[i] -= r;
+      merged = merged || r > 0;
+    }
+    if (!merged) return false;
+  }
+  return std::all_of(lengths.begin(), lengths.end(), [&](int64_t m) { return m <= t; });
+}
+
+bool HeadsWithinTarget(const LayerPlan& plan, const CompressResult& result) {
+  for (int32_t h = 0; h < result.num_heads; ++h) {
+    if (!plan.passthrough[h] && result.offsets[h + 1] - result.offsets[h] > plan.target_length) {
+      return false;
+    }
+  }
+  return true;
 }
 
 absl::Status ReachExactTarget(const ClusterEngine& engine, const LayerPlan& plan,

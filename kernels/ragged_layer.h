@@ -7,7 +7,8 @@
 //  - exact_target: a second stage on the result, each compressed head still above t on its
 //    own (floor off, uniform_heads off, up to kExactTargetPasses passes), its assignment
 //    composed with the first stage's (merging twice equals merging once over the originals,
-//    SPEC section 2).
+//    SPEC section 2). Where the passes reach t anyway (PassesReachTarget), the job runs as a
+//    plain one.
 // Internal to kernels/ (ClusterEngine::Compress). Thread-safe like the engine.
 #pragma once
 
@@ -25,6 +26,15 @@ inline constexpr int32_t kExactTargetPasses = 64;
 absl::Status RunRagged(const ClusterEngine& engine, const LayerPlan& plan,
                        const LayerView& layer, const CompressControl& control,
                        CompressResult* out);
+
+// Whether the passes of a regular `plan` bring every compressed head to t on their own, so
+// that an exact_target job needs no second stage: with the similarity floor off every edge
+// is a candidate, and each pass's merges follow from the heads' lengths alone (SPEC section
+// 2, steps 1-5). A floor makes them depend on the data: false.
+bool PassesReachTarget(const LayerPlan& plan);
+
+// Whether every compressed head of `result` holds at most t entries.
+bool HeadsWithinTarget(const LayerPlan& plan, const CompressResult& result);
 
 // Merges every compressed head of `out` (float32 rows, head-major, unpadded) that is
 // longer than t down to t where sink and recent entries allow, updating its assignment

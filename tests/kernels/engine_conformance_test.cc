@@ -241,8 +241,8 @@ TEST_P(EngineConformanceTest, HalfResultRowsAreTheFloatRowsRoundedOnce) {
 // client's shared memory output region): a backend that WritesRowsInPlace puts exactly the
 // rows Compress returns there, in the result dtype, and writes no byte past them; the rest
 // of the result is unchanged. Jobs that a stage above the backend reshapes (padding,
-// token-major rows, exact_target) and backends that cannot write in place leave the target
-// untouched and return their rows as usual. CompressInto over an earlier result alike.
+// token-major rows, exact_target's second stage) and backends that cannot write in place
+// leave the target untouched and return their rows as usual. CompressInto over an earlier result alike.
 TEST_P(EngineConformanceTest, RowsGoToTheCallersMemoryWhenTheBackendWritesInPlace) {
   const RandomLayer float_layer = RandomLayer::Generate(WithCounts(Spec(3, 300, 24, 12, 117)));
   const RandomLayer half_layer = RandomLayer::Generate(
@@ -253,8 +253,10 @@ TEST_P(EngineConformanceTest, RowsGoToTheCallersMemoryWhenTheBackendWritesInPlac
   padded.pad_heads = true;
   CompressOptions token_major = Opts().Chunk(32);
   token_major.output_layout = TensorLayout::kTokenMajor;
-  CompressOptions exact = Opts().Chunk(32).Tokens(50);
+  CompressOptions exact = Opts().Chunk(32).Tokens(50);  // the protected rows exceed t
   exact.exact_target = true;
+  CompressOptions exact_by_passes = Opts().Chunk(32).Tokens(50).Protect(0, 0);
+  exact_by_passes.exact_target = true;  // the passes reach t: a plain job
   struct Case {
     const char* name;
     const RandomLayer* layer;
@@ -266,7 +268,8 @@ TEST_P(EngineConformanceTest, RowsGoToTheCallersMemoryWhenTheBackendWritesInPlac
                         {"fp16 token-major input", &half_layer, Opts().Chunk(64), false},
                         {"pad_heads", &float_layer, padded, true},
                         {"token-major rows", &float_layer, token_major, true},
-                        {"exact_target", &float_layer, exact, true}};
+                        {"exact_target", &float_layer, exact, true},
+                        {"exact_target the passes reach", &float_layer, exact_by_passes, false}};
   for (const Case& c : cases) {
     for (const DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       SCOPED_TRACE(std::string(c.name) + ", rows in " + std::string(DTypeName(dtype)));

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "centroidkv/common/field_status.h"
@@ -189,6 +191,93 @@ TEST(RaggedLayerTest, ExactTargetReachesTOnEveryBackendWithTheReferenceBits) {
   ASSERT_TRUE(protected_rows.ok());
   EXPECT_FALSE(protected_rows->target_reached);
   EXPECT_EQ(protected_rows->stop_reasons[1], StopReason::kProtected);
+}
+
+// PassesReachTarget against what the passes do: over random shapes and options (floor off),
+// it says true exactly where the reference's plain job ends with every compressed head at
+// or below t.
+TEST(RaggedLayerTest, PassesReachTargetIsWhatThePassesDo) {
+  std::mt19937 rng(33);
+  auto pick = [&](int32_t lo, int32_t hi) {
+    return std::uniform_int_distribution<int32_t>(lo, hi)(rng);
+  };
+  int32_t reached_cases = 0, short_cases = 0;
+  for (int32_t round = 0; round < 300; ++round) {
+    const int32_t heads = pick(1, 3);
+    const int32_t tokens = pick(2, 90);
+    CompressOptions options;
+    options.target_tokens = pick(1, tokens);
+    options.chunk_size = pick(2, 40);
+    options.sink_tokens = pick(0, 3) == 0 ? pick(0, 12) : 0;
+    options.recent_tokens = pick(0, 3) == 0 ? pick(0, 20) : 0;
+    options.max_passes = pick(1, 6);
+    options.uniform_heads = pick(0, 1) == 1;
+    if (heads > 1 && pick(0, 3) == 0) options.passthrough_heads = {pick(0, heads - 1)};
+    options.compute_assignment = false;
+    const RandomLayer layer =
+        RandomLayer::Generate(test::Spec(heads, tokens, 8, 4, 1000 + round));
+    SCOPED_TRACE(testing::Message() << "round " << round << ": " << layer.spec().ToString()
+                                    << " t=" << *options.target_tokens << " C="
+                                    << options.chunk_size << " S=" << options.sink_tokens
+                                    << " W=" << options.recent_tokens << " P="
+                                    << options.max_passes << " uniform=" << options.uniform_heads);
+    auto plain = Reference().Compress(layer.view(), options);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    LayerPlan plan;
+    plan.options = options;
+    plan.target_length = *options.target_tokens;
+    plan.head_lengths.assign(heads, tokens);
+    plan.passthrough.assign(heads, false);
+    for (int32_t h : options.passthrough_heads) plan.passthrough[h] = true;
+    const bool reached = HeadsWithinTarget(plan, *plain);
+    EXPECT_EQ(PassesReachTarget(plan), reached);
+    ++(reached ? reached_cases : short_cases);
+  }
+  EXPECT_GT(reached_cases, 30);  // both answers are exercised
+  EXPECT_GT(short_cases, 30);
+  // A floor makes the candidates depend on the data: never predicted.
+  LayerPlan floored;
+  floored.options.min_similarity = -1.0;
+  floored.target_length = 10;
+  floored.head_lengths = {100};
+  floored.passthrough = {false};
+  EXPECT_FALSE(PassesReachTarget(floored));
+}
+
+// An exact_target job whose passes reach t runs as the plain job: the same bits on every
+// backend, in every result dtype; where they stop short (max_passes) or a floor stops them,
+// the second stage still takes every head to t.
+TEST(RaggedLayerTest, ExactTargetTheyReachIsThePlainJob) {
+  const RandomLayer layer = RandomLayer::Generate(
+      test::Spec(3, 256, 16, 12, 77, DType::kFloat16));
+  for (const DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    CompressOptions plain_options{.target_ratio = 0.25, .chunk_size = 64, .sink_tokens = 0,
+        .recent_tokens = 0};
+    plain_options.result_dtype = dtype;
+    CompressOptions exact = plain_options;
+    exact.exact_target = true;
+    auto plain = Reference().Compress(layer.view(), plain_options);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    for (int32_t h = 0; h < 3; ++h) ASSERT_EQ(plain->offsets[h + 1] - plain->offsets[h], 64);
+    for (const ClusterEngine* engine : Backends()) {
+      SCOPED_TRACE(std::string(engine->name()) + ", " + std::string(DTypeName(dtype)));
+      auto got = engine->Compress(layer.view(), exact);
+      ASSERT_TRUE(got.ok()) << got.status();
+      test::ExpectBitIdentical(*plain, *got);
+      EXPECT_EQ(got->stop_reasons, plain->stop_reasons);
+      // Short of t after one pass (256 -> 128): the second stage does the rest.
+      CompressOptions one_pass = exact;
+      one_pass.max_passes = 1;
+      auto expected = Reference().Compress(layer.view(), one_pass);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      auto short_of_t = engine->Compress(layer.view(), one_pass);
+      ASSERT_TRUE(short_of_t.ok()) << short_of_t.status();
+      test::ExpectBitIdentical(*expected, *short_of_t);
+      for (int32_t h = 0; h < 3; ++h) {
+        EXPECT_EQ(short_of_t->offsets[h + 1] - short_of_t->offsets[h], 64);
+      }
+    }
+  }
 }
 
 TEST(RaggedLayerTest, PaddingAndTokenMajorRowsOnEveryBackend) {

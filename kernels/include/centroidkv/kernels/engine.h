@@ -42,8 +42,9 @@ struct CompressControl {
   // Caller memory for the result's key and value rows (the service passes a client's output
   // region). Used when the backend writes rows in place (WritesRowsInPlace) in the job's
   // result_dtype (WritesResultDType) and the job needs no stage above the backend (regular
-  // heads, no exact_target, head-major rows without padding); the result's rows_in_target
-  // says whether it was. Its capacities must hold H * n rows of each; borrowed.
+  // heads, no exact_target second stage, head-major rows without padding); the result's
+  // rows_in_target says whether it was. Its capacities must hold H * n rows of each;
+  // borrowed.
   const ResultRowTarget* row_target = nullptr;
 
   bool IsCancelled() const {
@@ -146,6 +147,9 @@ class ClusterEngine {
  private:
   absl::Status Run(const LayerView& layer, const CompressOptions& options,
                    const CompressControl& control, bool reuse, CompressResult* result) const;
+  // The backend's part of a planned job; `staged`: float32 rows for a stage above it.
+  absl::Status RunPlan(LayerPlan plan, const LayerView& layer, const CompressControl& control,
+                       bool reuse, bool staged, CompressResult* result) const;
   // Whether an fp8 job converts above the backend: its input (`splits_input`: ragged or
   // padded heads, regrouped above the backend) or its result.
   bool WidensFp8Input(DType dtype, bool splits_input) const;

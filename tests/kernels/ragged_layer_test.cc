@@ -280,6 +280,43 @@ TEST(RaggedLayerTest, ExactTargetTheyReachIsThePlainJob) {
   }
 }
 
+// A backend whose first run stops short of t where PassesReachTarget said it would not (a
+// backend that strays from the SPEC): the engine runs the job again through the second
+// stage, and the result is the reference's.
+class FirstRunFallsShort final : public ClusterEngine {
+ public:
+  std::string_view name() const override { return "first-run-falls-short"; }
+  int32_t runs() const { return runs_; }
+
+ protected:
+  absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
+                            const CompressControl& control, CompressResult* out) const override {
+    CompressOptions options = plan.options;
+    options.exact_target = false;  // the plan's job only, as a backend runs it
+    if (runs_++ == 0) options.max_passes = 1;
+    return Reference().CompressInto(layer, options, out, control);
+  }
+
+ private:
+  mutable int32_t runs_ = 0;
+};
+
+TEST(RaggedLayerTest, ExactTargetRunsTheSecondStageWhenTheBackendFallsShort) {
+  const RandomLayer layer = RandomLayer::Generate(test::Spec(2, 256, 16, 12, 78));
+  CompressOptions exact{.target_ratio = 0.25, .chunk_size = 64, .sink_tokens = 0,
+      .recent_tokens = 0};
+  exact.exact_target = true;
+  exact.result_dtype = DType::kFloat16;
+  auto expected = Reference().Compress(layer.view(), exact);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const FirstRunFallsShort engine;
+  auto got = engine.Compress(layer.view(), exact);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(engine.runs(), 2);  // the short run, then the staged one
+  test::ExpectBitIdentical(*expected, *got);
+  for (int32_t h = 0; h < 2; ++h) EXPECT_EQ(got->offsets[h + 1] - got->offsets[h], 64);
+}
+
 TEST(RaggedLayerTest, PaddingAndTokenMajorRowsOnEveryBackend) {
   RandomLayer layer = Layer(7);
   CompressOptions options = Options();

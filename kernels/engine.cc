@@ -301,6 +301,15 @@ std::vector<int32_t> RealHeadLengths(const LayerView& layer) {
   return lengths;
 }
 
+// Whether the backend can run the job as it is: no ragged heads, and every head's `lengths`
+// (RealHeadLengths) the full n, no count-0 padding. Otherwise stages above the backend split
+// it into regular jobs, on float32 rows.
+bool RegularHeads(const LayerView& layer, const std::vector<int32_t>& lengths) {
+  return layer.head_offsets == nullptr &&
+         std::all_of(lengths.begin(), lengths.end(),
+                     [&](int32_t length) { return length == layer.num_tokens; });
+}
+
 }  // namespace
 
 double LayerPlan::FloorForPass(int32_t pass) const {
@@ -332,9 +341,7 @@ absl::StatusOr<LayerPlan> Plan(const LayerView& layer, const CompressOptions& op
   plan.options = options;
   plan.head_lengths = RealHeadLengths(layer);
   const int32_t longest = *std::max_element(plan.head_lengths.begin(), plan.head_lengths.end());
-  plan.regular = layer.head_offsets == nullptr && longest == layer.num_tokens &&
-                 std::all_of(plan.head_lengths.begin(), plan.head_lengths.end(),
-                             [&](int32_t length) { return length == layer.num_tokens; });
+  plan.regular = RegularHeads(layer, plan.head_lengths);
   // Padded and ragged jobs are split above the backends, which never see padding: check
   // their data here whatever the backend does.
   if (check_data || !plan.regular) CKV_RETURN_IF_ERROR(CheckData(layer));
@@ -394,10 +401,7 @@ absl::Status CheckRowTarget(const ResultRowTarget& target, const LayerView& laye
 // Whether the stages above the backends split the job's input into other jobs (ragged or
 // padded heads: regrouped heads, copied rows), which work on float32 rows.
 bool SplitsInputAboveBackend(const LayerView& layer) {
-  if (layer.head_offsets != nullptr) return true;
-  const std::vector<int32_t> lengths = RealHeadLengths(layer);  // count-0 padding
-  return !std::all_of(lengths.begin(), lengths.end(),
-                      [&](int32_t length) { return length == layer.num_tokens; });
+  return !RegularHeads(layer, RealHeadLengths(layer));
 }
 
 // After the backend and the stages above it: the honest account, the rows rounded once to

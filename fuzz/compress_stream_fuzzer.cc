@@ -72,7 +72,7 @@ void RunJob(const IncomingJob& job, const centroidkv::ClusterEngine& engine) {
   const centroidkv::LayerView& view = job.view();
   if (view.num_tokens > kMaxEngineTokens) return;
   centroidkv::CompressOptions options = job.options();
-  if (engine.WritesResultDType(job.output_dtype())) options.result_dtype = job.output_dtype();
+  if (engine.caps().WritesResultDType(job.output_dtype())) options.result_dtype = job.output_dtype();
   absl::StatusOr<centroidkv::CompressResult> result = engine.Compress(view, options);
   if (!result.ok()) {
     // Bad data (NaN, Inf, zero counts) is the client's; a valid job may not fail here.

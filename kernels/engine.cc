@@ -1,386 +1,20 @@
-// Validation and planning shared by every backend (the non-virtual half of ClusterEngine,
-// as FAISS's Index::search wraps searchImpl_).
+// ClusterEngine's non-virtual half, shared by every backend (as FAISS's Index::search wraps
+// searchImpl_): a job is validated (job_validation.cc), its stages are decided once
+// (PlanStages, stage_plan.h) and run in one straight line around the backend.
 #include "centroidkv/kernels/engine.h"
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
-#include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "centroidkv/common/field_status.h"
 #include "centroidkv/common/status_macros.h"
 #include "kernels/fp8_rows.h"
+#include "kernels/job_validation.h"
 #include "kernels/ragged_layer.h"
 #include "kernels/result_shape.h"
+#include "kernels/stage_plan.h"
 
 namespace centroidkv {
-namespace {
-
-absl::Status CheckDims(const LayerView& layer, const EngineLimits& limits) {
-  struct Dim {
-    const char* field;
-    int32_t value;
-    int32_t max;
-  };
-  const Dim dims[] = {{"num_heads", layer.num_heads, limits.max_heads},
-                      {"num_tokens", layer.num_tokens, limits.max_tokens},
-                      {"key_dim", layer.key_dim, limits.max_dim},
-                      {"value_dim", layer.value_dim, limits.max_dim}};
-  for (const Dim& dim : dims) {
-    if (dim.value <= 0) {
-      return InvalidFieldError({dim.field},
-                               absl::StrCat(dim.field, " must be positive (got ", dim.value, ")"));
-    }
-    if (dim.value > dim.max) {
-      return InvalidFieldError(
-          {dim.field}, absl::StrCat(dim.field, " is ", dim.value, ", above the limit of ", dim.max));
-    }
-  }
-  if (layer.head_offsets != nullptr) {
-    if (layer.layout != TensorLayout::kHeadMajor) {
-      return InvalidFieldError({"layout"}, "layout must be head-major when heads are ragged");
-    }
-    int32_t longest = 0;
-    for (int32_t h = 0; h < layer.num_heads; ++h) {
-      const int64_t length = layer.head_offsets[h + 1] - layer.head_offsets[h];
-      if ((h == 0 && layer.head_offsets[0] != 0) || length < 1 || length > limits.max_tokens) {
-        return InvalidFieldError(
-            {"head_tokens", h},
-            absl::StrCat("head_tokens of head ", h, " is ", length, ", outside [1, ",
-                         limits.max_tokens, "]"));
-      }
-      longest = std::max(longest, static_cast<int32_t>(length));
-    }
-    if (longest != layer.num_tokens) {
-      return InvalidFieldError({"num_tokens"},
-                               absl::StrCat("num_tokens is ", layer.num_tokens,
-                                            ", not the longest head_tokens (", longest, ")"));
-    }
-  }
-  const int64_t elements = layer.TotalRows() * (int64_t{layer.key_dim} + layer.value_dim);
-  if (elements > limits.max_layer_elements) {
-    return FieldError(absl::StatusCode::kResourceExhausted, {"num_tokens"},
-                      absl::StrCat("num_heads * num_tokens * (key_dim + value_dim) = ", elements,
-                                   " elements exceeds the per-job limit of ",
-                                   limits.max_layer_elements));
-  }
-  return absl::OkStatus();
-}
-
-// The fp8 scales `scales` (field `field`) of a tensor in `dtype` (field `dtype_field`):
-// for an fp8 dtype one entry or one per head, each finite and > 0 (none: dynamic, where
-// `empty_allowed`); for any other dtype none.
-absl::Status CheckScales(const char* field, std::span<const float> scales, DType dtype,
-                         const char* dtype_field, const LayerView& layer,
-                         bool empty_allowed = false) {
-  if (!IsFp8(dtype)) {
-    if (scales.empty()) return absl::OkStatus();
-    return InvalidFieldError(
-        {field}, absl::StrCat(field, " are for fp8 tensors only (", dtype_field, " is ",
-                              std::string(DTypeName(dtype)), ")"));
-  }
-  if (scales.empty() && empty_allowed) return absl::OkStatus();
-  if (scales.size() != 1 && scales.size() != static_cast<size_t>(layer.num_heads)) {
-    return InvalidFieldError(
-        {field}, absl::StrCat(field, " has ", scales.size(), " entries; an ", std::string(DTypeName(dtype)),
-                              " tensor needs 1 (per layer) or num_heads (", layer.num_heads,
-                              ", per head)", empty_allowed ? ", or none (dynamic)" : ""));
-  }
-  for (size_t h = 0; h < scales.size(); ++h) {
-    if (!(scales[h] > 0.0f) || !std::isfinite(scales[h])) {
-      return InvalidFieldError({field, static_cast<int32_t>(h)},
-                               absl::StrCat(field, "[", h, "] is ", scales[h],
-                                            "; a scale must be finite and > 0"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckOptions(const LayerView& layer, const CompressOptions& options,
-                          const EngineLimits& limits) {
-  if (options.target_ratio.has_value() && options.target_tokens.has_value()) {
-    return InvalidFieldError({"target_tokens"}, "set only one of target_ratio and target_tokens");
-  }
-  if (options.target_ratio.has_value() &&
-      !(*options.target_ratio > 0.0 && *options.target_ratio <= 1.0)) {
-    return InvalidFieldError(
-        {"target_ratio"},
-        absl::StrCat("target_ratio must be in (0, 1] (got ", *options.target_ratio, ")"));
-  }
-  if (options.target_tokens.has_value() && *options.target_tokens < 1) {
-    return InvalidFieldError(
-        {"target_tokens"},
-        absl::StrCat("target_tokens must be at least 1 (got ", *options.target_tokens, ")"));
-  }
-  if (options.chunk_size < 2) {
-    return InvalidFieldError(
-        {"chunk_size"}, absl::StrCat("chunk_size must be at least 2 (got ", options.chunk_size, ")"));
-  }
-  if (options.chunk_size > limits.max_chunk_size) {
-    return FieldError(absl::StatusCode::kResourceExhausted, {"chunk_size"},
-                      absl::StrCat("chunk_size is ", options.chunk_size, ", above the limit of ",
-                                   limits.max_chunk_size, " (GetInfo limits.max_chunk_size)"));
-  }
-  if (options.sink_tokens < 0 || options.recent_tokens < 0) {
-    return options.sink_tokens < 0
-               ? InvalidFieldError({"sink_tokens"}, "sink_tokens must not be negative")
-               : InvalidFieldError({"recent_tokens"}, "recent_tokens must not be negative");
-  }
-  if (options.min_similarity.has_value() &&
-      !(*options.min_similarity >= -1.0 && *options.min_similarity <= 1.0)) {
-    return InvalidFieldError(
-        {"min_similarity"},
-        absl::StrCat("min_similarity must be in [-1, 1] (got ", *options.min_similarity, ")"));
-  }
-  if (!(options.tighten_per_pass >= 0.0) || !std::isfinite(options.tighten_per_pass)) {
-    return InvalidFieldError(
-        {"tighten_per_pass"}, absl::StrCat("tighten_per_pass must be a finite value >= 0 (got ",
-                                           options.tighten_per_pass, ")"));
-  }
-  if (options.max_passes < 1) {
-    return InvalidFieldError(
-        {"max_passes"}, absl::StrCat("max_passes must be at least 1 (got ", options.max_passes, ")"));
-  }
-  for (int32_t head : options.passthrough_heads) {
-    if (head < 0 || head >= layer.num_heads) {
-      return InvalidFieldError({"passthrough_heads", head},
-                               absl::StrCat("passthrough_heads names head ", head,
-                                            ", outside [0, ", layer.num_heads, ")"));
-    }
-  }
-  if (options.pad_to < 0) {
-    return InvalidFieldError({"pad_to"}, "pad_to must not be negative");
-  }
-  CKV_RETURN_IF_ERROR(CheckScales("key_scales", layer.key_scales, layer.dtype, "dtype", layer));
-  CKV_RETURN_IF_ERROR(
-      CheckScales("value_scales", layer.value_scales, layer.dtype, "dtype", layer));
-  CKV_RETURN_IF_ERROR(CheckScales("output_key_scales", options.result_key_scales,
-                                  options.result_dtype, "output_dtype", layer,
-                                  /*empty_allowed=*/true));
-  return CheckScales("output_value_scales", options.result_value_scales, options.result_dtype,
-                     "output_dtype", layer, /*empty_allowed=*/true);
-}
-
-// Whether none of `count` elements of a buffer of `dtype` is Inf or NaN: an all-ones
-// exponent field. Integer bit tests only, so the compiler vectorises the loop.
-// In blocks of a fixed length, because -O2 vectorises only loops without a remainder.
-template <typename Bits>
-bool NoneHasMaxExponent(const void* data, int64_t count, Bits exponent_mask) {
-  constexpr int64_t kBlock = 256;
-  const Bits* bits = static_cast<const Bits*>(data);
-  Bits found = 0;
-  int64_t i = 0;
-  for (; i + kBlock <= count; i += kBlock) {
-    for (int64_t k = 0; k < kBlock; ++k) {
-      found |= static_cast<Bits>((bits[i + k] & exponent_mask) == exponent_mask);
-    }
-  }
-  for (; i < count; ++i) found |= static_cast<Bits>((bits[i] & exponent_mask) == exponent_mask);
-  return found == 0;
-}
-
-bool AllFinite(const void* data, DType dtype, int64_t count) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return NoneHasMaxExponent<uint32_t>(data, count, 0x7f800000u);
-    case DType::kFloat16:
-      return NoneHasMaxExponent<uint16_t>(data, count, 0x7c00u);
-    case DType::kBFloat16:
-      return NoneHasMaxExponent<uint16_t>(data, count, 0x7f80u);
-    case DType::kFp8E4M3:  // no infinities; NaN is S.1111.111
-      return NoneHasMaxExponent<uint8_t>(data, count, 0x7fu);
-    case DType::kFp8E5M2:
-      return NoneHasMaxExponent<uint8_t>(data, count, 0x7cu);
-  }
-  return false;
-}
-
-// The common case of CheckData in one fast sweep: every element finite, every count
-// positive (or count-0 padding after a head's last entry) and every head's counts summing
-// within uint32. Only when this fails does CheckData walk the job element by element to
-// name the first offending field.
-bool LooksValid(const LayerView& layer) {
-  const int64_t rows = layer.TotalRows();
-  if (!AllFinite(layer.keys, layer.dtype, rows * layer.key_dim) ||
-      !AllFinite(layer.values, layer.dtype, rows * layer.value_dim)) {
-    return false;
-  }
-  if (IsFp8(layer.dtype)) {  // a finite code times its scale can still overflow
-    const float largest = Fp8MaxFinite(layer.dtype);
-    for (const std::span<const float> scales : {layer.key_scales, layer.value_scales}) {
-      for (float scale : scales) {
-        if (!std::isfinite(largest * scale)) return false;
-      }
-    }
-  }
-  if (layer.counts == nullptr) return true;
-  for (int32_t h = 0; h < layer.num_heads; ++h) {
-    const int32_t n = layer.HeadTokens(h);
-    uint64_t sum = 0;
-    uint32_t zero = 0, misplaced_zero = 0;
-    for (int32_t t = 0; t < n; ++t) {
-      const uint32_t count = layer.counts[layer.RowIndex(h, t)];
-      misplaced_zero |= zero & static_cast<uint32_t>(count != 0);
-      zero |= static_cast<uint32_t>(count == 0);
-      sum += count;
-    }
-    if (misplaced_zero != 0 || sum == 0 || sum > std::numeric_limits<uint32_t>::max()) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Every key and value must be finite; every count positive except count-0 padding at the
-// end of a head (which must hold at least one entry), and a head's counts must sum to
-// something a uint32 output count can hold.
-absl::Status CheckData(const LayerView& layer) {
-  if (LooksValid(layer)) return absl::OkStatus();
-  for (int32_t h = 0; h < layer.num_heads; ++h) {
-    const int32_t n = layer.HeadTokens(h);
-    uint64_t count_sum = 0;
-    int32_t first_zero = -1;
-    // An fp8 element stands for its value times its scale (docs/fp8.md).
-    const float key_scale = layer.key_scales.empty() ? 1.0f : layer.KeyScale(h);
-    const float value_scale = layer.value_scales.empty() ? 1.0f : layer.ValueScale(h);
-    for (int32_t t = 0; t < n; ++t) {
-      const int64_t key_base = layer.KeyOffset(h, t);
-      for (int32_t j = 0; j < layer.key_dim; ++j) {
-        if (!std::isfinite(LoadAsFloat(layer.keys, layer.dtype, key_base + j) * key_scale)) {
-          return InvalidFieldError({"keys", h, t},
-                                   absl::StrCat("keys hold a NaN or Inf at head ", h, ", token ",
-                                                t, ", dim ", j));
-        }
-      }
-      const int64_t value_base = layer.ValueOffset(h, t);
-      for (int32_t j = 0; j < layer.value_dim; ++j) {
-        if (!std::isfinite(LoadAsFloat(layer.values, layer.dtype, value_base + j) *
-                           value_scale)) {
-          return InvalidFieldError({"values", h, t},
-                                   absl::StrCat("values hold a NaN or Inf at head ", h,
-                                                ", token ", t, ", dim ", j));
-        }
-      }
-      const uint32_t count = layer.CountAt(h, t);
-      if (count == 0 && first_zero < 0) first_zero = t;
-      if (count != 0 && first_zero >= 0) {
-        return InvalidFieldError(
-            {"counts", h, first_zero},
-            absl::StrCat("counts must be at least 1; head ", h, ", token ", first_zero,
-                         " has 0 (count-0 padding may only follow a head's last entry)"));
-      }
-      count_sum += count;
-    }
-    if (count_sum == 0) {
-      return InvalidFieldError({"counts", h},
-                               absl::StrCat("counts must be at least 1; every entry of head ", h,
-                                            " has 0 (a head needs at least one entry)"));
-    }
-    if (count_sum > std::numeric_limits<uint32_t>::max()) {
-      return InvalidFieldError({"counts", h},
-                               absl::StrCat("counts of head ", h, " sum to ", count_sum,
-                                            ", more than a uint32 can hold"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Entries of each head without its count-0 padding (the padding itself is checked by
-// CheckData): only the rows from the end back to the last counted one are read.
-std::vector<int32_t> RealHeadLengths(const LayerView& layer) {
-  std::vector<int32_t> lengths(static_cast<size_t>(layer.num_heads));
-  for (int32_t h = 0; h < layer.num_heads; ++h) {
-    int32_t n = layer.HeadTokens(h);
-    if (layer.counts != nullptr) {
-      while (n > 1 && layer.counts[layer.RowIndex(h, n - 1)] == 0) --n;
-    }
-    lengths[h] = n;
-  }
-  return lengths;
-}
-
-// Whether the backend can run the job as it is: no ragged heads, and every head's `lengths`
-// (RealHeadLengths) the full n, no count-0 padding. Otherwise stages above the backend split
-// it into regular jobs, on float32 rows.
-bool RegularHeads(const LayerView& layer, const std::vector<int32_t>& lengths) {
-  return layer.head_offsets == nullptr &&
-         std::all_of(lengths.begin(), lengths.end(),
-                     [&](int32_t length) { return length == layer.num_tokens; });
-}
-
-}  // namespace
-
-double LayerPlan::FloorForPass(int32_t pass) const {
-  if (!options.min_similarity.has_value()) {
-    return -std::numeric_limits<double>::infinity();
-  }
-  return *options.min_similarity + pass * options.tighten_per_pass;
-}
-
-absl::Status ValidateJobShape(const LayerView& layer, const CompressOptions& options,
-                              const EngineLimits& limits) {
-  CKV_RETURN_IF_ERROR(CheckDims(layer, limits));
-  return CheckOptions(layer, options, limits);
-}
-
-absl::Status CheckLayerData(const LayerView& layer) { return CheckData(layer); }
-
-namespace {
-
-// PlanLayer, with or without the sweep over the data.
-absl::StatusOr<LayerPlan> Plan(const LayerView& layer, const CompressOptions& options,
-                               const EngineLimits& limits, bool check_data) {
-  CKV_RETURN_IF_ERROR(ValidateJobShape(layer, options, limits));
-  if (layer.keys == nullptr || layer.values == nullptr) {
-    return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
-                                                            : "values are missing");
-  }
-  LayerPlan plan;
-  plan.options = options;
-  plan.head_lengths = RealHeadLengths(layer);
-  const int32_t longest = *std::max_element(plan.head_lengths.begin(), plan.head_lengths.end());
-  plan.regular = RegularHeads(layer, plan.head_lengths);
-  // Padded and ragged jobs are split above the backends, which never see padding: check
-  // their data here whatever the backend does.
-  if (check_data || !plan.regular) CKV_RETURN_IF_ERROR(CheckData(layer));
-  // n of the target is the longest head without its padding.
-  if (options.target_tokens.has_value()) {
-    plan.target_length = std::min<int64_t>(*options.target_tokens, longest);
-  } else {
-    // The same double arithmetic as the SPEC's ceil(rho * n), so that boundary cases such
-    // as 0.3 * 40 round exactly as the golden implementation does.
-    const double rho = options.target_ratio.value_or(CompressOptions::kDefaultTargetRatio);
-    plan.target_length = static_cast<int64_t>(std::ceil(rho * longest));
-  }
-  plan.passthrough.assign(layer.num_heads, false);
-  for (int32_t head : options.passthrough_heads) plan.passthrough[head] = true;
-  for (bool pass : plan.passthrough) plan.compressed_heads += pass ? 0 : 1;
-  return plan;
-}
-
-}  // namespace
-
-absl::StatusOr<LayerPlan> PlanLayer(const LayerView& layer, const CompressOptions& options,
-                                    const EngineLimits& limits) {
-  return Plan(layer, options, limits, /*check_data=*/true);
-}
-
-absl::StatusOr<CompressResult> ClusterEngine::Compress(const LayerView& layer,
-                                                       const CompressOptions& options,
-                                                       const CompressControl& control) const {
-  CompressResult result;
-  CKV_RETURN_IF_ERROR(Run(layer, options, control, /*reuse=*/false, &result));
-  return result;
-}
-
-absl::Status ClusterEngine::CompressInto(const LayerView& layer, const CompressOptions& options,
-                                         CompressResult* result,
-                                         const CompressControl& control) const {
-  return Run(layer, options, control, /*reuse=*/true, result);
-}
-
 namespace {
 
 // INTERNAL unless `target` holds H * n rows of keys and of values in `dtype` (the most any
@@ -398,148 +32,110 @@ absl::Status CheckRowTarget(const ResultRowTarget& target, const LayerView& laye
   return absl::OkStatus();
 }
 
-// Whether the stages above the backends split the job's input into other jobs (ragged or
-// padded heads: regrouped heads, copied rows), which work on float32 rows.
-bool SplitsInputAboveBackend(const LayerView& layer) {
-  return !RegularHeads(layer, RealHeadLengths(layer));
-}
-
-// After the backend and the stages above it: the honest account, the rows rounded once to
-// the result dtype (where the backend did not write them so), padding and the layout.
-absl::Status FinishResult(const LayerPlan& plan, const LayerView& layer,
-                          const CompressOptions& options, CompressResult* result) {
-  FillAccount(plan, layer, result);
-  RoundResultRows(options.result_dtype, result);
-  return ShapeRows(options, result);
-}
-
-}  // namespace
-
-// The part every backend shares: validation, ragged / padded input split into regular
-// jobs, exact_target's second stage, the honest account, padding and the output layout.
-// A job that asks for none of them runs exactly as before: plan, backend, rounding.
-absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& options,
-                                const CompressControl& control, bool reuse,
-                                CompressResult* result) const {
-  // A reused result may hold an earlier job's rounding check, which this job's backend may
-  // not make.
+// A reused result may hold an earlier job's rounding check and fp8 codes and scales, which
+// this job's backend may not write: they must not travel with this job's result.
+void ForgetEarlierJob(CompressResult* result) {
   result->key_rounding = CompressResult::RoundingCheck::kNotChecked;
   result->value_rounding = CompressResult::RoundingCheck::kNotChecked;
-  if (IsFp8(layer.dtype) || IsFp8(options.result_dtype)) {
-    // The shape first: whether the job splits above the backend reads its counts.
-    CKV_RETURN_IF_ERROR(ValidateJobShape(layer, options, limits_));
-    const bool splits = SplitsInputAboveBackend(layer);
-    const bool widen = WidensFp8Input(layer.dtype, splits);
-    if (widen || QuantisesFp8Result(options, splits)) {
-      return RunFp8(layer, options, control, reuse, widen, result);
-    }
-  }
-  // A reused result may hold an earlier fp8 job's codes and scales, which a backend writes
-  // only for an fp8 job: they must not travel with this job's result.
   result->fp8_keys.clear();
   result->fp8_values.clear();
   result->key_scales.clear();
   result->value_scales.clear();
-  CKV_ASSIGN_OR_RETURN(LayerPlan plan, Plan(layer, options, limits_, !ChecksLayerData()));
-  if (control.IsCancelled()) {
-    return absl::CancelledError("job cancelled before it started");
-  }
-  // exact_target needs its second stage only where the passes stop short of t. Where they
-  // reach it on their own, the job runs as a plain one: rows in the result dtype, into the
-  // caller's memory (online mode's splices over shared memory). Should a head still end
-  // above t, the job runs again through the stages below, which replace every row.
-  if (options.exact_target && plan.regular && PassesReachTarget(plan)) {
-    CKV_RETURN_IF_ERROR(RunPlan(plan, layer, control, reuse, /*staged=*/false, result));
-    if (HeadsWithinTarget(plan, *result)) return FinishResult(plan, layer, options, result);
-  }
-  // The stages above the backend work on float32 rows and round once at the end.
-  const bool staged = !plan.regular || options.exact_target;
-  CKV_RETURN_IF_ERROR(RunPlan(plan, layer, control, reuse, staged, result));
-  if (options.exact_target) {
-    CompressControl stage_control = control;  // the second stage's rows are its own
-    stage_control.row_target = nullptr;
-    CKV_RETURN_IF_ERROR(ReachExactTarget(*this, plan, layer, stage_control, result));
-  }
-  return FinishResult(plan, layer, options, result);
 }
 
-// The backend's part of a job (or, for a ragged plan, of each regular job it splits into).
-// `staged`: rows in float32 for a stage above the backend, never into the caller's memory.
-absl::Status ClusterEngine::RunPlan(LayerPlan plan, const LayerView& layer,
-                                    const CompressControl& control, bool reuse, bool staged,
-                                    CompressResult* result) const {
-  if (staged) plan.options.result_dtype = DType::kFloat32;
-  // Rows straight into the caller's memory when nothing above the backend rearranges them.
-  if (control.row_target != nullptr && plan.regular && !staged &&
-      !ReshapesRows(plan.options) && WritesRowsInPlace() &&
-      WritesResultDType(plan.options.result_dtype)) {
-    CKV_RETURN_IF_ERROR(CheckRowTarget(*control.row_target, layer, plan.options.result_dtype));
-    plan.row_target = control.row_target;
+}  // namespace
+
+absl::StatusOr<CompressResult> ClusterEngine::Compress(const LayerView& layer,
+                                                       const CompressOptions& options,
+                                                       const CompressControl& control) const {
+  CompressResult result;
+  CKV_RETURN_IF_ERROR(Run(layer, options, control, /*reuse=*/false, &result));
+  return result;
+}
+
+absl::Status ClusterEngine::CompressInto(const LayerView& layer, const CompressOptions& options,
+                                         CompressResult* result,
+                                         const CompressControl& control) const {
+  return Run(layer, options, control, /*reuse=*/true, result);
+}
+
+// validate -> plan the stages -> widen -> backend or split -> second stage -> account ->
+// round -> reshape -> quantise. A job that asks for none of the stages is plan, backend.
+absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& options,
+                                const CompressControl& control, bool reuse,
+                                CompressResult* result) const {
+  ForgetEarlierJob(result);
+  const EngineCaps caps = this->caps();
+  CKV_ASSIGN_OR_RETURN(LayerPlan plan,
+                       PlanJob(layer, options, limits_, /*check_data=*/!caps.checks_layer_data));
+  StagePlan stages = PlanStages(plan, caps, control.row_target != nullptr);
+  // A backend that checks the data itself does so on what it reads: a widened copy is
+  // checked here, on the codes and their scales, so that errors name what the caller sent.
+  if (caps.checks_layer_data && plan.regular && stages.widen_fp8_input) {
+    CKV_RETURN_IF_ERROR(CheckLayerData(layer));
   }
-  // The stages below see the target through the plan only: the regular jobs that ragged
-  // heads and exact_target split a job into write the result's own arrays.
+  if (control.IsCancelled()) return absl::CancelledError("job cancelled before it started");
+
+  // The widened input's scratch leaves the result while the job runs (the stages below may
+  // clear it), and goes back only to a result that is reused (CompressInto).
+  std::vector<float> scratch = std::move(result->fp8_input_scratch);
+  const LayerView input = stages.widen_fp8_input ? WidenFp8Layer(*this, layer, &scratch) : layer;
+
+  // The stages below the row target see it through the plan only; the regular jobs that
+  // split heads and the second stage run write the result's own arrays.
   CompressControl stage_control = control;
   stage_control.row_target = nullptr;
-  if (!plan.regular) return RunRagged(*this, plan, layer, stage_control, result);
-  if (reuse) {
-    CKV_RETURN_IF_ERROR(CompressReusingImpl(plan, layer, stage_control, result));
-  } else {
-    CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, stage_control, result));
+  const auto run_regular = [&](const LayerView& job, const CompressOptions& job_options,
+                               CompressResult* out) -> absl::Status {
+    CKV_ASSIGN_OR_RETURN(LayerPlan job_plan,
+                         PlanJob(job, job_options, limits_, /*check_data=*/false));
+    if (stage_control.IsCancelled()) return absl::CancelledError("job cancelled");
+    return RunBackend(job_plan, job, stage_control, /*reuse=*/true, out);
+  };
+  const auto run_body = [&](const StagePlan& body) -> absl::Status {
+    LayerPlan backend_plan = plan;
+    backend_plan.input_dtype = input.dtype;
+    backend_plan.options.result_dtype = body.backend_dtype;
+    if (!IsFp8(body.backend_dtype)) {
+      backend_plan.options.result_key_scales.clear();
+      backend_plan.options.result_value_scales.clear();
+    }
+    if (body.split_heads) return RunRagged(run_regular, backend_plan, input, result);
+    if (body.rows_in_place) {
+      CKV_RETURN_IF_ERROR(CheckRowTarget(*control.row_target, input, body.backend_dtype));
+      backend_plan.row_target = control.row_target;
+    }
+    return RunBackend(backend_plan, input, stage_control, reuse, result);
+  };
+
+  absl::Status status = run_body(stages);
+  if (status.ok() && stages.check_target_reached && !HeadsWithinTarget(plan, *result)) {
+    stages = PlanStages(plan, caps, control.row_target != nullptr,
+                        StageAttempt::kAfterMissedTarget);
+    status = run_body(stages);
   }
-  FillStopReasons(plan, result->passes_run, /*first_head=*/0, layer.num_heads, result);
+  if (status.ok() && stages.second_stage) {
+    status = ReachExactTarget(run_regular, plan, input, result);
+  }
+  if (reuse) result->fp8_input_scratch = std::move(scratch);
+  CKV_RETURN_IF_ERROR(status);
+
+  FillAccount(plan, layer, result);
+  if (stages.round_rows) RoundResultRows(options.result_dtype, result);
+  if (stages.reshape_rows) CKV_RETURN_IF_ERROR(ShapeRows(options, result));
+  if (stages.quantise_fp8) QuantiseResultToFp8(*this, options, control.row_target, result);
   return absl::OkStatus();
 }
 
-// An fp8 input needs widening above the backend where the backend does not read it or the
-// job's input is split above it. (exact_target's second stage reads the first stage's float32
-// result rows, not the input.)
-bool ClusterEngine::WidensFp8Input(DType dtype, bool splits_input) const {
-  return IsFp8(dtype) && (!ReadsInputDType(dtype) || splits_input);
-}
-
-// fp8 rows need quantising above the backend where the backend does not write them, or a
-// stage above the backend works on the float32 rows (split jobs, exact_target's second stage,
-// padded or token-major rows).
-bool ClusterEngine::QuantisesFp8Result(const CompressOptions& options, bool splits_input) const {
-  return IsFp8(options.result_dtype) &&
-         (!WritesResultDType(options.result_dtype) || ReshapesRows(options) ||
-          options.exact_target || splits_input);
-}
-
-// fp8 in or out, the same for every backend: the input widened exactly to float32 and
-// multiplied by its scales (one float multiply per element), the job run on that, and the
-// float32 result divided by the result scales and rounded once (nearest even, saturating),
-// straight into the caller's memory when it gives some.
-absl::Status ClusterEngine::RunFp8(const LayerView& layer, const CompressOptions& options,
-                                   const CompressControl& control, bool reuse, bool widen_input,
-                                   CompressResult* result) const {
-  // Run validated the job's shape before it chose this path.
-  if (layer.keys == nullptr || layer.values == nullptr) {
-    return absl::InvalidArgumentError(layer.keys == nullptr ? "keys are missing"
-                                                            : "values are missing");
+absl::Status ClusterEngine::RunBackend(const LayerPlan& plan, const LayerView& layer,
+                                       const CompressControl& control, bool reuse,
+                                       CompressResult* result) const {
+  if (reuse) {
+    CKV_RETURN_IF_ERROR(CompressReusingImpl(plan, layer, control, result));
+  } else {
+    CKV_RETURN_IF_ERROR(CompressImpl(plan, layer, control, result));
   }
-  // The scratch leaves the result while the job runs (the stages below may clear it), and
-  // goes back only to a result that is reused (CompressInto).
-  std::vector<float> scratch = std::move(result->fp8_input_scratch);
-  // The input stays fp8 where the backend reads it and only the result needs the stage.
-  const LayerView input = widen_input ? WidenFp8Layer(*this, layer, &scratch) : layer;
-  absl::Status status = RunFp8Stages(input, options, control, reuse, result);
-  if (reuse) result->fp8_input_scratch = std::move(scratch);
-  return status;
-}
-
-absl::Status ClusterEngine::RunFp8Stages(const LayerView& input, const CompressOptions& options,
-                                         const CompressControl& control, bool reuse,
-                                         CompressResult* result) const {
-  if (!IsFp8(options.result_dtype)) return Run(input, options, control, reuse, result);
-  CompressOptions float_options = options;
-  float_options.result_dtype = DType::kFloat32;
-  float_options.result_key_scales.clear();
-  float_options.result_value_scales.clear();
-  CompressControl float_control = control;
-  float_control.row_target = nullptr;
-  CKV_RETURN_IF_ERROR(Run(input, float_options, float_control, reuse, result));
-  QuantiseResultToFp8(*this, options, control.row_target, result);
+  FillStopReasons(plan, result->passes_run, /*first_head=*/0, layer.num_heads, result);
   return absl::OkStatus();
 }
 

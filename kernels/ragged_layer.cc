@@ -46,74 +46,6 @@ absl::StatusOr<std::vector<HeadGroup>> GroupHeads(const LayerPlan& plan, int32_t
   return groups;
 }
 
-// A regular head-major layer of a group's heads, borrowing the input's rows where they
-// are contiguous (one head of a head-major layer) and copying them otherwise.
-class GroupInput {
- public:
-  GroupInput(const LayerView& layer, const HeadGroup& group) {
-    view_ = layer;
-    view_.layout = TensorLayout::kHeadMajor;
-    view_.head_offsets = nullptr;
-    view_.num_heads = static_cast<int32_t>(group.heads.size());
-    view_.num_tokens = group.length;
-    const int64_t element = DTypeSize(layer.dtype);
-    if (group.heads.size() == 1 && layer.layout == TensorLayout::kHeadMajor) {
-      const int32_t h = group.heads.front();
-      view_.keys = static_cast<const uint8_t*>(layer.keys) + layer.KeyOffset(h, 0) * element;
-      view_.values =
-          static_cast<const uint8_t*>(layer.values) + layer.ValueOffset(h, 0) * element;
-      view_.counts = layer.counts == nullptr ? nullptr : layer.counts + layer.RowIndex(h, 0);
-      return;
-    }
-    const int64_t rows = int64_t{view_.num_heads} * group.length;
-    keys_.resize(static_cast<size_t>(rows * layer.key_dim * element));
-    values_.resize(static_cast<size_t>(rows * layer.value_dim * element));
-    if (layer.counts != nullptr) counts_.resize(static_cast<size_t>(rows));
-    int64_t row = 0;
-    for (int32_t h : group.heads) {
-      for (int32_t t = 0; t < group.length; ++t, ++row) {
-        std::memcpy(keys_.data() + row * layer.key_dim * element,
-                    static_cast<const uint8_t*>(layer.keys) + layer.KeyOffset(h, t) * element,
-                    static_cast<size_t>(layer.key_dim * element));
-        std::memcpy(values_.data() + row * layer.value_dim * element,
-                    static_cast<const uint8_t*>(layer.values) + layer.ValueOffset(h, t) * element,
-                    static_cast<size_t>(layer.value_dim * element));
-        if (layer.counts != nullptr) counts_[row] = layer.counts[layer.RowIndex(h, t)];
-      }
-    }
-    view_.keys = keys_.data();
-    view_.values = values_.data();
-    view_.counts = layer.counts == nullptr ? nullptr : counts_.data();
-  }
-  const LayerView& view() const { return view_; }
-
- private:
-  LayerView view_;
-  std::vector<uint8_t> keys_, values_;
-  std::vector<uint32_t> counts_;
-};
-
-// The options of a regular sub-job: the same SPEC parameters with t fixed, float32 rows,
-// nothing of what the stages above the backends do.
-CompressOptions SubJobOptions(const LayerPlan& plan) {
-  CompressOptions options = plan.options;
-  options.target_ratio.reset();
-  options.target_tokens = plan.target_length;
-  options.passthrough_heads.clear();
-  options.result_dtype = DType::kFloat32;
-  options.exact_target = false;
-  options.pad_heads = false;
-  options.pad_to = 0;
-  options.output_layout = TensorLayout::kHeadMajor;
-  return options;
-}
-
-// First assignment row of head h: the layer's entries in head order ([H, n] or ragged).
-int64_t AssignmentBase(const LayerView& layer, int32_t h) {
-  return layer.head_offsets != nullptr ? layer.head_offsets[h]
-                                       : static_cast<int64_t>(h) * layer.num_tokens;
-}
-
 void AppendRows(const CompressResult& from, int32_t head, CompressResult* to) {
   const int64_t begin = from.offsets[head], end = from.offsets[head + 1];
   to->keys.insert(to->keys.end(), from.keys.begin() + begin * from.key_dim,
@@ -126,8 +58,65 @@ void AppendRows(const CompressResult& from, int32_t head, CompressResult* to) {
 
 }  // namespace
 
-absl::Status RunRagged(const ClusterEngine& engine, const LayerPlan& plan,
-                       const LayerView& layer, const CompressControl& control,
+// The options of a regular sub-job: the same SPEC parameters with t fixed, float32 rows,
+// nothing of what the stages above the backends do.
+CompressOptions SubJobOptions(const LayerPlan& plan) {
+  CompressOptions options = plan.options;
+  options.target_ratio.reset();
+  options.target_tokens = plan.target_length;
+  options.passthrough_heads.clear();
+  options.result_dtype = DType::kFloat32;
+  options.result_key_scales.clear();
+  options.result_value_scales.clear();
+  options.exact_target = false;
+  options.pad_heads = false;
+  options.pad_to = 0;
+  options.output_layout = TensorLayout::kHeadMajor;
+  return options;
+}
+
+int64_t AssignmentBase(const LayerView& layer, int32_t h) {
+  return layer.head_offsets != nullptr ? layer.head_offsets[h]
+                                       : static_cast<int64_t>(h) * layer.num_tokens;
+}
+
+GroupInput::GroupInput(const LayerView& layer, const std::vector<int32_t>& heads,
+                       int32_t length) {
+  view_ = layer;
+  view_.layout = TensorLayout::kHeadMajor;
+  view_.head_offsets = nullptr;
+  view_.num_heads = static_cast<int32_t>(heads.size());
+  view_.num_tokens = length;
+  const int64_t element = DTypeSize(layer.dtype);
+  if (heads.size() == 1 && layer.layout == TensorLayout::kHeadMajor) {
+    const int32_t h = heads.front();
+    view_.keys = static_cast<const uint8_t*>(layer.keys) + layer.KeyOffset(h, 0) * element;
+    view_.values = static_cast<const uint8_t*>(layer.values) + layer.ValueOffset(h, 0) * element;
+    view_.counts = layer.counts == nullptr ? nullptr : layer.counts + layer.RowIndex(h, 0);
+    return;
+  }
+  const int64_t rows = int64_t{view_.num_heads} * length;
+  keys_.resize(static_cast<size_t>(rows * layer.key_dim * element));
+  values_.resize(static_cast<size_t>(rows * layer.value_dim * element));
+  if (layer.counts != nullptr) counts_.resize(static_cast<size_t>(rows));
+  int64_t row = 0;
+  for (int32_t h : heads) {
+    for (int32_t t = 0; t < length; ++t, ++row) {
+      std::memcpy(keys_.data() + row * layer.key_dim * element,
+                  static_cast<const uint8_t*>(layer.keys) + layer.KeyOffset(h, t) * element,
+                  static_cast<size_t>(layer.key_dim * element));
+      std::memcpy(values_.data() + row * layer.value_dim * element,
+                  static_cast<const uint8_t*>(layer.values) + layer.ValueOffset(h, t) * element,
+                  static_cast<size_t>(layer.value_dim * element));
+      if (layer.counts != nullptr) counts_[row] = layer.counts[layer.RowIndex(h, t)];
+    }
+  }
+  view_.keys = keys_.data();
+  view_.values = values_.data();
+  view_.counts = layer.counts == nullptr ? nullptr : counts_.data();
+}
+
+absl::Status RunRagged(RegularJobRunner run, const LayerPlan& plan, const LayerView& layer,
                        CompressResult* out) {
   CKV_ASSIGN_OR_RETURN(std::vector<HeadGroup> groups, GroupHeads(plan, layer.num_heads));
   const CompressOptions base = SubJobOptions(plan);
@@ -136,10 +125,10 @@ absl::Status RunRagged(const ClusterEngine& engine, const LayerPlan& plan,
   std::vector<std::pair<size_t, int32_t>> where(static_cast<size_t>(layer.num_heads));
   int32_t passes = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
-    const GroupInput input(layer, groups[g]);
+    const GroupInput input(layer, groups[g].heads, groups[g].length);
     CompressOptions options = base;
     if (groups[g].passthrough) options.passthrough_heads = {0};
-    CKV_RETURN_IF_ERROR(engine.CompressInto(input.view(), options, &results[g], control));
+    CKV_RETURN_IF_ERROR(run(input.view(), options, &results[g]));
     passes = std::max(passes, results[g].passes_run);
     for (size_t k = 0; k < groups[g].heads.size(); ++k) {
       where[groups[g].heads[k]] = {g, static_cast<int32_t>(k)};
@@ -217,9 +206,8 @@ bool HeadsWithinTarget(const LayerPlan& plan, const CompressResult& result) {
   return true;
 }
 
-absl::Status ReachExactTarget(const ClusterEngine& engine, const LayerPlan& plan,
-                              const LayerView& layer, const CompressControl& control,
-                              CompressResult* out) {
+absl::Status ReachExactTarget(RegularJobRunner run, const LayerPlan& plan,
+                              const LayerView& layer, CompressResult* out) {
   const int64_t t = plan.target_length;
   CompressOptions options = SubJobOptions(plan);
   options.min_similarity.reset();
@@ -240,7 +228,7 @@ absl::Status ReachExactTarget(const ClusterEngine& engine, const LayerPlan& plan
         .value_dim = out->value_dim, .keys = out->keys.data() + out->offsets[h] * out->key_dim,
         .values = out->values.data() + out->offsets[h] * out->value_dim,
         .counts = out->counts.data() + out->offsets[h]};
-    CKV_RETURN_IF_ERROR(engine.CompressInto(head, options, &stage[h], control));
+    CKV_RETURN_IF_ERROR(run(head, options, &stage[h]));
     replaced[h] = true;
     extra_passes = std::max(extra_passes, stage[h].passes_run);
     const int64_t reached = stage[h].total_entries();

@@ -13,7 +13,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "centroidkv/kernels/engine.h"
 
@@ -21,10 +23,36 @@ namespace centroidkv {
 
 inline constexpr int32_t kExactTargetPasses = 64;
 
+// Runs one regular job (its data already checked, float32 rows, no stage above the
+// backend) through the backend into `out`, its stop reasons filled: how the stages here
+// reach the backend (ClusterEngine::Run gives it).
+using RegularJobRunner = absl::FunctionRef<absl::Status(
+    const LayerView& layer, const CompressOptions& options, CompressResult* out)>;
+
+// A regular head-major layer of `heads` of `layer`, `length` entries each, borrowing the
+// input's rows where they are contiguous (one head of a head-major layer) and copying them
+// otherwise.
+class GroupInput {
+ public:
+  GroupInput(const LayerView& layer, const std::vector<int32_t>& heads, int32_t length);
+  const LayerView& view() const { return view_; }
+
+ private:
+  LayerView view_;
+  std::vector<uint8_t> keys_, values_;
+  std::vector<uint32_t> counts_;
+};
+
+// First assignment row of head h: the layer's entries in head order ([H, n] or ragged).
+int64_t AssignmentBase(const LayerView& layer, int32_t h);
+
+// The options of a regular job of `plan`'s: the same SPEC parameters with t fixed, float32
+// rows, nothing of what the stages above the backends do.
+CompressOptions SubJobOptions(const LayerPlan& plan);
+
 // `plan` is of the whole (validated, not regular) layer; `out` gets a float32, head-major,
 // unpadded result with stop_reasons filled.
-absl::Status RunRagged(const ClusterEngine& engine, const LayerPlan& plan,
-                       const LayerView& layer, const CompressControl& control,
+absl::Status RunRagged(RegularJobRunner run, const LayerPlan& plan, const LayerView& layer,
                        CompressResult* out);
 
 // Whether the passes of a regular `plan` bring every compressed head to t on their own, so
@@ -39,8 +67,7 @@ bool HeadsWithinTarget(const LayerPlan& plan, const CompressResult& result);
 // Merges every compressed head of `out` (float32 rows, head-major, unpadded) that is
 // longer than t down to t where sink and recent entries allow, updating its assignment
 // (laid out as `layer`'s entries), stop reasons and passes_run.
-absl::Status ReachExactTarget(const ClusterEngine& engine, const LayerPlan& plan,
-                              const LayerView& layer, const CompressControl& control,
-                              CompressResult* out);
+absl::Status ReachExactTarget(RegularJobRunner run, const LayerPlan& plan,
+                              const LayerView& layer, CompressResult* out);
 
 }  // namespace centroidkv

@@ -497,7 +497,7 @@ void CompressReactor::RunJob(uint64_t job_id, std::shared_ptr<IncomingJob> job,
   // backend: half the bytes to write, and to download from a GPU); otherwise float32,
   // rounded by the encoder as it copies.
   CompressOptions options = job->options();
-  if (engine->WritesResultDType(job->output_dtype())) options.result_dtype = job->output_dtype();
+  if (engine->caps().WritesResultDType(job->output_dtype())) options.result_dtype = job->output_dtype();
   CompressControl control{cancelled.get()};
   if (job->deadline().has_value()) control.deadline = *job->deadline();
   // Shared memory: an engine that can writes the rows straight into the client's region

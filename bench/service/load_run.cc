@@ -353,7 +353,7 @@ RunStats RunInProcess(const LoadConfig& config, const Dataset& data, BackendKind
   // ResultPool; here one per executor thread).
   CompressOptions options = config.options;
   const DType output_dtype = config.output_dtype.value_or(config.dtype);
-  if ((*engine)->WritesResultDType(output_dtype) || IsFp8(output_dtype)) {
+  if ((*engine)->caps().WritesResultDType(output_dtype) || IsFp8(output_dtype)) {
     options.result_dtype = output_dtype;  // fp8: the server's codec always asks for it
   }
   auto loop = [&](Tickets& tickets, Clock::time_point /*start*/, std::atomic<int64_t>& done,

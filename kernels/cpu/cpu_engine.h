@@ -16,7 +16,7 @@
 // largest chunk seen and are reused across chunks and jobs; per-head job state comes from a
 // pool (HeadPool), and CompressInto() overwrites the caller's result in place.
 //
-// Memory: a chunk task checks its input rows for Inf/NaN (ChecksLayerData: no separate
+// Memory: a chunk task checks its input rows for Inf/NaN (EngineCaps::checks_layer_data: no separate
 // sweep over the job; in a fused last pass the values are checked in the float rows it
 // writes, see LayerJob::RunChunks) and, while its match kernel runs, prefetches the next
 // task's rows into L2, so the input is read from memory once and mostly overlapped with
@@ -55,21 +55,21 @@ class CpuEngine final : public ClusterEngine {
   SimdLevel simd_level() const { return level_; }
   // The last pass rounds fp16 / bf16 rows, and fp8 rows in static scales, as it streams
   // them out (BlockWriter); fp8 rows with a dynamic scale are narrowed once each head's
-  // largest magnitude is known, which the writers note on the way.
-  bool WritesResultDType(DType) const override { return true; }
-  // fp8 rows are widened (codes times their scale) inside the kernels, as fp16 rows are:
-  // no float32 copy of the input.
-  bool ReadsInputDType(DType) const override { return true; }
-  // The result writer streams rows to any memory, a client's shared memory region included.
-  bool WritesRowsInPlace() const override { return true; }
+  // largest magnitude is known, which the writers note on the way. fp8 input rows are
+  // widened (codes times their scale) inside the kernels, as fp16 rows are: no float32 copy
+  // of the input. The result writer streams rows to any memory, a client's shared memory
+  // region included. LayerJob checks every input row for Inf / NaN (and the counts) before
+  // it uses them.
+  EngineCaps caps() const override {
+    return {.writes_half_rows = true, .writes_fp8_rows = true, .reads_fp8_input = true,
+            .writes_rows_in_place = true, .checks_layer_data = true};
+  }
   // oneTBB tasks in the caller's arena, like the engine's own.
   void ForEachIndependent(int32_t count, const std::function<void(int32_t)>& fn) const override;
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,
                             const CompressControl& control, CompressResult* out) const override;
-  // LayerJob checks every input row for Inf / NaN (and the counts) before it uses them.
-  bool ChecksLayerData() const override { return true; }
   // Overwrites the arrays of an earlier result in place (see LayerJob::AllocateOutput).
   absl::Status CompressReusingImpl(const LayerPlan& plan, const LayerView& layer,
                                    const CompressControl& control,

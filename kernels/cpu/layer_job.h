@@ -250,7 +250,7 @@ class LayerJob {
   bool with_assignment_;
   bool output_allocated_ = false;
   ElemType output_type_;  // of the result rows: the options' result_dtype
-  // The input check (the engine's ChecksLayerData): set by CheckInputRows, the first
+  // The input check (EngineCaps::checks_layer_data): set by CheckInputRows, the first
   // RunChunks then checks each chunk's rows before using them.
   bool check_chunks_ = false;
   // Set once the first pass's chunks are checked: their values are checked in the result

@@ -32,7 +32,7 @@ class HostPipelineEngine final : public ClusterEngine {
   std::string_view name() const override { return "cuda-stages-on-host"; }
   // The stages write the packed rows in the result dtype, as on the device (fp8 rows are
   // quantised above the backend).
-  bool WritesResultDType(DType dtype) const override { return !IsFp8(dtype); }
+  EngineCaps caps() const override { return {.writes_half_rows = true}; }
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,

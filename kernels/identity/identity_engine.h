@@ -19,8 +19,9 @@ class IdentityEngine final : public ClusterEngine {
   // Rows in the result dtype (copied as they are when the input has that dtype), and into
   // caller memory: the floor pays for the copies a real backend pays for, and no more. fp8
   // rows are quantised above it (kernels/fp8_rows.h).
-  bool WritesResultDType(DType dtype) const override { return !IsFp8(dtype); }
-  bool WritesRowsInPlace() const override { return true; }
+  EngineCaps caps() const override {
+    return {.writes_half_rows = true, .writes_rows_in_place = true};
+  }
 
  protected:
   absl::Status CompressImpl(const LayerPlan& plan, const LayerView& layer,

@@ -238,7 +238,7 @@ TEST_P(EngineConformanceTest, HalfResultRowsAreTheFloatRowsRoundedOnce) {
 }
 
 // Rows into caller memory (CompressControl::row_target, what the service passes for a
-// client's shared memory output region): a backend that WritesRowsInPlace puts exactly the
+// client's shared memory output region): a backend that writes rows in place puts exactly the
 // rows Compress returns there, in the result dtype, and writes no byte past them; the rest
 // of the result is unchanged. Jobs that a stage above the backend reshapes (padding,
 // token-major rows, exact_target's second stage) and backends that cannot write in place
@@ -290,7 +290,7 @@ TEST_P(EngineConformanceTest, RowsGoToTheCallersMemoryWhenTheBackendWritesInPlac
       control.row_target = &target;
       CompressResult actual = expected;  // CompressInto over an earlier result
       ASSERT_TRUE(engine_->CompressInto(layer, options, &actual, control).ok());
-      const bool in_place = engine_->WritesRowsInPlace() && !c.reshaped;
+      const bool in_place = engine_->caps().writes_rows_in_place && !c.reshaped;
       ASSERT_EQ(actual.rows_in_target, in_place);
       const size_t key_bytes = expected.key_elements() * element;
       const size_t value_bytes = expected.value_elements() * element;
@@ -340,7 +340,7 @@ TEST_P(EngineConformanceTest, RowTargetTooSmallIsAnInternalError) {
   CompressResult result;
   const absl::Status status =
       engine_->CompressInto(layer.view(), Opts().Chunk(32), &result, control);
-  if (engine_->WritesRowsInPlace()) {
+  if (engine_->caps().writes_rows_in_place) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
   } else {
     ASSERT_TRUE(status.ok()) << status;

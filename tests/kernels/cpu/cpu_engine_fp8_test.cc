@@ -106,10 +106,10 @@ std::vector<Job> Jobs() {
 }
 
 TEST_P(CpuEngineFp8Test, ReadsAndWritesFp8Itself) {
-  EXPECT_TRUE(engine_.ReadsInputDType(DType::kFp8E4M3));
-  EXPECT_TRUE(engine_.ReadsInputDType(DType::kFp8E5M2));
-  EXPECT_TRUE(engine_.WritesResultDType(DType::kFp8E4M3));
-  EXPECT_FALSE(reference_.ReadsInputDType(DType::kFp8E4M3));
+  EXPECT_TRUE(engine_.caps().ReadsInputDType(DType::kFp8E4M3));
+  EXPECT_TRUE(engine_.caps().ReadsInputDType(DType::kFp8E5M2));
+  EXPECT_TRUE(engine_.caps().WritesResultDType(DType::kFp8E4M3));
+  EXPECT_FALSE(reference_.caps().ReadsInputDType(DType::kFp8E4M3));
 }
 
 // fp8 input into float32, fp16 and static-scale fp8 results (per head and per layer).

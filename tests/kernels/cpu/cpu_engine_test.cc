@@ -124,8 +124,8 @@ TEST_P(CpuEngineTest, BitIdenticalToReferenceOnRandomJobs) {
 // bit for bit, through Compress and through CompressInto over the float32 result of the
 // same job. The jobs include chunks of 256 and more (the AMX level's matrix path).
 TEST_P(CpuEngineTest, HalfRowsBitIdenticalToReferenceOnRandomJobs) {
-  EXPECT_TRUE(engine_.WritesResultDType(DType::kFloat16));
-  EXPECT_TRUE(engine_.WritesResultDType(DType::kBFloat16));
+  EXPECT_TRUE(engine_.caps().WritesResultDType(DType::kFloat16));
+  EXPECT_TRUE(engine_.caps().WritesResultDType(DType::kBFloat16));
   for (const Job& job : Jobs()) {
     SCOPED_TRACE(job.name + ": " + job.spec.ToString());
     const RandomLayer layer = RandomLayer::Generate(job.spec);
@@ -241,7 +241,7 @@ TEST_P(CpuEngineTest, NothingToMergeReturnsTheInput) {
   ExpectSameAsReference(layer.view(), Options(8, 0, 0, 1.0));
 }
 
-// The engine checks its input itself (ChecksLayerData), chunk by chunk as it reads it: a
+// The engine checks its input itself (EngineCaps::checks_layer_data), chunk by chunk as it reads it: a
 // NaN or Inf anywhere (a chunk's key or value, a protected row, a passthrough head, a head
 // with nothing to do, a job that merges nothing, a job of three passes, whose chunks' values
 // are checked in the result rows) and bad counts give the reference's error.

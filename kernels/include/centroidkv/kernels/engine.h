@@ -40,10 +40,10 @@ struct CompressControl {
   // tells the two apart (Expired()). max() = none.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   // Caller memory for the result's key and value rows (the service passes a client's output
-  // region). Used when the backend writes rows in place (WritesRowsInPlace) in the job's
-  // result_dtype (WritesResultDType) and the job needs no stage above the backend (regular
-  // heads, no exact_target second stage, head-major rows without padding); the result's
-  // rows_in_target says whether it was. Its capacities must hold H * n rows of each;
+  // region). Used when the backend writes rows in place in the job's result_dtype
+  // (EngineCaps) and the job needs no stage above the backend that moves rows (regular
+  // heads, no exact_target second stage, head-major rows without padding), or for fp8 rows
+  // quantised above the backend; the result's rows_in_target says whether it was. Its capacities must hold H * n rows of each;
   // borrowed.
   const ResultRowTarget* row_target = nullptr;
 
@@ -56,6 +56,34 @@ struct CompressControl {
   }
 };
 
+// What a backend does itself, as one struct (in the manner of ggml's
+// ggml_backend_dev_caps). Whatever a backend does not do, the engine's stages do above it,
+// the same for every backend (kernels/stage_plan.h decides which, once per job).
+struct EngineCaps {
+  // Result rows in fp16 / bf16 (each the float32 result rounded once); otherwise the
+  // backend writes float32 and the rows are rounded above it.
+  bool writes_half_rows = false;
+  // Result rows in fp8 with static or dynamic scales, exactly as kernels/fp8_rows.h
+  // quantises them; otherwise that runs above the backend, on its float32 rows.
+  bool writes_fp8_rows = false;
+  // fp8 input codes read with their scales (LayerView::key_scales), widened exactly as
+  // kernels/fp8_rows.h widens them; otherwise an fp8 input is widened to float32 above.
+  bool reads_fp8_input = false;
+  // Rows written into caller memory (LayerPlan::row_target) instead of the result's arrays:
+  // the service then writes a job's rows straight into the client's shared memory.
+  bool writes_rows_in_place = false;
+  // The backend checks the job's data (what CheckLayerData checks) before it acts on any
+  // element and returns CheckLayerData's error, so the engine skips its own sweep over the
+  // data. Such a job cancelled before it starts reports CANCELLED even when its data is bad.
+  bool checks_layer_data = false;
+
+  bool WritesResultDType(DType dtype) const {
+    if (dtype == DType::kFloat32) return true;
+    return IsFp8(dtype) ? writes_fp8_rows : writes_half_rows;
+  }
+  bool ReadsInputDType(DType dtype) const { return !IsFp8(dtype) || reads_fp8_input; }
+};
+
 // Validated, resolved parameters of one job, shared by every backend.
 struct LayerPlan {
   int64_t target_length = 0;           // t, the same for every head
@@ -63,9 +91,10 @@ struct LayerPlan {
   int32_t compressed_heads = 0;        // heads that are not passthrough
   std::vector<int32_t> head_lengths;   // [H] real entries per head (without count-0 padding)
   bool regular = true;                 // not ragged and no padding: the backend runs it as is
+  DType input_dtype = DType::kFloat32; // of the layer's keys and values
   CompressOptions options;
   // Where the backend writes the rows, when CompressControl::row_target may be used (set
-  // only for a backend that WritesRowsInPlace, and checked to hold H * n rows of each
+  // only for a backend that writes rows in place, and checked to hold H * n rows of each
   // tensor); the backend then sets out->rows_in_target.
   const ResultRowTarget* row_target = nullptr;
 
@@ -93,23 +122,8 @@ class ClusterEngine {
   absl::Status CompressInto(const LayerView& layer, const CompressOptions& options,
                             CompressResult* result, const CompressControl& control = {}) const;
 
-  // Whether the backend writes result rows in `dtype` itself. Every backend honours
-  // CompressOptions::result_dtype, but one that writes float32 only rounds its rows in an
-  // extra pass afterwards (RoundResultRows); a caller that rounds while copying anyway (the
-  // service's encoder) asks for half rows only from a backend that writes them. For fp8, it
-  // writes them with static or dynamic scales as kernels/fp8_rows.h quantises them;
-  // otherwise that runs above the backend, on its float32 rows.
-  virtual bool WritesResultDType(DType dtype) const { return dtype == DType::kFloat32; }
-
-  // Whether the backend reads input rows of `dtype` itself: fp8 codes with their scales
-  // (LayerView::key_scales), widened exactly as kernels/fp8_rows.h widens them. Otherwise an
-  // fp8 input is widened to a float32 copy above the backend. Every dtype but fp8: true.
-  virtual bool ReadsInputDType(DType dtype) const { return !IsFp8(dtype); }
-
-  // Whether the backend can write a result's rows into caller memory (LayerPlan::row_target)
-  // instead of the result's arrays: the service then writes a job's rows straight into the
-  // client's shared memory, with no copy.
-  virtual bool WritesRowsInPlace() const { return false; }
+  // What the backend does itself (EngineCaps); the stages above it do the rest.
+  virtual EngineCaps caps() const { return {}; }
 
   // Runs fn(0) .. fn(count - 1), each call independent of the others: the per-head work the
   // stages above the backends do (fp8 widening and quantisation). The default runs them in
@@ -138,28 +152,13 @@ class ClusterEngine {
                                            const CompressControl& control,
                                            CompressResult* out) const;
 
-  // Whether the backend checks the job's data itself (what CheckLayerData checks), before it
-  // acts on any element, and then returns CheckLayerData's error: Compress() then skips the
-  // separate sweep over the data (a read of every key and value the backend reads anyway).
-  // Such a job cancelled before it starts reports CANCELLED even when its data is bad.
-  virtual bool ChecksLayerData() const { return false; }
-
  private:
   absl::Status Run(const LayerView& layer, const CompressOptions& options,
                    const CompressControl& control, bool reuse, CompressResult* result) const;
-  // The backend's part of a planned job; `staged`: float32 rows for a stage above it.
-  absl::Status RunPlan(LayerPlan plan, const LayerView& layer, const CompressControl& control,
-                       bool reuse, bool staged, CompressResult* result) const;
-  // Whether an fp8 job converts above the backend: its input (`splits_input`: ragged or
-  // padded heads, regrouped above the backend) or its result.
-  bool WidensFp8Input(DType dtype, bool splits_input) const;
-  bool QuantisesFp8Result(const CompressOptions& options, bool splits_input) const;
-  absl::Status RunFp8(const LayerView& layer, const CompressOptions& options,
-                      const CompressControl& control, bool reuse, bool widen_input,
-                      CompressResult* result) const;
-  absl::Status RunFp8Stages(const LayerView& input, const CompressOptions& options,
-                            const CompressControl& control, bool reuse,
-                            CompressResult* result) const;
+  // The backend on one regular job with a resolved plan, then its stop reasons.
+  absl::Status RunBackend(const LayerPlan& plan, const LayerView& layer,
+                          const CompressControl& control, bool reuse,
+                          CompressResult* result) const;
 
   EngineLimits limits_;
 };

@@ -48,7 +48,7 @@ class CudaEngine final : public ClusterEngine {
   // The packed rows are written in the result dtype on the device (half the bytes to write
   // and to download for fp16 / bf16). fp8 rows are quantised above the backend
   // (kernels/fp8_rows.h).
-  bool WritesResultDType(DType dtype) const override { return !IsFp8(dtype); }
+  EngineCaps caps() const override { return {.writes_half_rows = true}; }
   const DeviceInfo& device() const { return device_; }
 
  protected:

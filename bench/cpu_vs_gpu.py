@@ -1,16 +1,16 @@
 #!/usr/bin/python3
-"""The CPU-versus-GPU report (issue 6): docs/cpu-vs-gpu.md and docs/cpu-vs-gpu.png from
-measured rows only.
+"""The CPU-versus-GPU report: docs/results/cpu-vs-gpu.md and docs/results/cpu-vs-gpu.png
+from measured rows only.
 
 Inputs (missing GPU files make every GPU cell "not yet measured"):
-  kernel, CPU:   docs/cpu-bench.md (written by bench/run-cpu.sh; its first table)
-  kernel, GPU:   docs/gpu/bench.json, a list of {"card", "kind": "kernel"|"e2e"|"cpu",
+  kernel, CPU:   docs/results/cpu-bench.md (written by bench/run-cpu.sh; its first table)
+  kernel, GPU:   docs/results/gpu/bench.json, a list of {"card", "kind": "kernel"|"e2e"|"cpu",
                  "chunk", "tokens", "layer_heads", "dtype", "seconds_median",
                  "tokens_per_s", "kv_gbps", "fraction"} written by the GPU check
                  ("e2e" counts the host-device transfers, "cpu" is the CPU engine on the
                  GPU's host)
-  service, CPU:  docs/cpu-service.json  (bench/run-service.sh --backend cpu)
-  service, GPU:  docs/gpu/service.json  (bench/run-service.sh --backend gpu)
+  service, CPU:  docs/results/cpu-service.json  (bench/run-service.sh --backend cpu)
+  service, GPU:  docs/results/gpu/service.json  (bench/run-service.sh --backend gpu)
 
 The crossover is where a measured GPU row beats the measured CPU row of the same shape:
 kernel level with the GPU's "e2e" rows (host transfers counted), service level per context
@@ -49,7 +49,7 @@ def parse_rate(text):
 
 
 def cpu_kernel_rows(path):
-    """The first table of docs/cpu-bench.md and its machine line."""
+    """The first table of docs/results/cpu-bench.md and its machine line."""
     rows, machine, workload = [], "", ""
     with open(path) as f:
         lines = f.read().splitlines()
@@ -84,7 +84,7 @@ def kernel_section(cpu_rows, machine, workload, gpu_rows):
     gpu_by = {}
     for r in gpu_rows or []:
         if r.get("match", "tiles") != "tiles":
-            continue  # kernel rows of the warp match are for docs/gpu only
+            continue  # kernel rows of the warp match are for docs/results/gpu only
         gpu_by.setdefault((r["kind"], int(r["chunk"])), r)
     cards = sorted({r["card"] for r in gpu_rows or []})
     out.append("| chunk | CPU (this VM) | CPU on the GPU's host | GPU kernel | GPU end to end "
@@ -108,7 +108,8 @@ def kernel_section(cpu_rows, machine, workload, gpu_rows):
             fmt_rate(e2e["tokens_per_s"]) if e2e else NOT_MEASURED,
             "%.2f" % ratio if ratio is not None else NOT_MEASURED, winner))
     out.append("")
-    out.append("GPU card: " + (", ".join(cards) if cards else NOT_MEASURED + " (no docs/gpu/bench.json)") + ".")
+    out.append("GPU card: " + (", ".join(cards) if cards
+                               else NOT_MEASURED + " (no docs/results/gpu/bench.json)") + ".")
     if not gpu_rows:
         out.append("Kernel-level crossover: " + NOT_MEASURED + ".")
     elif crossings:
@@ -158,7 +159,7 @@ def service_section(cpu_rows, gpu_rows):
     out.append("CPU rows: " + (", ".join(cpus) if cpus else NOT_MEASURED) +
                ("; load averages during the runs: " + "; ".join(loads) if loads else "") + ".")
     out.append("GPU rows: " + (", ".join(cards) if cards else
-                               NOT_MEASURED + " (no docs/gpu/service.json)") + ".")
+                               NOT_MEASURED + " (no docs/results/gpu/service.json)") + ".")
     if not gpu_rows:
         out.append("Service-level crossover: " + NOT_MEASURED + ".")
     else:
@@ -214,7 +215,7 @@ def plot(cpu_kernel, gpu_kernel, cpu_service, gpu_service, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--docs", default="docs")
+    parser.add_argument("--docs", default="docs/results")
     args = parser.parse_args()
     d = args.docs
     cpu_kernel, machine, workload = cpu_kernel_rows(os.path.join(d, "cpu-bench.md"))
@@ -235,11 +236,11 @@ def main():
     lines += ["![CPU versus GPU](cpu-vs-gpu.png)", "",
               "## Reproduce", "",
               "```sh",
-              "bench/run-cpu.sh                                   # docs/cpu-bench.md (kernel, CPU)",
-              "bench/run-service.sh --backend cpu --out docs/cpu-service.json   # service, CPU",
-              "# on a GPU machine (scripts/gpu-check.sh): docs/gpu/bench.json (kernel) and",
-              "bench/run-service.sh --backend gpu --out docs/gpu/service.json   # service, GPU",
-              "/usr/bin/python3 bench/cpu_vs_gpu.py               # this page and the plot",
+              "bench/run-cpu.sh                   # kernel, CPU: docs/results/cpu-bench.md",
+              "bench/run-service.sh --backend cpu # service, CPU: docs/results/cpu-service.json",
+              "# on a GPU machine, scripts/gpu-check.sh: docs/results/gpu/bench.json (kernel)",
+              "# and docs/results/gpu/service.json (bench/run-service.sh --backend gpu)",
+              "/usr/bin/python3 bench/cpu_vs_gpu.py  # this page and the plot",
               "```", ""]
     with open(os.path.join(d, "cpu-vs-gpu.md"), "w") as f:
         f.write("\n".join(lines))

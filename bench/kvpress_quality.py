@@ -17,7 +17,8 @@ KVzip reads the tokenizer with AutoTokenizer.from_pretrained(model.config.name_o
 --tokenizer is saved to a temporary folder, and the model's name_or_path names it.
 
 Run by scripts/quality_kvpress.sh, which also runs centroidkv-quality on the same texts
-(--tokens-out) for the agreement check and writes docs/quality-kvpress.md.
+(--tokens-out) for the agreement check and then writes docs/results/quality-kvpress-tables.md
+(bench/kvpress_report.py).
 
   python bench/kvpress_quality.py --server unix:///tmp/ckv.sock --model M.bin \\
       [--tokenizer tok512.bin] --texts 16 --prefill 384 --continuation 96 --budgets 0.5,0.25,0.1 \\

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Joins the C++ benchmark's summary and the PyTorch peer's result into the markdown table of
-docs/cpu-bench.md and prints, last, one JSON line: a list with one object per chunk size
+docs/results/cpu-bench.md and prints, last, one JSON line: a list with one object per chunk size
 holding exactly chunk, tokens_per_s, gflops, peak_gflops, fraction_of_peak, faiss_ratio,
 torch_ratio. Standard library only.
 

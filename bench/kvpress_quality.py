@@ -1,4 +1,4 @@
-"""One evaluation loop for CentroidKV's kvpress press and kvpress's own presses (issue 31):
+"""One evaluation loop for CentroidKV's kvpress press and kvpress's own presses:
 the same model, texts, cases and budgets for every method, each applied the kvpress way
 (`with press(model): model.model(context, past_key_values=cache)`).
 
@@ -105,7 +105,7 @@ def kvpress_presses():
 
 
 OURS = ("centroidkv", "centroidkv+outliers")
-FP8 = "(fp8_e4m3)"  # the centroids come back as E4M3 codes with per-head scales (issue 32)
+FP8 = "(fp8_e4m3)"  # the centroids come back as E4M3 codes with per-head scales
 
 
 def make_press(method, kept, n, config, client, ranking):

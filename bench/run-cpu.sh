@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU kernel benchmark in one command (SPEC section 5, issue 3): installs what it needs,
+# The CPU kernel benchmark in one command (SPEC section 5): installs what it needs,
 # builds centroidkv-cpu-bench, runs it (fp32 FMA peak, our pipeline, the FAISS peer), runs
 # the PyTorch peer on the same data, writes docs/results/cpu-bench.md and prints, last, one JSON
 # line with one object per chunk size.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA backend's check on a machine with a GPU, in one call (issue 4):
+# The CUDA backend's check on a machine with a GPU, in one call:
 #   1. binaries: from the bundle .gpu-bundle/ when there is one (made on the dev machine by
 #      `scripts/gpu-check.sh --bundle`: the GPU machine has nvcc and CMake but not this
 #      project's Debian libraries), else configure and build the two targets here (-j16);

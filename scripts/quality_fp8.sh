@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fp8 centroids against fp16 ones (issue 32): centroidkv-quality through a server on
+# fp8 centroids against fp16 ones: centroidkv-quality through a server on
 # stories260K and models/longctx, CentroidKV (defaults, and with heads kept whole: those of
 # docs/results/quality.md, and models/longctx's lookup head 2:0) at budgets 100% (no merging: the
 # uncompressed cache in that dtype), 50% and 25%, its centroids returned as float16, as

@@ -1,5 +1,5 @@
 // centroidkv-gpu-bench: the CUDA backend against the card's own ceilings, measured in the
-// same run (issue 4, SPEC.md section 5 scaled up): 32k tokens x 256 layer-heads (8 layer jobs
+// same run (SPEC.md section 5 scaled up): 32k tokens x 256 layer-heads (8 layer jobs
 // of 32 heads), head dim 128, fp16, chunk 64 / 256 / 1024, one pass at rho = 0.5. Every row
 // writes fp16 result rows (--result-dtype; what the service asks of both backends for fp16
 // input).

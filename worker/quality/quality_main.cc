@@ -143,7 +143,7 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_flag("--quiet", f.quiet, "no progress on stderr");
   app.add_flag("--online", f.online,
-               "long-generation mode (issue 21): online compression at fixed budgets "
+               "long-generation mode: online compression at fixed budgets "
                "(--budgets: fractions of --online-length) while teacher-forcing each text");
   app.add_option("--online-prompt", f.online_prompt, "online mode: prompt tokens")
       ->capture_default_str();

@@ -3,7 +3,7 @@
 // the AVX-512 flags plus -mavx512vnni (kernels/CMakeLists.txt); it runs only after
 // simd_dispatch.cc has checked those features (__builtin_cpu_supports("avx512vnni")).
 //
-// Integer matching (issue 20, session 9), the template of simd/match_int16_simd.h over
+// Integer matching, the template of simd/match_int16_simd.h over
 // Avx512Int16: vpdpwssd multiplies 32 int16 pairs, adds them pairwise and accumulates into
 // 16 int32 lanes in one instruction (no separate add, as AVX2's vpmaddwd + vpaddd need), 32
 // multiply-adds against a float FMA's 16 at the same issue rate. Tile: 8 sources x 3 panels

@@ -17,11 +17,14 @@ if [ "${1:-}" = "--online" ]; then
   CKV_SERVER_SOCKET=/tmp/centroidkv-quality.sock bash scripts/with_server.sh "$bin" \
     "$bin/centroidkv-quality" --server "{server}" \
     --model ../shared/models/stories260K.bin --tokenizer ../shared/models/tok512.bin "$@"
+  /usr/bin/python3 scripts/stamp_regenerate.py "scripts/quality.sh --online" \
+    docs/results/quality-online.md
   exit 0
 fi
 CKV_SERVER_SOCKET=/tmp/centroidkv-quality.sock bash scripts/with_server.sh "$bin" "$bin/centroidkv-quality" --server "{server}" \
   --model ../shared/models/stories260K.bin --tokenizer ../shared/models/tok512.bin \
   --report-md docs/results/quality.md --report-json docs/results/quality.json "$@"
+/usr/bin/python3 scripts/stamp_regenerate.py scripts/quality.sh docs/results/quality.md
 
 bash scripts/ensure_matplotlib.sh quality
 /usr/bin/python3 scripts/plot_quality.py docs/results/quality.json docs/results/quality.png >&2

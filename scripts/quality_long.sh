@@ -26,6 +26,7 @@ bash scripts/build.sh centroidkv_server centroidkv_retrieval centroidkv_quality
 bin=${CKV_BUILD_DIR:-build}/bin
 model=models/longctx/model.bin
 with_server=(env CKV_SERVER_SOCKET=/tmp/centroidkv-quality-long.sock bash scripts/with_server.sh "$bin")
+stamp=(/usr/bin/python3 scripts/stamp_regenerate.py)  # the Regenerate: line under each title
 
 if [ "$stage" = retrieval ] || [ "$stage" = all ]; then
   "${with_server[@]}" "$bin/centroidkv-retrieval" --server "{server}" --model "$model" \
@@ -36,6 +37,7 @@ if [ "$stage" = retrieval ] || [ "$stage" = all ]; then
     --budgets 0.5,0.25,0.1 \
     --report-md docs/results/quality-long-retrieval.md "$@" \
     >docs/results/quality-long-retrieval.json
+  "${stamp[@]}" "scripts/quality_long.sh retrieval" docs/results/quality-long-retrieval.md
 fi
 if [ "$stage" = kl ] || [ "$stage" = all ]; then
   "${with_server[@]}" "$bin/centroidkv-quality" --server "{server}" --model "$model" \
@@ -44,6 +46,7 @@ if [ "$stage" = kl ] || [ "$stage" = all ]; then
     --calibration-budget 0.25 \
     --methods centroidkv,centroidkv+outliers,streamingllm,h2o,snapkv,kmeans,streamingllm+outliers,h2o+outliers,snapkv+outliers \
     --report-md docs/results/quality-long-kl.md --report-json docs/results/quality-long-kl.json "$@"
+  "${stamp[@]}" "scripts/quality_long.sh kl" docs/results/quality-long-kl.md
 fi
 merge_methods=snapkv,snapkv+merge,h2o,h2o+merge,snapkv+outliers,snapkv+merge+outliers,h2o+outliers,h2o+merge+outliers
 if [ "$stage" = merge-tuning ] || [ "$stage" = all ]; then
@@ -76,6 +79,8 @@ if [ "$stage" = merge ] || [ "$stage" = all ]; then
     --calibration-budget 0.25 --merge-min-similarity "$floor" --methods "$merge_methods" \
     --report-md docs/results/quality-long-merge-kl.md \
     --report-json docs/results/quality-long-merge-kl.json "$@"
+  "${stamp[@]}" "scripts/quality_long.sh merge" docs/results/quality-long-merge-retrieval.md \
+    docs/results/quality-long-merge-kl.md
 fi
 [ "$stage" = merge-tuning ] || [ "$stage" = merge ] && exit 0
 bash scripts/ensure_matplotlib.sh quality_long

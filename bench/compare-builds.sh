@@ -4,7 +4,7 @@
 # (service over slabs, transport floor, in-process engine) runs against it; the medians of
 # tokens/s per build and leg (and of --compare's ratio to the serial bound), and the ratio of
 # B to A, come last as one JSON line.
-# Used to show that a refactor costs no throughput (issue 13).
+# Used to show that a refactor costs no throughput.
 #
 # Usage: bench/compare-builds.sh BIN_DIR_A BIN_DIR_B [--rounds N] [--context N] [--jobs N]
 #   e.g. bench/compare-builds.sh ../main/build/bin build/bin --rounds 5

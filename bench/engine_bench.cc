@@ -1,4 +1,4 @@
-// centroidkv-cpu-bench: the kernel-level CPU benchmark of SPEC section 5 and issue 3.
+// centroidkv-cpu-bench: the kernel-level CPU benchmark of SPEC section 5.
 //
 // One layer job (H = 8 heads x n = 32768 tokens, head dim 128, fp16 keys and values,
 // head-major) through the engine that serves BackendKind::kCpu, one pass at ratio 0.5, for

@@ -1,4 +1,4 @@
-"""One evaluation loop for CentroidKV's kvpress press and kvpress's own presses (issue 31):
+"""One evaluation loop for CentroidKV's kvpress press and kvpress's own presses:
 the same model, texts, cases and budgets for every method, each applied the kvpress way
 (`with press(model): model.model(context, past_key_values=cache)`).
 
@@ -17,7 +17,8 @@ KVzip reads the tokenizer with AutoTokenizer.from_pretrained(model.config.name_o
 --tokenizer is saved to a temporary folder, and the model's name_or_path names it.
 
 Run by scripts/quality_kvpress.sh, which also runs centroidkv-quality on the same texts
-(--tokens-out) for the agreement check and writes docs/quality-kvpress.md.
+(--tokens-out) for the agreement check and then writes docs/results/quality-kvpress-tables.md
+(bench/kvpress_report.py).
 
   python bench/kvpress_quality.py --server unix:///tmp/ckv.sock --model M.bin \\
       [--tokenizer tok512.bin] --texts 16 --prefill 384 --continuation 96 --budgets 0.5,0.25,0.1 \\
@@ -104,7 +105,7 @@ def kvpress_presses():
 
 
 OURS = ("centroidkv", "centroidkv+outliers")
-FP8 = "(fp8_e4m3)"  # the centroids come back as E4M3 codes with per-head scales (issue 32)
+FP8 = "(fp8_e4m3)"  # the centroids come back as E4M3 codes with per-head scales
 
 
 def make_press(method, kept, n, config, client, ranking):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the server's CPU time goes (issue 6): samples centroidkv-server with `perf record`
+# Where the server's CPU time goes: samples centroidkv-server with `perf record`
 # (cpu-clock, all its threads) while centroidkv-bench runs the Llama-3-8B preset through it,
 # once with the cpu backend and once with the transport floor (identity), and prints a
 # markdown table of the samples by stage (bench/profile_stages.py). Needs perf (Debian

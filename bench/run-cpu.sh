@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The CPU kernel benchmark in one command (SPEC section 5, issue 3): installs what it needs,
+# The CPU kernel benchmark in one command (SPEC section 5): installs what it needs,
 # builds centroidkv-cpu-bench, runs it (fp32 FMA peak, our pipeline, the FAISS peer), runs
-# the PyTorch peer on the same data, writes docs/cpu-bench.md and prints, last, one JSON
+# the PyTorch peer on the same data, writes docs/results/cpu-bench.md and prints, last, one JSON
 # line with one object per chunk size.
 #
 # Usage: bench/run-cpu.sh [centroidkv-cpu-bench flags...]
@@ -10,7 +10,7 @@
 #   CKV_BUILD_DIR     build folder (default build)
 #   CKV_JOBS          parallel compile jobs (default: the number of CPUs)
 #   CKV_BENCH_DATA    where the data and raw results go (default /tmp/centroidkv-bench)
-#   CKV_BENCH_DOC     the markdown written (default docs/cpu-bench.md)
+#   CKV_BENCH_DOC     the markdown written (default docs/results/cpu-bench.md)
 #   CKV_BENCH_NO_INSTALL=1  never call apt-get
 # Safe to rerun: packages are installed only when missing, the build is incremental.
 set -euo pipefail
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 build_dir=${CKV_BUILD_DIR:-build}
 data_dir=${CKV_BENCH_DATA:-/tmp/centroidkv-bench}
-doc=${CKV_BENCH_DOC:-docs/cpu-bench.md}
+doc=${CKV_BENCH_DOC:-docs/results/cpu-bench.md}
 python=/usr/bin/python3  # Debian's python, the one with numpy and torch
 command_line="bench/run-cpu.sh${*:+ $*}"
 load_at_start=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The service-level benchmark for the CPU-versus-GPU report (issue 6): builds
+# The service-level benchmark for the CPU-versus-GPU report: builds
 # centroidkv-server and centroidkv-bench, starts a server on loopback, runs the Llama-3-8B
 # preset through it with one backend across context lengths and concurrent streams (batch
 # sizes), and writes one JSON list of rows (centroidkv-bench --format json, plus the card or
 # CPU that ran it and the load). bench/cpu_vs_gpu.py turns the CPU and GPU files into
-# docs/cpu-vs-gpu.md.
+# docs/results/cpu-vs-gpu.md.
 #
 # Usage: bench/run-service.sh [--backend cpu|gpu] [--out FILE] [--contexts 4096,8192,32768]
 #                             [--concurrency 1,2,4,8] [--jobs-per-stream N]
-#   CPU (here):   bench/run-service.sh --backend cpu --out docs/cpu-service.json
-#   GPU session:  bench/run-service.sh --backend gpu --out docs/gpu/service.json
+#   CPU (here):   bench/run-service.sh --backend cpu --out docs/results/cpu-service.json
+#   GPU machine:  bench/run-service.sh --backend gpu --out docs/results/gpu/service.json
 # Environment: CKV_BIN_DIR (prebuilt binaries: no build), CKV_BUILD_DIR (default build), CKV_JOBS (compile jobs), CKV_PORT (default
 # 50093), CKV_SERVER_FLAGS (extra flags for centroidkv-server).
 set -euo pipefail
@@ -31,7 +31,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$backend" in cpu|gpu) ;; *) echo "run-service.sh: --backend cpu|gpu" >&2; exit 2 ;; esac
-[ -n "$out" ] || out=$([ "$backend" = gpu ] && echo docs/gpu/service.json || echo docs/cpu-service.json)
+if [ -z "$out" ] && [ "$backend" = gpu ]; then
+  out=docs/results/gpu/service.json
+elif [ -z "$out" ]; then
+  out=docs/results/cpu-service.json
+fi
 
 if [ -n "${CKV_BIN_DIR:-}" ]; then  # prebuilt binaries (scripts/gpu-check.sh's bundle)
   bin_dir=$CKV_BIN_DIR

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak (issue 16, point 9): builds centroidkv-server and centroidkv-soak, starts a server
+# The soak: builds centroidkv-server and centroidkv-soak, starts a server
 # on a free loopback port with a bounded budget and short job timeouts, runs 64 streams of
 # mixed job sizes against it for the given time (clients among them cancel jobs, disconnect
 # mid-job, send garbage and let 1 ms deadlines pass; every completed result is compared with

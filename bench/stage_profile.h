@@ -1,4 +1,4 @@
-// The per-stage profile of centroidkv-cpu-bench (--profile_seconds, issue 33): `perf record`
+// The per-stage profile of centroidkv-cpu-bench (--profile_seconds): `perf record`
 // attached to this process while it runs one job again and again, then `perf report`'s
 // symbols grouped into the stages of the cpu backend's pipeline (match kernel, rescoring,
 // widening and packing, input check, merges, result streaming, fp8 conversions, kernel,

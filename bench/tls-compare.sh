@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cost of TLS on the service, measured side by side (issue 17): makes a throwaway CA,
+# The cost of TLS on the service, measured side by side: makes a throwaway CA,
 # server and client certificate with openssl, starts three servers on loopback (plaintext,
 # TLS, mTLS + bearer token), and runs the same centroidkv-bench workload against each in
 # turn, --rounds times (legs alternate so that load on a shared box hits them alike).

@@ -1,4 +1,4 @@
-# Sanitizer and fuzzing builds (issue 16, points 7 and 8).
+# Sanitizer and fuzzing builds.
 # CKV_SANITIZE: a -fsanitize= list ("address,undefined" or "thread"), empty for a normal
 # build. Applied to every target this project compiles (Debian's gRPC, protobuf, Abseil and
 # oneTBB stay uninstrumented; the TSan leg swaps in instrumented oneTBB and Abseil

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configures and builds a sanitizer build of CentroidKV with clang-14 (issue 16, point 8):
+# Configures and builds a sanitizer build of CentroidKV with clang-14:
 #   address,undefined -> build-asan/ (ASan+UBSan, and the libFuzzer targets of fuzz/)
 #   thread            -> build-tsan/ (TSan, linked to instrumented oneTBB and Abseil
 #                        synchronisation: scripts/build-tsan-deps.sh)

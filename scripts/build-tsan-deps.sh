@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ThreadSanitizer-instrumented copies of the Debian libraries whose synchronisation the TSan
-# leg must see (issue 16, point 8; docs/reliability.md):
+# leg must see (docs/reliability.md):
 # - oneTBB (libtbb): its scheduler hands our clustering work between threads;
 # - Abseil's base and synchronization libraries: every lock and condition variable inside
 #   gRPC (gpr_mu, grpc_core::Mutex) is an absl::Mutex / absl::CondVar, so with these

@@ -48,7 +48,7 @@ if [ -f "$model" ]; then
   echo
   echo "== a real inference worker: stories260K prefills 384 tokens, compresses every layer's KV"
   echo "   through the server, then teacher-forces 96 more tokens (SPEC section 4, 4 texts;"
-  echo "   outlier heads 2:3;4:0,2 as calibrated on separate texts, see docs/quality.md)"
+  echo "   outlier heads 2:3;4:0,2 as calibrated on separate texts, see docs/results/quality.md)"
   "$bin/centroidkv-quality" --server "$socket" --model "$model" \
     --tokenizer ../shared/models/tok512.bin --texts 4 --calibration-texts 0 \
     --passthrough-heads "2:3;4:0,2" \

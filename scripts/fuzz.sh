@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the libFuzzer targets of fuzz/ (issue 16, point 7) under ASan+UBSan and prints, per
+# Runs the libFuzzer targets of fuzz/ under ASan+UBSan and prints, per
 # target, the executions, seconds, corpus growth and the result; exits non-zero on any crash,
 # leak, timeout or sanitizer report (the reproducer is kept under the work dir).
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA backend's check on a machine with a GPU, in one call (issue 4):
+# The CUDA backend's check on a machine with a GPU, in one call:
 #   1. binaries: from the bundle .gpu-bundle/ when there is one (made on the dev machine by
 #      `scripts/gpu-check.sh --bundle`: the GPU machine has nvcc and CMake but not this
 #      project's Debian libraries), else configure and build the two targets here (-j16);
@@ -10,8 +10,8 @@
 #   3. compute-sanitizer memcheck and racecheck on a small subset of them;
 #   4. centroidkv-gpu-bench (copy and pinned h2d bandwidth, kernel, end to end, CPU);
 #   5. the service level: centroidkv-server with the gpu backend under centroidkv-bench
-#      (bench/run-service.sh, a short sweep) for docs/cpu-vs-gpu.md.
-# Results go to docs/gpu/ (results.md, results.json, bench.json, the logs) and, when $OUT is
+#      (bench/run-service.sh, a short sweep) for docs/results/cpu-vs-gpu.md.
+# Results go to docs/results/gpu/ (results.md, results.json, bench.json, the logs) and, when $OUT is
 # set (the device tool), to $OUT as well. A step that fails leaves the others' results.
 # Exit status: 0 all passed; 1 a test or sanitizer failed; 3 no GPU here (nothing checked).
 #
@@ -22,7 +22,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 BUNDLE="$ROOT/.gpu-bundle"
-RESULTS="$ROOT/docs/gpu"
+RESULTS="$ROOT/docs/results/gpu"
 BUILD_DIR="${CKV_BUILD_DIR:-$ROOT/build-gpu}"
 TARGETS=(ckv_kernels_test centroidkv_gpu_bench centroidkv_server centroidkv_bench)
 GPU_FILTER='Cuda/*:CudaEngineTest.*:CudaStagesOnHost/*:HostPipelineTest.*:*HostPipelineMatchTest.*:TileMatchTest.*:LayerStagesTest.*:EngineFactoryTest.*'
@@ -96,7 +96,7 @@ else
      cmake --build "$BUILD_DIR" -j16 --target "${TARGETS[@]}" >>"$RESULTS/build.log" 2>&1; then
     BIN="$BUILD_DIR/bin"
   else
-    log "build failed (see docs/gpu/build.log)"
+    log "build failed (see docs/results/gpu/build.log)"
   fi
 fi
 BUILD_SECONDS=$(( $(date +%s) - START ))
@@ -156,13 +156,13 @@ if [[ -n "$BIN" ]]; then
     log "bench: rc $BENCH_RC: $BENCH_LINE"
   fi
 
-  # 5. The service level with the gpu backend (rows for docs/cpu-vs-gpu.md).
+  # 5. The service level with the gpu backend (rows for docs/results/cpu-vs-gpu.md).
   if [[ $NO_GPU -eq 0 && -x "$BIN/centroidkv-server" && -x "$BIN/centroidkv-bench" ]]; then
     CKV_BIN_DIR="$BIN" timeout 60 bench/run-service.sh --backend gpu \
       --out "$RESULTS/service.json" --contexts 4096,32768 --concurrency 1,4 \
       --jobs-per-stream 4 >"$RESULTS/service.log" 2>&1
     SERVICE_RC=$?
-    log "service level: rc $SERVICE_RC (docs/gpu/service.json)"
+    log "service level: rc $SERVICE_RC (docs/results/gpu/service.json)"
   fi
 fi
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Plots the quality report (docs/quality.json, written by centroidkv-quality) as
-docs/quality.png: mean KL(full || compressed) and top-1 agreement per method and budget.
+"""Plots the quality report (docs/results/quality.json, written by centroidkv-quality) as
+docs/results/quality.png: mean KL(full || compressed) and top-1 agreement per method and budget.
 
 Usage: /usr/bin/python3 scripts/plot_quality.py [results.json] [out.png]
 """
@@ -14,8 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main():
-    src = sys.argv[1] if len(sys.argv) > 1 else "docs/quality.json"
-    dst = sys.argv[2] if len(sys.argv) > 2 else "docs/quality.png"
+    src = sys.argv[1] if len(sys.argv) > 1 else "docs/results/quality.json"
+    dst = sys.argv[2] if len(sys.argv) > 2 else "docs/results/quality.png"
     with open(src) as f:
         rows = json.load(f)
     methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Plots the long-context report as docs/quality-long.png: retrieval exact match against the
+"""Plots the long-context report as docs/results/quality-long.png: retrieval exact match against the
 deciding fact's depth per method at 25%, exact match against the budget, and fluent-text
-mean KL against the budget (docs/quality-long-retrieval.json from centroidkv-retrieval,
-docs/quality-long-kl.json from centroidkv-quality).
+mean KL against the budget (docs/results/quality-long-retrieval.json from centroidkv-retrieval,
+docs/results/quality-long-kl.json from centroidkv-quality).
 
 Usage: /usr/bin/python3 scripts/plot_quality_long.py RETRIEVAL.json KL.json OUT.png
 """

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# fp8 centroids against fp16 ones (issue 32): centroidkv-quality through a server on
+# fp8 centroids against fp16 ones: centroidkv-quality through a server on
 # stories260K and models/longctx, CentroidKV (defaults, and with heads kept whole: those of
-# docs/quality.md, and models/longctx's lookup head 2:0) at budgets 100% (no merging: the
+# docs/results/quality.md, and models/longctx's lookup head 2:0) at budgets 100% (no merging: the
 # uncompressed cache in that dtype), 50% and 25%, its centroids returned as float16, as
 # fp8_e4m3 with per-head dynamic scales, as fp8_e4m3 with vLLM's default static scale 1.0,
-# and as fp8_e5m2 (dynamic); then bench/fp8_quality_report.py writes docs/quality-fp8.md
-# from the runs' JSON (kept in docs/quality-fp8/). About 6 minutes on 2 cores.
+# and as fp8_e5m2 (dynamic); then bench/fp8_quality_report.py writes docs/results/quality-fp8.md
+# from the runs' JSON (kept in docs/results/quality-fp8/). About 6 minutes on 2 cores.
 # Extra arguments go to every centroidkv-quality run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/build.sh centroidkv_server centroidkv_quality
 bin=${CKV_BUILD_DIR:-build}/bin
-out=docs/quality-fp8
+out=docs/results/quality-fp8
 mkdir -p "$out"
 with_server=(env CKV_SERVER_SOCKET=/tmp/centroidkv-quality-fp8.sock bash scripts/with_server.sh "$bin")
 dtypes=("float16" "fp8_e4m3" "fp8_e4m3 --output-scales 1.0" "fp8_e5m2")
@@ -35,4 +35,4 @@ run stories260k --model ../shared/models/stories260K.bin --tokenizer ../shared/m
   --passthrough-heads "2:3;4:0,2" "$@"
 run longctx --model models/longctx/model.bin --tokenizer ../shared/models/tok512.bin \
   --texts 8 --seed 1000 --prefill 768 --continuation 128 --passthrough-heads "2:0" "$@"
-.venv/bin/python bench/fp8_quality_report.py "$out" docs/quality-fp8.md
+.venv/bin/python bench/fp8_quality_report.py "$out" docs/results/quality-fp8.md

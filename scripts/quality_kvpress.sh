@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# CentroidKV among kvpress's presses (issue 31): builds the server and centroidkv-quality,
-# starts a server, runs bench/kvpress_quality.py on both real models (stories260K: fluent
-# text; models/longctx: fluent text and its retrieval cases), runs centroidkv-quality on the
-# same texts (the agreement check: our press against the C++ worker, kvpress's StreamingLLM
-# against ours) and writes docs/quality-kvpress.md, docs/quality-kvpress-*.json and
-# docs/quality-kvpress.png (bench/kvpress_report.py). About 10 minutes on 2 cores.
+# CentroidKV among kvpress's presses: builds the server and centroidkv-quality, starts a
+# server, runs bench/kvpress_quality.py on both real models (stories260K: fluent text;
+# models/longctx: fluent text and its retrieval cases), runs centroidkv-quality on the same
+# texts (the agreement check: our press against the C++ worker, kvpress's StreamingLLM
+# against ours) and writes docs/results/quality-kvpress-*.json, then the tables
+# docs/results/quality-kvpress-tables.md and the plot docs/results/quality-kvpress.png
+# (bench/kvpress_report.py); docs/results/quality-kvpress.md discusses them. About 10
+# minutes on 2 cores.
 # Outlier heads of centroidkv+outliers: the rankings calibrated on their own texts and
-# cases (docs/quality.md, docs/quality-long-retrieval.md), never on these.
+# cases (docs/results/quality.md, docs/results/quality-long-retrieval.md), never on these.
 # Usage: scripts/quality_kvpress.sh [stories260k|longctx|report|all] (default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,12 +28,13 @@ run_model() {  # NAME MODEL PREFILL CONTINUATION OUTLIERS [more kvpress_quality.
   "${with_server[@]}" .venv/bin/python bench/kvpress_quality.py --server "{server}" \
     --model "$model" --tokenizer ../shared/models/tok512.bin --texts 16 --prefill "$prefill" --continuation "$continuation" \
     --budgets "$budgets" --outlier-heads "$outliers" --tokens-out "$work/$name.txt" \
-    --json-out "docs/quality-kvpress-$name.json" "$@"
+    --json-out "docs/results/quality-kvpress-$name.json" "$@"
   "${with_server[@]}" "$bin/centroidkv-quality" --server "{server}" --model "$model" \
     --tokenizer ../shared/models/tok512.bin --tokens-file "$work/$name.txt" \
     --prefill "$prefill" --continuation "$continuation" --budgets "$budgets" \
     --methods centroidkv,streamingllm --calibration-texts 0 --chunk-size 32 --sink-tokens 4 \
-    --recent-tokens 32 --report-md "" --report-json "docs/quality-kvpress-$name-cpp.json" --quiet
+    --recent-tokens 32 --report-md "" \
+    --report-json "docs/results/quality-kvpress-$name-cpp.json" --quiet
 }
 
 if [ "$stage" = stories260k ] || [ "$stage" = all ]; then
@@ -42,5 +45,6 @@ if [ "$stage" = longctx ] || [ "$stage" = all ]; then
     --cases models/longctx/retrieval_cases.txt
 fi
 bash scripts/ensure_matplotlib.sh quality_kvpress
-/usr/bin/python3 bench/kvpress_report.py docs/quality-kvpress-stories260k docs/quality-kvpress-longctx \
-  --md docs/quality-kvpress-tables.md --png docs/quality-kvpress.png
+/usr/bin/python3 bench/kvpress_report.py \
+  docs/results/quality-kvpress-stories260k docs/results/quality-kvpress-longctx \
+  --md docs/results/quality-kvpress-tables.md --png docs/results/quality-kvpress.png

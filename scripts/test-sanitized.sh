@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sanitizer legs of the test command (issue 16, point 8), each in its own clang-14 build
+# The sanitizer legs of the test command, each in its own clang-14 build
 # folder and building only the targets it runs (scripts/build-sanitized.sh). Prints each
 # leg's wall time (the measured times are in docs/reliability.md).
 # Usage: scripts/test-sanitized.sh MODE

@@ -3,7 +3,8 @@
 # 5000 by default; the report's evaluation texts use seeds 1000+), through a running server:
 # the baselines, a grid over chunk size, recent window and similarity floor, then outlier
 # heads (calibrated on seeds 5000.., sharing the budget) for the best grid points. Prints a
-# markdown table, also written to docs/quality_tuning.md. CKV_TUNE_SECTIONS picks sections.
+# markdown table, also written to docs/results/quality_tuning.md. CKV_TUNE_SECTIONS picks
+# sections.
 # Usage: scripts/tune_quality.sh SERVER_ADDRESS [extra centroidkv-quality flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ recents=${CKV_TUNE_RECENTS:-"32 48 64"}
 floors=${CKV_TUNE_FLOORS:-"off 0.5"}
 outlier_configs=${CKV_TUNE_OUTLIER_CONFIGS:-"32:32 64:32 32:48 64:48"}  # chunk:recent
 sections=${CKV_TUNE_SECTIONS:-"baselines grid outliers"}
-out=${CKV_TUNE_OUT:-docs/quality_tuning.md}
+out=${CKV_TUNE_OUT:-docs/results/quality_tuning.md}
 
 rows() {  # JSON line on stdin -> "| budget | mean KL | top-1 | kept |" per budget
   /usr/bin/python3 -c '
@@ -31,6 +32,8 @@ run() { "$bin/centroidkv-quality" --server "$server" --texts "$texts" --seed "$s
 
 {
   echo "# Tuning CentroidKV's defaults on calibration texts"
+  echo
+  echo "Regenerate: \`scripts/tune_quality.sh SERVER_ADDRESS\` (against a running server)"
   echo
   echo "Made by \`scripts/tune_quality.sh\`: $texts texts sampled with seeds $seed..$((seed + texts - 1))"
   echo "(the report's evaluation texts use other seeds), sinks 4, prefill 384, continuation 96."

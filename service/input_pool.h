@@ -3,7 +3,7 @@
 // job's input (~17 MB for a 4k-token Llama-3-8B layer) is not faulted in again. Buffers are
 // handed out uninitialised: every byte is written by a slab before a job is complete
 // (zeroing and faulting in fresh buffers was ~10-30% of a server's CPU samples,
-// docs/service-bench.md). Idle buffers are bounded by bytes (--max-pooled-input-bytes);
+// docs/results/service-bench.md). Idle buffers are bounded by bytes (--max-pooled-input-bytes);
 // buffers under min_pooled_bytes are left to the heap. Counted in /metrics.
 // Thread-safe; buffers are freed outside the lock.
 #pragma once

@@ -88,9 +88,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // the streams instead.)
   // BDP probing off: windows stay at stream_window_bytes. With it on, windows grew under
   // load until the transport quota refused healthy streams (RST_STREAM ENHANCE_YOUR_CALM:
-  // 74 RESOURCE_EXHAUSTED in a 15 s bench/soak.sh, session 6); off costs little throughput
-  // against more than it gains (docs/service-bench.md, session 6: the old main without these
-  // bounds moved ~15% more through a single client's streams).
+  // 74 RESOURCE_EXHAUSTED in a 15 s bench/soak.sh); off costs little throughput against
+  // more than it gains (docs/results/service-bench.md: the server without these bounds moved
+  // ~15% more through a single client's streams).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.stream_window_bytes);
   // No SO_REUSEPORT (gRPC's default on Linux): a second server on a bound port must fail

@@ -1,4 +1,4 @@
-// Long generation with online compression (issue 21): feed a short prompt, then
+// Long generation with online compression: feed a short prompt, then
 // teacher-force the rest of a text token by token while a method keeps every layer's cache
 // at a fixed budget of rows per head, and record each step's next-token logits and how long
 // the worker's step took (the forward pass plus the method's own work).

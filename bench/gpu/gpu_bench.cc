@@ -1,10 +1,10 @@
 // centroidkv-gpu-bench: the CUDA backend against the card's own ceilings, measured in the
-// same run (issue 4, SPEC.md section 5 scaled up): 32k tokens x 256 layer-heads (8 layer jobs
+// same run (SPEC.md section 5 scaled up): 32k tokens x 256 layer-heads (8 layer jobs
 // of 32 heads), head dim 128, fp16, chunk 64 / 256 / 1024, one pass at rho = 0.5. Every row
 // writes fp16 result rows (--result-dtype; what the service asks of both backends for fp16
 // input).
 //
-// Measures, and writes as JSON rows (--out, default docs/gpu/bench.json):
+// Measures, and writes as JSON rows (--out, default docs/results/gpu/bench.json):
 // - copy: device-to-device cudaMemcpy of 4 GiB; GB/s counts bytes read plus bytes written
 //   (2 x size / time), the convention of KINDS.md's 4.3 TB/s reading.
 // - h2d: pinned host-to-device cudaMemcpy of 2 GiB; GB/s = size / time.
@@ -61,7 +61,7 @@ struct Flags {
   std::string result_dtype = "fp16";
   int32_t e2e_chunk = 256;
   bool cpu = true;
-  std::string out = "docs/gpu/bench.json";
+  std::string out = "docs/results/gpu/bench.json";
 };
 
 // Exits (as CLI11 does) on --help or a bad flag.

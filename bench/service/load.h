@@ -71,7 +71,7 @@ struct LoadConfig {
   // StartJob and the JobResult header cross the socket. With --compare: two more legs,
   // service:cpu+shm next to the slab path and service:identity+shm next to the floor.
   bool shm = false;
-  // Decode-time jobs (issue 33): the jobs a decode-time splice sends (one layer, --context
+  // Decode-time jobs: the jobs a decode-time splice sends (one layer, --context
   // new tokens per head, 256 unless given), in two shapes per round: `concurrency` x
   // `pipeline` in flight (throughput) and one job at a time (latency), each through the
   // in-process engine, the service over slabs and, with `shm`, over shared memory; one JSON

@@ -1,4 +1,4 @@
-// centroidkv-soak (issue 16, point 9): many streams of mixed job sizes against a running
+// centroidkv-soak: many streams of mixed job sizes against a running
 // server for a given time, with clients among them that cancel jobs, disconnect mid-job,
 // send garbage bytes and let deadlines pass. Every completed result is compared byte for
 // byte with the in-process cpu engine's result for the same job (computed once per shape
@@ -310,7 +310,7 @@ void RunClient(int index, const Config& config, const std::vector<Shape>& shapes
 
 int SoakMain(int argc, char** argv) {
   Config config;
-  CLI::App app{"centroidkv-soak: hostile mixed load against a running server (issue 16)"};
+  CLI::App app{"centroidkv-soak: hostile mixed load against a running server"};
   app.add_option("--target", config.target, "Server address")->capture_default_str();
   app.add_option("--server-pid", config.server_pid, "Server process whose RSS is sampled")
       ->required();

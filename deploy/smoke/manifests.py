@@ -132,7 +132,7 @@ def sidecar_pod(docs, run, image, smoke_image, golden_dir, out_dir, compress_arg
     memory[0]["hostPath"] = {"path": shm_dir, "type": "Directory"}
     worker["image"] = smoke_image
     # The CLI, not the server, and $CENTROIDKV_SERVER from the manifest's env: once over
-    # slabs, once by reference to a region in the pod's shared /dev/shm (issue 19).
+    # slabs, once by reference to a region in the pod's shared /dev/shm.
     compress = ('/usr/local/bin/centroidkv compress --server "$CENTROIDKV_SERVER" '
                 + " ".join(compress_args) + " --in /smoke/in")
     worker["command"] = ["/bin/sh", "-c",

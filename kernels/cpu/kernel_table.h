@@ -198,13 +198,13 @@ constexpr uint32_t HalfOverflowBits(ElemType type) {
   return type == ElemType::kF16 ? 0x477ff000u : 0x7f7f8000u;
 }
 
-// KernelTable::int16_min_chunk per level (docs/cpu-bench.md). AVX2: on the AMD EPYC of
-// session 8 the int16 kernel was 1.1-1.2x the float one at C = 64 and 1.3-1.5x at C = 256
-// and 1024, so every chunk takes it. AVX-512 VNNI, on the AMD EPYC Zen 4 of session 9 (one
+// KernelTable::int16_min_chunk per level (docs/results/cpu-bench.md). AVX2: on an AMD EPYC
+// Zen 4 (AVX2 level forced) the int16 kernel was 1.1-1.2x the float one at C = 64 and
+// 1.3-1.5x at C = 256 and 1024, so every chunk takes it. AVX-512 VNNI, on the same Zen 4 (one
 // pinned thread, whole pipeline, CPU time, alternating runs): a tie with the float AVX-512
 // kernel at C = 64 (45.7 vs 44.6 ms per job, medians of 8; within the run-to-run spread),
 // faster from C = 96 (48.5 vs 54.6), 128 (50.9 vs 57.8), 192, 256 (0.84x) and 1024 (0.67x).
-// Not measured on Intel (two full 512-bit FMA pipes there): see docs/cpu-bench.md.
+// Not measured on Intel (two full 512-bit FMA pipes there): see docs/results/cpu-bench.md.
 constexpr int32_t kAvx2Int16MinChunk = 2;
 constexpr int32_t kAvx512Int16MinChunk = 96;
 

@@ -21,7 +21,7 @@ namespace {  // NOLINT(build/namespaces): one copy per kernel translation unit, 
 // Whether none of `count` consecutive elements has every bit of `mask` set: vectors of the
 // including translation unit's native width (GCC vector extensions) with one running OR,
 // reduced once at the end. The width matters: a 64-byte vector in an AVX2 unit is lowered
-// to lane-by-lane code through the stack, ~5x slower than two ymm (measured, issue 20).
+// to lane-by-lane code through the stack, ~5x slower than two ymm (measured).
 #if defined(__AVX512F__)
 constexpr int kNativeVectorBytes = 64;
 #elif defined(__AVX2__)

@@ -1,10 +1,10 @@
-"""The retrieval circuit of the long-context model, set analytically (issue 30).
+"""The retrieval circuit of the long-context model, set analytically.
 
 A 3-layer Llama (RoPE base 500000, GQA 6 query / 2 KV heads of size 64) gets, before any
 training, weights that answer the retrieval tasks of tasks.py ("circuit" format) from its full
 cache; training then learns the language on the remaining weights while these entries are
 held (`Circuit.hold`). Why by hand: on this 2-core CPU the copy ("induction") circuit never
-formed by gradient descent within ~7M tokens (README.md, sessions 7-8).
+formed by gradient descent within ~7M tokens (README.md, "History").
 
 How it answers " ... The key for the apple:4821. ... The key for the apple:" -> "4821":
 the residual stream has `RESERVED` dimensions (`Layout`) that the circuit reads and writes and

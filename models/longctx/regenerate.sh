@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the committed model (issue 30) with one command: trains it from its fixed seeds
+# Regenerates the committed model with one command: trains it from its fixed seeds
 # (train.py --circuit, about 55 minutes on 2 quiet CPU cores), copies model.bin, hf/,
 # config.json and train_log.jsonl here, prints the held-out table (evaluate.py) and rewrites
 # test_cases.json, retrieval_cases.txt and calibration_cases.txt (cases.py).

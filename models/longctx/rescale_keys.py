@@ -4,7 +4,7 @@ pairs 18-31) are multiplied by s in wk, and the same rows of every query head of
 group by 1/s in wq, so every attention score q.k is unchanged (up to float rounding) and
 so is everything the model computes. Only the geometry of the cached keys changes: the
 cosine similarity that CentroidKV merges by (SPEC section 2) is not invariant to such a
-rescaling, attention is. docs/quality-long.md compares the two.
+rescaling, attention is. docs/results/quality-long.md compares the two.
 
   python rescale_keys.py --scale 10 --out cache/keys10/model.bin
 """

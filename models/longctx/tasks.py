@@ -39,7 +39,7 @@ FORMATS = {
               "multikey_q": " What is the key for the {o}? The key for the {o}:",
               "vartrack": " Now {o}:{v}.", "vartrack_q": " What is {o} now? {o}:"},
 }
-# "circuit" (issue 30, circuit.py): the colon texts, with variables that the stories almost
+# "circuit" (circuit.py): the colon texts, with variables that the stories almost
 # never use (X, Z, Q, V, U: never in the 97k training-story tokens; G 4, R and K 10 times),
 # so that a name's repeats count its updates.
 FORMATS["circuit"] = dict(FORMATS["colon"])

@@ -4,7 +4,7 @@ fixed seeds; exports llama2.c format (the C++ worker), a transformers folder and
 
   python train.py --out OUT_DIR        (see README.md for the exact command and its results)
 
-The committed model (issue 30) is `--circuit`: its retrieval circuit is set by hand
+The committed model is `--circuit`: its retrieval circuit is set by hand
 (circuit.py) and held while everything else trains.
 
 The schedule is by step (so a rerun repeats it): a length curriculum (short sequences first,
@@ -167,8 +167,9 @@ def main():
                    help="offsets, e.g. 1,2,3: first-layer heads initialized as previous-token "
                         "heads (prev_token_init)")
     p.add_argument("--circuit", action="store_true",
-                   help="issue 30: 3 layers, 6 heads / 2 KV heads, RoPE base 500000, the "
-                        "retrieval circuit set by hand and held (circuit.py); use --format circuit")
+                   help="the committed model: 3 layers, 6 heads / 2 KV heads, RoPE base "
+                        "500000, the retrieval circuit set by hand and held (circuit.py); use "
+                        "--format circuit")
     p.add_argument("--rms-cap", type=float, default=0.0,
                    help="with --circuit: penalize layer inputs whose RMS exceeds this multiple of "
                         "the circuit's nominal one (the circuit's attention scores scale with "
@@ -214,7 +215,7 @@ def main():
     eval_short = heldout_cases(heldout, a.short_eval_len or schedule[0][0], a.heldout_per_kind,
                                a.heldout_seed + 1, distractors=False)
 
-    if a.circuit:  # issue 30: the retrieval circuit set by hand (circuit.py), then held
+    if a.circuit:  # the retrieval circuit set by hand (circuit.py), then held
         cfg = circuit.config(len(tok.pieces), a.seq_len, a.dim, a.hidden_dim)
     else:
         cfg = Config(a.dim, a.hidden_dim, a.layers, a.heads, a.kv_heads, len(tok.pieces), a.seq_len)

@@ -1,4 +1,4 @@
-// Losing replicas loses no work (issue 7): three real centroidkv-server processes on
+// Losing replicas loses no work: three real centroidkv-server processes on
 // loopback, a ReplicaPool over all three with many layer jobs in flight; one replica is
 // killed with SIGKILL and another sent SIGTERM mid-run, each while it has jobs in flight.
 // Every job's result must arrive exactly once and equal, bit for bit (counts, assignment,

@@ -1,4 +1,4 @@
-// Shared memory end to end (issue 19): a real server on a unix socket and the C++ client's
+// Shared memory end to end: a real server on a unix socket and the C++ client's
 // ShmRegion / ShmLayerStack (client/shm_region.cc) against it. Every golden case by
 // reference equals the slab path bit for bit; streams with their own regions at once;
 // bounds (out of range, too small, overlapping output) as JobErrors naming the field; a

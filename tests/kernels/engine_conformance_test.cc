@@ -377,10 +377,10 @@ constexpr Backend kReferenceBackend{BackendKind::kReference};
 constexpr Backend kCpuBackend{BackendKind::kCpu};
 constexpr Backend kCudaBackend{BackendKind::kCuda};
 constexpr Backend kCudaStagesOnHost{BackendKind::kCuda, true};
-// The cpu backend's AVX2 level (integer matching, issue 20) on any x86-64 that has it, also
+// The cpu backend's AVX2 level (integer matching) on any x86-64 that has it, also
 // where the run-time choice is AVX-512 or AMX.
 constexpr Backend kCpuAvx2{BackendKind::kCpu, false, cpu::SimdLevel::kAvx2};
-// The AVX-512 level's int16 matching (VNNI vpdpwssd, session 9) at every chunk length: at run
+// The AVX-512 level's int16 matching (VNNI vpdpwssd) at every chunk length: at run
 // time it takes only chunks of kAvx512Int16MinChunk rows and more, and most cases here are
 // shorter. Skipped on CPUs without AVX-512 VNNI.
 constexpr Backend kCpuAvx512Int16{BackendKind::kCpu, false, cpu::SimdLevel::kAvx512, true};

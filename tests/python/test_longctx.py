@@ -1,4 +1,4 @@
-"""models/longctx (issue 30) from Python: centroidkv.convert_llama2c reads its RoPE base
+"""models/longctx from Python: centroidkv.convert_llama2c reads its RoPE base
 (500000) from the llama2.c file's legacy table, the converted model equals the committed
 transformers folder (hf/) and the C++ worker, and with the full cache it answers the
 held-out cases of test_cases.json."""

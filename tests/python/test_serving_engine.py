@@ -1,4 +1,4 @@
-"""The serving-engine fields of the protocol (issue 14) through centroidkv.Client against a
+"""The serving-engine fields of the protocol through centroidkv.Client against a
 real server: ragged input (a result sent back as it is), count-0 padding, pad_heads /
 pad_to / exact_target, token-major output, the per-head account, JobErrors with field /
 head / token that leave the other layers alone, job deadlines, priorities, slab limits."""

@@ -1,4 +1,4 @@
-"""Shared memory from Python (centroidkv.shm, issue 19) against a real server on a unix
+"""Shared memory from Python (centroidkv.shm) against a real server on a unix
 socket: numpy arrays and torch tensors backed by a registered region go by reference and
 give the slab path's result exactly; arrays outside the region are refused naming the
 field; closing the region unregisters and removes its file; a TCP server refuses regions.

@@ -620,7 +620,7 @@ TEST_F(CompressReactorTest, PoolOffStillMatchesTheEngine) {
 }
 
 // ---------------------------------------------------------------------------------------
-// What serving engines need (issue 14): job-level errors, ragged input, equal lengths,
+// What serving engines need: job-level errors, ragged input, equal lengths,
 // honest results, slab limits, deadlines, priorities and token-major rows.
 
 // A result's rows sent back as the next job's input: heads concatenated, ragged.
@@ -1155,7 +1155,7 @@ TEST(CompressReactorLimitsTest, OversizedSlabGetsANamedJobErrorAndTheClientSizes
 }
 
 // ---------------------------------------------------------------------------------------
-// Issue 16: no silent loss, work that stops.
+// Hostile and heavy load: no silent loss, work that stops.
 
 // Bytes that are not a CompressRequest (field 1 with wire type 7, which does not exist)
 // end the stream with INVALID_ARGUMENT; before, gRPC's typed reader took them for a

@@ -1,4 +1,4 @@
-// Two servers never share an address (issue 16): a second server on a unix path that a
+// Two servers never share an address: a second server on a unix path that a
 // live server holds, or on a TCP port already bound, refuses to start, and the first keeps
 // serving; a stale socket file left by a dead server is taken over.
 #include "service/listen_address.h"

@@ -1,4 +1,4 @@
-// The /metrics server under slow clients (issue 16): 16 half-open connections (a partial
+// The /metrics server under slow clients: 16 half-open connections (a partial
 // request line, then silence) do not stop a scrape, and they are closed by the read
 // timeout instead of holding a thread for ever.
 #include "service/metrics_http.h"

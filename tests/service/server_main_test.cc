@@ -2,7 +2,7 @@
 // --auth-tokens-file (a removed token is UNAUTHENTICATED from then on, without a restart),
 // plaintext TCP logs a warning, and SIGTERM while a job outlives the grace period cancels
 // and joins the job before anything it uses is torn down, and the process exits 0, every
-// time (issue 16: it used to crash in Histogram::Observe).
+// time (it used to crash in Histogram::Observe).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-// The server's memory bound (service/server.cc, issue 16): many streams on a few
+// The server's memory bound (service/server.cc): many streams on a few
 // connections, and many connections, each stream pushing a 4 MiB job at once, against a
 // centroidkv-server process with a 32 MiB budget. The process's RSS (sampled from /proc)
 // stays within its idle RSS plus the configured budgets (jobs, idle inputs, pooled results,

@@ -1,4 +1,4 @@
-// Timeouts on a real loopback server (issue 16): a job whose slabs stop coming fails with a
+// Timeouts on a real loopback server: a job whose slabs stop coming fails with a
 // DEADLINE_EXCEEDED JobError naming the missing tensor and gives its reservation back (the
 // stream goes on); clients that only announce big jobs (holding the budget) delay another
 // client's job by at most the timeout; an idle stream ends.

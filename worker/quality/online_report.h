@@ -1,4 +1,4 @@
-// The long-generation report of issue 21 (docs/quality-online.md): for each text, the
+// The long-generation report (docs/results/quality-online.md): for each text, the
 // uncompressed run is the reference; CentroidKV online (pipelined, and waiting for its
 // splices every step), StreamingLLM and H2O keep every head at the same budget of rows; per
 // method and budget, the mean KL(full || method) and top-1 agreement over the generated

@@ -48,7 +48,7 @@ struct Flags {
   int32_t continuation = 96;
   std::vector<double> budgets = {0.5, 0.25};
   std::vector<std::string> methods;
-  // C, S and W tuned on calibration texts (docs/quality_tuning.md); S and W are also the
+  // C, S and W tuned on calibration texts (docs/results/quality_tuning.md); S and W are also the
   // baselines' sinks and recent window.
   CompressOptions compression{.chunk_size = 32, .sink_tokens = 4, .recent_tokens = 32};
   std::string passthrough_heads;
@@ -65,14 +65,14 @@ struct Flags {
   // per-head dynamic scales).
   DType output_dtype = DType::kFloat32;
   std::vector<float> output_scales;
-  std::string report_md = "docs/quality.md";
-  std::string report_json = "docs/quality.json";
+  std::string report_md = "docs/results/quality.md";
+  std::string report_json = "docs/results/quality.json";
   bool quiet = false;
   bool online = false;
   int32_t online_prompt = 16;
   int32_t online_length = 0;
-  std::string online_report_md = "docs/quality-online.md";
-  std::string online_report_json = "docs/quality-online.json";
+  std::string online_report_md = "docs/results/quality-online.md";
+  std::string online_report_json = "docs/results/quality-online.json";
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -143,7 +143,7 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_flag("--quiet", f.quiet, "no progress on stderr");
   app.add_flag("--online", f.online,
-               "long-generation mode (issue 21): online compression at fixed budgets "
+               "long-generation mode: online compression at fixed budgets "
                "(--budgets: fractions of --online-length) while teacher-forcing each text");
   app.add_option("--online-prompt", f.online_prompt, "online mode: prompt tokens")
       ->capture_default_str();
@@ -326,7 +326,7 @@ absl::Status ResolveOutliers(const Flags& f, Transformer& transformer, client::C
   return absl::OkStatus();
 }
 
-// --online: the long-generation report (docs/quality-online.md).
+// --online: the long-generation report (docs/results/quality-online.md).
 absl::Status RunOnlineMode(const Flags& f, const std::string& command, Transformer& transformer,
                            client::Client& client, const std::string& backend) {
   const ModelConfig& config = transformer.model().config();

@@ -149,7 +149,7 @@ std::string MarkdownReport(const std::vector<MethodResult>& results, const Repor
       : s.method_settings.outliers_share_budget
           ? " (they count against the budget: the other heads shrink to keep the total)"
           : " (on top of the budget: see KV kept)",
-      "\n\nCommand (`scripts/quality.sh` builds, starts a server, runs it and plots):\n\n```sh\n",
+      "\n\nCommand (the script named above builds, starts a server and runs it):\n\n```sh\n",
       context.command, "\n```\n\n");
   AppendTable(results, &out);
   AppendTargets(results, s, &out);

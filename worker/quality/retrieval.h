@@ -1,4 +1,4 @@
-// The retrieval evaluation of the long-context model (issue 22): a context holding a fact
+// The retrieval evaluation of the long-context model: a context holding a fact
 // (a pass key, one of several keys, a variable's last value) at some depth is prefilled
 // and compressed query-agnostically (before the question arrives, as a shared or cached
 // prefix would be), then the question is fed uncompressed and the answer decoded greedily;

@@ -1,5 +1,5 @@
-// centroidkv-retrieval: the retrieval evaluation of the long-context model (issue 22,
-// worker/quality/retrieval.h) — pass key, multi-key and variable-tracking cases with the
+// centroidkv-retrieval: the retrieval evaluation of the long-context model
+// (worker/quality/retrieval.h) — pass key, multi-key and variable-tracking cases with the
 // deciding fact at several depths, the context compressed before the question, greedy
 // answers, exact match per method, budget, depth and length. CentroidKV goes through a
 // running server (as in centroidkv-quality); StreamingLLM, H2O, SnapKV and k-means run

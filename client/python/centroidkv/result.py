@@ -120,7 +120,7 @@ class Limits:
     max_total_bytes: int
     max_message_bytes: int
     result_slab_bytes: int
-    max_slab_bytes: int = 0  # largest slab payload taken (0 from servers before issue 14)
+    max_slab_bytes: int = 0  # largest slab payload taken (0 from older servers)
     max_chunk_size: int = 0  # largest chunk_size a job may ask for (0 from servers before it)
 
 

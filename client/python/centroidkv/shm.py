@@ -1,4 +1,4 @@
-"""Same-node shared memory for the Python client (issue 19): a region of this process's
+"""Same-node shared memory for the Python client: a region of this process's
 memory, a file under /dev/shm mapped here and registered with the server, whose numpy
 arrays (or torch CPU tensors, torch.from_numpy of them) a job may name by reference:
 

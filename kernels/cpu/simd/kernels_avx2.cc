@@ -2,7 +2,7 @@
 // translation unit alone is compiled with -mavx2 -mfma -mf16c (kernels/CMakeLists.txt); it
 // runs only after simd_dispatch.cc has checked those features.
 //
-// Integer matching (issue 20), the template of simd/match_int16_simd.h over Avx2Int16:
+// Integer matching, the template of simd/match_int16_simd.h over Avx2Int16:
 // vpmaddwd multiplies 16 int16 pairs and adds them pairwise into 8 int32 lanes, 16
 // multiply-adds per instruction against a float FMA's 8, at the same issue rate (a vpaddd
 // then adds them to the accumulator). Tile: 6 sources x 2 panels of 8 (12 accumulators + 2

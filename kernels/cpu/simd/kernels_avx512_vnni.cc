@@ -3,15 +3,15 @@
 // the AVX-512 flags plus -mavx512vnni (kernels/CMakeLists.txt); it runs only after
 // simd_dispatch.cc has checked those features (__builtin_cpu_supports("avx512vnni")).
 //
-// Integer matching (issue 20, session 9), the template of simd/match_int16_simd.h over
+// Integer matching, the template of simd/match_int16_simd.h over
 // Avx512Int16: vpdpwssd multiplies 32 int16 pairs, adds them pairwise and accumulates into
 // 16 int32 lanes in one instruction (no separate add, as AVX2's vpmaddwd + vpaddd need), 32
 // multiply-adds against a float FMA's 16 at the same issue rate. Tile: 8 sources x 3 panels
 // of 16 (24 accumulators + 3 panels + 1 broadcast of the 32 zmm, the float kernel's 8 x 48
 // shape). The scores, and so the error bound (soft_match.h), are the AVX2 level's. Chunks
 // shorter than kAvx512Int16MinChunk (96) stay on the float kernel: on the Zen 4 of
-// docs/cpu-bench.md (session 9) int16 only ties with it at C = 64, and is 0.84x its time per
-// job at C = 256 and 0.67x at C = 1024.
+// docs/results/cpu-bench.md int16 only ties with it at C = 64, and is 0.84x its time per job
+// at C = 256 and 0.67x at C = 1024.
 #include "kernels/cpu/simd/vec_avx512.h"
 // The templates below use the traits above.
 #include "kernels/cpu/simd/make_table.h"

@@ -25,7 +25,7 @@
 // whose top two are within the tie window gets its near ties listed (in the same arithmetic)
 // for exact rescoring.
 //
-// Measured and not kept (Zen 4, docs/cpu-bench.md session 10): sources packed pair-major per
+// Measured and not kept (Zen 4, docs/results/cpu-bench.md): sources packed pair-major per
 // block of MR rows, so that the broadcasts sit at fixed offsets from one pointer, was 1-5%
 // slower at C = 1024 and 9-22% slower at C = 64-256: the copy costs more than the address
 // arithmetic it saves.

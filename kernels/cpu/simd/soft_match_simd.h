@@ -14,10 +14,11 @@
 //
 // Tile shapes: AVX-512 8 x 3 panels of 16 (24 accumulators of 32 zmm); AVX2 6 x 2 panels of
 // 8 (12 accumulators + 2 panel vectors + 1 broadcast = 15 of the 16 ymm, the BLIS/OpenBLAS
-// Haswell shape). On an AMD EPYC (Zen 3, AVX2 only; issue 20) 4 x 3, 3 x 4 and 2 x 6 tiles, a
+// Haswell shape). On an AMD EPYC (Zen 3, AVX2 only) 4 x 3, 3 x 4 and 2 x 6 tiles, a
 // BLIS-style copy of each 6-row block packed j-major, an L1-resident panel block (96
 // sources swept per 4 panels) and 64-byte aligned panels were measured against it in one
-// process and were no faster (docs/cpu-bench.md). Any shape keeps the error bound of soft_match.h: what it relies on is
+// process and were no faster (docs/results/cpu-bench.md). Any shape keeps the error bound of
+// soft_match.h: what it relies on is
 // one sequential FMA chain per score over j, which every tile here computes. The AVX2 table
 // (and the AVX-512 one where the CPU has VNNI, from C = 96) matches in 16-bit integers
 // instead (KernelTable::match_int16: match_int16_simd.h, whose micro-kernel is MatchTile

@@ -55,7 +55,7 @@ class SidecarPodTest(unittest.TestCase):
         pod_name = self.info["pod"]["metadata"]["name"]
         self.assertEqual(pod_name, "run1-inference-worker")
         socket = f"{pod_name}-centroidkv-socket"
-        shm = f"{pod_name}-centroidkv-shm"  # the tmpfs for jobs by reference (issue 19)
+        shm = f"{pod_name}-centroidkv-shm"  # the tmpfs for jobs by reference
         # The shared memory emptyDir is played as a host tmpfs directory (podman's kube play
         # makes a root-owned 0755 disk directory of it): not a podman volume.
         self.assertEqual(manifests.volume_names(self.info["pod"]), [socket])

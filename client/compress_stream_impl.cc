@@ -177,6 +177,9 @@ void GrpcCompressStream::AddRegionSpans(const LayerJob& job, v1::StartJob* start
     if (job.options.compute_assignment) {
       output.assignment = RegionSpan{id, slot.assignment_offset, slot.assignment_bytes};
     }
+    if (job.layer.queries != nullptr) {
+      output.log_weights = RegionSpan{id, slot.log_weights_offset, slot.log_weights_bytes};
+    }
     RegionOutputToProto(output, start);
   }
 }
@@ -195,19 +198,20 @@ bool GrpcCompressStream::NextRequest() {
       *request_.mutable_start_job() =
           StartJobToProto(out.job_id, job.layer_index, job.layer, job.options, job.output_dtype,
                           job.backend, job.timeout, job.priority);
-      if (job.shm_region != nullptr) {
-        // By reference: the spans go in the StartJob and no slab follows.
-        AddRegionSpans(job, request_.mutable_start_job());
-        out.slabs.emplace(out.job_id, std::vector<SlabWriter::Tensor>{}, options_.slab_bytes);
-        return true;
-      }
       const InputBytes bytes = InputBytesOf(job.layer);
-      out.slabs.emplace(out.job_id,
-                        std::vector<SlabWriter::Tensor>{
-                            {v1::TENSOR_KEYS, bytes.keys, job.layer.keys, {}},
-                            {v1::TENSOR_VALUES, bytes.values, job.layer.values, {}},
-                            {v1::TENSOR_COUNTS, bytes.counts, job.layer.counts, {}}},
-                        options_.slab_bytes);
+      // Scores and queries always go as slabs; the rest by reference where the job is in
+      // shared memory (the spans go in the StartJob).
+      std::vector<SlabWriter::Tensor> tensors;
+      if (job.shm_region != nullptr) {
+        AddRegionSpans(job, request_.mutable_start_job());
+      } else {
+        tensors = {{v1::TENSOR_KEYS, bytes.keys, job.layer.keys, {}},
+                   {v1::TENSOR_VALUES, bytes.values, job.layer.values, {}},
+                   {v1::TENSOR_COUNTS, bytes.counts, job.layer.counts, {}}};
+      }
+      tensors.push_back({v1::TENSOR_SCORES, bytes.scores, job.layer.scores, {}});
+      tensors.push_back({v1::TENSOR_QUERIES, bytes.queries, job.layer.queries, {}});
+      out.slabs.emplace(out.job_id, std::move(tensors), options_.slab_bytes);
       return true;
     }
     if (out.slabs->Next(request_.mutable_slab())) return true;
@@ -337,6 +341,9 @@ void GrpcCompressStream::HandleResponse() {
           tensors.counts = reinterpret_cast<const uint32_t*>(base + slot.counts_offset);
           tensors.assignment = reinterpret_cast<const int32_t*>(base + slot.assignment_offset);
           tensors.assignment_elements = bytes.assignment / sizeof(int32_t);
+          if (bytes.log_weights > 0) {
+            tensors.log_weights = reinterpret_cast<const float*>(base + slot.log_weights_offset);
+          }
           result.in_region = tensors;
         }
         FinishJobLocked(header.job_id());
@@ -346,12 +353,15 @@ void GrpcCompressStream::HandleResponse() {
       result.values.resize(bytes.values);
       result.counts.resize(bytes.counts / sizeof(uint32_t));
       result.assignment.resize(bytes.assignment / sizeof(int32_t));
+      result.log_weights.resize(bytes.log_weights / sizeof(float));
       incoming.slabs.emplace(
           header.job_id(),
           std::vector<SlabAssembler::Tensor>{
               {v1::TENSOR_OUT_KEYS, result.keys.data(), bytes.keys, "out_keys"},
               {v1::TENSOR_OUT_VALUES, result.values.data(), bytes.values, "out_values"},
               {v1::TENSOR_OUT_COUNTS, result.counts.data(), bytes.counts, "out_counts"},
+              {v1::TENSOR_OUT_LOG_WEIGHTS, result.log_weights.data(), bytes.log_weights,
+               "out_log_weights"},
               {v1::TENSOR_ASSIGNMENT, result.assignment.data(), bytes.assignment,
                "assignment"}},
           "result slab");

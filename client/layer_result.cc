@@ -68,6 +68,8 @@ void CopyShapeAndAccount(const CompressResult& from, LayerResult* to) {
   to->layout = from.layout;
   to->key_scales = from.key_scales;
   to->value_scales = from.value_scales;
+  to->head_budgets = from.head_budgets;
+  to->head_exact_entries = from.head_exact_entries;
 }
 
 LayerResult LayerResultFromEngine(uint32_t layer_index, const CompressResult& result,
@@ -86,6 +88,7 @@ LayerResult LayerResultFromEngine(uint32_t layer_index, const CompressResult& re
   }
   out.counts = result.counts;
   out.assignment = result.assignment;
+  out.log_weights = result.log_weights;
   return out;
 }
 

@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "centroidkv/common/status_macros.h"
+#include "kernels/budgeted_heads.h"
+#include "kernels/fit/fit_stage.h"
 #include "kernels/fp8_rows.h"
 #include "kernels/job_validation.h"
 #include "kernels/ragged_layer.h"
@@ -59,8 +61,9 @@ absl::Status ClusterEngine::CompressInto(const LayerView& layer, const CompressO
   return Run(layer, options, control, /*reuse=*/true, result);
 }
 
-// validate -> plan the stages -> widen -> backend or split -> second stage -> account ->
-// round -> reshape -> quantise. A job that asks for none of the stages is plan, backend.
+// validate -> plan the stages -> widen -> backend, split or budgeted heads -> second stage
+// -> fit -> account -> round -> reshape -> quantise. A job that asks for none of the stages
+// is plan, backend.
 absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& options,
                                 const CompressControl& control, bool reuse,
                                 CompressResult* result) const {
@@ -69,9 +72,11 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   CKV_ASSIGN_OR_RETURN(LayerPlan plan,
                        PlanJob(layer, options, limits_, /*check_data=*/!caps.checks_layer_data));
   StagePlan stages = PlanStages(plan, caps, control.row_target != nullptr);
-  // A backend that checks the data itself does so on what it reads: a widened copy is
-  // checked here, on the codes and their scales, so that errors name what the caller sent.
-  if (caps.checks_layer_data && plan.regular && stages.widen_fp8_input) {
+  // A backend that checks the data itself does so on what it reads: a widened copy or
+  // rows the budgeted heads keep without the backend are checked here, on what the caller
+  // sent (PlanJob already checked ragged and padded jobs).
+  if (caps.checks_layer_data && plan.regular &&
+      (stages.widen_fp8_input || stages.budgeted_heads)) {
     CKV_RETURN_IF_ERROR(CheckLayerData(layer));
   }
   if (control.IsCancelled()) return absl::CancelledError("job cancelled before it started");
@@ -100,6 +105,10 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
       backend_plan.options.result_key_scales.clear();
       backend_plan.options.result_value_scales.clear();
     }
+    if (body.internal_assignment) backend_plan.options.compute_assignment = true;
+    if (body.budgeted_heads) {
+      return RunBudgeted(*this, run_regular, backend_plan, input, result);
+    }
     if (body.split_heads) return RunRagged(run_regular, backend_plan, input, result);
     if (body.rows_in_place) {
       CKV_RETURN_IF_ERROR(CheckRowTarget(*control.row_target, input, body.backend_dtype));
@@ -117,8 +126,10 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   if (status.ok() && stages.second_stage) {
     status = ReachExactTarget(run_regular, plan, input, result);
   }
+  if (status.ok() && stages.fit) status = FitResult(*this, plan, input, result);
   if (reuse) result->fp8_input_scratch = std::move(scratch);
   CKV_RETURN_IF_ERROR(status);
+  if (stages.internal_assignment) result->assignment.clear();
 
   FillAccount(plan, layer, result);
   if (stages.round_rows) RoundResultRows(options.result_dtype, result);

@@ -16,6 +16,37 @@
 namespace centroidkv {
 namespace {
 
+// The reference queries' shape, where a job has them: [Hq, m, key_dim], Hq a multiple of
+// the KV heads (GQA groups), m within the token limit.
+absl::Status CheckQueryDims(const LayerView& layer, const EngineLimits& limits) {
+  if (layer.num_query_heads == 0 && layer.num_queries == 0) return absl::OkStatus();
+  if (layer.num_query_heads < 1 || layer.num_query_heads > limits.max_heads) {
+    return InvalidFieldError({"num_query_heads"},
+                             absl::StrCat("num_query_heads is ", layer.num_query_heads,
+                                          ", outside [1, ", limits.max_heads, "]"));
+  }
+  if (layer.num_query_heads % layer.num_heads != 0) {
+    return InvalidFieldError(
+        {"num_query_heads"},
+        absl::StrCat("num_query_heads is ", layer.num_query_heads,
+                     ", not a multiple of num_heads (", layer.num_heads,
+                     "): each KV head needs the same group of query heads"));
+  }
+  if (layer.num_queries < 1 || layer.num_queries > limits.max_tokens) {
+    return InvalidFieldError({"num_queries"},
+                             absl::StrCat("num_queries is ", layer.num_queries, ", outside [1, ",
+                                          limits.max_tokens, "]"));
+  }
+  const int64_t elements = int64_t{layer.num_query_heads} * layer.num_queries * layer.key_dim;
+  if (elements > limits.max_layer_elements) {
+    return FieldError(absl::StatusCode::kResourceExhausted, {"num_queries"},
+                      absl::StrCat("num_query_heads * num_queries * key_dim = ", elements,
+                                   " elements exceeds the per-job limit of ",
+                                   limits.max_layer_elements));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckDims(const LayerView& layer, const EngineLimits& limits) {
   struct Dim {
     const char* field;
@@ -64,7 +95,7 @@ absl::Status CheckDims(const LayerView& layer, const EngineLimits& limits) {
                                    " elements exceeds the per-job limit of ",
                                    limits.max_layer_elements));
   }
-  return absl::OkStatus();
+  return CheckQueryDims(layer, limits);
 }
 
 // The fp8 scales `scales` (field `field`) of a tensor in `dtype` (field `dtype_field`):
@@ -92,6 +123,52 @@ absl::Status CheckScales(const char* field, std::span<const float> scales, DType
                                absl::StrCat(field, "[", h, "] is ", scales[h],
                                             "; a scale must be finite and > 0"));
     }
+  }
+  return absl::OkStatus();
+}
+
+// head_budgets, centroid_share, max_cluster_size and the fit's options, as far as the
+// shape tells (a passthrough head's budget against its length is PlanJob's).
+absl::Status CheckBudgetOptions(const LayerView& layer, const CompressOptions& options) {
+  const std::vector<int32_t>& budgets = options.head_budgets;
+  if (!budgets.empty() && budgets.size() != static_cast<size_t>(layer.num_heads)) {
+    return InvalidFieldError({"head_budgets"},
+                             absl::StrCat("head_budgets has ", budgets.size(),
+                                          " entries; it needs one per head (", layer.num_heads,
+                                          ") or none"));
+  }
+  for (size_t h = 0; h < budgets.size(); ++h) {
+    if (budgets[h] < 1) {
+      return InvalidFieldError({"head_budgets", static_cast<int32_t>(h)},
+                               absl::StrCat("head_budgets[", h, "] is ", budgets[h],
+                                            "; a head keeps at least 1 entry"));
+    }
+  }
+  if (!(options.centroid_share >= 0.0 && options.centroid_share <= 1.0)) {
+    return InvalidFieldError({"centroid_share"},
+                             absl::StrCat("centroid_share must be in [0, 1] (got ",
+                                          options.centroid_share, ")"));
+  }
+  if (options.max_cluster_size < 0) {
+    return InvalidFieldError({"max_cluster_size"},
+                             absl::StrCat("max_cluster_size must not be negative (got ",
+                                          options.max_cluster_size, ")"));
+  }
+  const FitOptions& fit = options.fit;
+  if (!(fit.log_weight_bound > 0.0) || !std::isfinite(fit.log_weight_bound)) {
+    return InvalidFieldError({"fit.log_weight_bound"},
+                             absl::StrCat("fit.log_weight_bound must be finite and > 0 (got ",
+                                          fit.log_weight_bound, ")"));
+  }
+  if (fit.block_tokens < 1) {
+    return InvalidFieldError({"fit.block_tokens"},
+                             absl::StrCat("fit.block_tokens must be at least 1 (got ",
+                                          fit.block_tokens, ")"));
+  }
+  if (!(fit.query_scale >= 0.0) || !std::isfinite(fit.query_scale)) {
+    return InvalidFieldError({"fit.query_scale"},
+                             absl::StrCat("fit.query_scale must be finite and >= 0 (got ",
+                                          fit.query_scale, "; 0: 1 / sqrt(key_dim))"));
   }
   return absl::OkStatus();
 }
@@ -151,6 +228,7 @@ absl::Status CheckOptions(const LayerView& layer, const CompressOptions& options
   if (options.pad_to < 0) {
     return InvalidFieldError({"pad_to"}, "pad_to must not be negative");
   }
+  CKV_RETURN_IF_ERROR(CheckBudgetOptions(layer, options));
   CKV_RETURN_IF_ERROR(CheckScales("key_scales", layer.key_scales, layer.dtype, "dtype", layer));
   CKV_RETURN_IF_ERROR(
       CheckScales("value_scales", layer.value_scales, layer.dtype, "dtype", layer));
@@ -299,6 +377,83 @@ absl::Status CheckData(const LayerView& layer) {
   return absl::OkStatus();
 }
 
+// Scores and reference queries, where the job has them: every element finite. The
+// backends never read them, so this runs whatever the backend checks.
+absl::Status CheckScoresAndQueries(const LayerView& layer) {
+  if (layer.scores != nullptr &&
+      !AllFinite(layer.scores, DType::kFloat32, layer.TotalRows())) {
+    for (int32_t h = 0; h < layer.num_heads; ++h) {
+      for (int32_t t = 0; t < layer.HeadTokens(h); ++t) {
+        const float score = layer.scores[layer.RowIndex(h, t)];
+        if (!std::isfinite(score)) {
+          return InvalidFieldError({"scores", h, t},
+                                   absl::StrCat("scores hold ", score, " at head ", h,
+                                                ", token ", t, "; a score must be finite"));
+        }
+      }
+    }
+  }
+  const int64_t query_rows = int64_t{layer.num_query_heads} * layer.num_queries;
+  if (layer.queries != nullptr &&
+      !AllFinite(layer.queries, DType::kFloat32, query_rows * layer.key_dim)) {
+    for (int64_t row = 0; row < query_rows; ++row) {
+      for (int32_t j = 0; j < layer.key_dim; ++j) {
+        const float element = layer.queries[row * layer.key_dim + j];
+        if (!std::isfinite(element)) {
+          const auto head = static_cast<int32_t>(row / layer.num_queries);
+          const auto query = static_cast<int32_t>(row % layer.num_queries);
+          return InvalidFieldError({"queries", head, query},
+                                   absl::StrCat("queries hold ", element, " at query head ", head,
+                                                ", query ", query, ", dim ", j));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each head's budget resolved (budgeted jobs only), and checked against what the head must
+// keep: a passthrough head all of its entries; a head over its budget its sink and recent
+// entries, which are never merged. `field` is the option that set the budget.
+absl::Status ResolveBudgets(const LayerView& layer, LayerPlan* plan) {
+  const CompressOptions& options = plan->options;
+  if (options.head_budgets.empty() && !plan->scored) return absl::OkStatus();
+  const char* field = !options.head_budgets.empty() ? "head_budgets"
+                      : options.target_tokens.has_value() ? "target_tokens"
+                                                          : "target_ratio";
+  plan->head_budgets.resize(static_cast<size_t>(layer.num_heads));
+  for (int32_t h = 0; h < layer.num_heads; ++h) {
+    const int64_t length = plan->head_lengths[h];
+    int64_t budget = 0;
+    if (!options.head_budgets.empty()) {
+      budget = options.head_budgets[h];
+    } else {
+      budget = plan->passthrough[h] ? length : plan->target_length;
+    }
+    if (plan->passthrough[h] && budget < length) {
+      return InvalidFieldError(
+          {field, h}, absl::StrCat(field, " gives head ", h, " a budget of ", budget,
+                                   " entries, but it is a passthrough head of ", length,
+                                   " (a passthrough head keeps every entry)"));
+    }
+    // Sink and recent entries are never merged; without scores, merging the entries
+    // between them leaves at least one.
+    const int64_t protected_entries = int64_t{options.sink_tokens} + options.recent_tokens;
+    const int64_t least = std::min<int64_t>(length, protected_entries + (plan->scored ? 0 : 1));
+    if (budget < length && budget < least) {
+      return InvalidFieldError(
+          {field, h},
+          absl::StrCat(field, " gives head ", h, " a budget of ", budget,
+                       " entries, below the ", least, " it keeps at least (sink_tokens ",
+                       options.sink_tokens, " + recent_tokens ", options.recent_tokens,
+                       plan->scored ? "" : " + 1 merged entry",
+                       "): lower them or raise the budget"));
+    }
+    plan->head_budgets[h] = budget;
+  }
+  return absl::OkStatus();
+}
+
 // Entries of each head without its count-0 padding (the padding itself is checked by
 // CheckData): only the rows from the end back to the last counted one are read.
 std::vector<int32_t> RealHeadLengths(const LayerView& layer) {
@@ -367,6 +522,14 @@ absl::StatusOr<LayerPlan> PlanJob(const LayerView& layer, const CompressOptions&
   plan.passthrough.assign(layer.num_heads, false);
   for (int32_t head : options.passthrough_heads) plan.passthrough[head] = true;
   for (bool pass : plan.passthrough) plan.compressed_heads += pass ? 0 : 1;
+  if (layer.num_query_heads > 0 && layer.queries == nullptr) {
+    return InvalidFieldError({"queries"},
+                             "queries are missing (num_query_heads is set, the tensor is not)");
+  }
+  CKV_RETURN_IF_ERROR(CheckScoresAndQueries(layer));
+  plan.scored = layer.scores != nullptr;
+  plan.fitted = layer.queries != nullptr;
+  CKV_RETURN_IF_ERROR(ResolveBudgets(layer, &plan));
   return plan;
 }
 

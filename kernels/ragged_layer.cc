@@ -72,6 +72,7 @@ CompressOptions SubJobOptions(const LayerPlan& plan) {
   options.pad_heads = false;
   options.pad_to = 0;
   options.output_layout = TensorLayout::kHeadMajor;
+  options.head_budgets.clear();
   return options;
 }
 
@@ -85,6 +86,10 @@ GroupInput::GroupInput(const LayerView& layer, const std::vector<int32_t>& heads
   view_ = layer;
   view_.layout = TensorLayout::kHeadMajor;
   view_.head_offsets = nullptr;
+  view_.scores = nullptr;
+  view_.queries = nullptr;
+  view_.num_query_heads = 0;
+  view_.num_queries = 0;
   view_.num_heads = static_cast<int32_t>(heads.size());
   view_.num_tokens = length;
   const int64_t element = DTypeSize(layer.dtype);

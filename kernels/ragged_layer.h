@@ -31,7 +31,7 @@ using RegularJobRunner = absl::FunctionRef<absl::Status(
 
 // A regular head-major layer of `heads` of `layer`, `length` entries each, borrowing the
 // input's rows where they are contiguous (one head of a head-major layer) and copying them
-// otherwise.
+// otherwise. No scores or queries.
 class GroupInput {
  public:
   GroupInput(const LayerView& layer, const std::vector<int32_t>& heads, int32_t length);

@@ -2,6 +2,7 @@
 #include "kernels/result_shape.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,9 @@ void ClearResult(CompressResult* result) {
   result->head_entries.clear();
   result->head_input_tokens.clear();
   result->stop_reasons.clear();
+  result->head_budgets.clear();
+  result->head_exact_entries.clear();
+  result->log_weights.clear();
 }
 
 StopReason StopReasonFor(const LayerPlan& plan, bool passthrough, int64_t entries,
@@ -98,7 +102,8 @@ void FillAccount(const LayerPlan& plan, const LayerView& layer, CompressResult* 
       for (int32_t t = 0; t < n; ++t) sum += layer.counts[layer.RowIndex(h, t)];
     }
     result->head_input_tokens[h] = sum;
-    if (!plan.passthrough[h] && result->head_entries[h] > plan.target_length) {
+    const int64_t target = plan.budgeted() ? plan.head_budgets[h] : plan.target_length;
+    if (!plan.passthrough[h] && result->head_entries[h] > target) {
       result->target_reached = false;
     }
   }
@@ -141,6 +146,15 @@ absl::Status ShapeRows(const CompressOptions& options, CompressResult* result) {
     PlaceRows(offsets, result->value_dim, length, token_major, &result->half_values);
   }
   PlaceRows(offsets, 1, length, token_major, &result->counts);
+  if (!result->log_weights.empty()) {
+    // Padding rows weigh nothing: ln(0), as their count 0 says.
+    PlaceRows(offsets, 1, length, token_major, &result->log_weights);
+    for (size_t row = 0; row < result->counts.size(); ++row) {
+      if (result->counts[row] == 0) {
+        result->log_weights[row] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
   for (int32_t h = 0; h <= heads; ++h) result->offsets[h] = h * length;
   result->padded_length = static_cast<int32_t>(length);
   result->layout = options.output_layout;

@@ -21,8 +21,8 @@ void FillStopReasons(const LayerPlan& plan, int32_t passes_run, int32_t first_he
 StopReason StopReasonFor(const LayerPlan& plan, bool passthrough, int64_t entries,
                          int32_t passes_run);
 
-// Target, entries, input tokens and target_reached of a head-major, unpadded result
-// (stop_reasons already filled).
+// Target, entries, input tokens and target_reached (each head within t, or within its
+// budget for a budgeted job) of a head-major, unpadded result (stop_reasons already filled).
 void FillAccount(const LayerPlan& plan, const LayerView& layer, CompressResult* result);
 
 // Whether ShapeRows rearranges the rows of a job with `options` (pad_heads, pad_to,

@@ -83,17 +83,23 @@ void AccountFromProto(const v1::JobResult& header, CompressResult* result) {
   result->padded_length = static_cast<int32_t>(header.padded_length());
   result->layout = header.layout() == v1::LAYOUT_TOKEN_MAJOR ? TensorLayout::kTokenMajor
                                                               : TensorLayout::kHeadMajor;
+  result->head_budgets.assign(header.head_budgets().begin(), header.head_budgets().end());
+  result->head_exact_entries.assign(header.head_exact_entries().begin(),
+                                    header.head_exact_entries().end());
 }
 
 }  // namespace
 
-LayerView JobAnnouncement::View(const void* keys, const void* values,
-                                const uint32_t* counts) const {
+LayerView JobAnnouncement::View(const void* keys, const void* values, const uint32_t* counts,
+                                const float* scores, const float* queries) const {
   LayerView view{.dtype = dtype, .layout = layout, .num_heads = num_heads, .num_tokens = num_tokens,
       .key_dim = key_dim, .value_dim = value_dim, .keys = keys, .values = values,
       .counts = has_counts ? counts : nullptr,
       .head_offsets = head_offsets.empty() ? nullptr : head_offsets.data(),
-      .key_scales = key_scales, .value_scales = value_scales};
+      .key_scales = key_scales, .value_scales = value_scales,
+      .scores = has_scores ? scores : nullptr,
+      .queries = num_query_heads > 0 ? queries : nullptr,
+      .num_query_heads = num_query_heads, .num_queries = num_queries};
   return view;
 }
 
@@ -135,8 +141,62 @@ v1::StartJob StartJobToProto(uint64_t job_id, uint32_t layer_index, const LayerV
                                          options.result_key_scales.end());
   start.mutable_output_value_scales()->Add(options.result_value_scales.begin(),
                                            options.result_value_scales.end());
+  start.set_has_scores(layer.scores != nullptr);
+  for (int32_t budget : options.head_budgets) {
+    start.add_head_budgets(static_cast<uint32_t>(std::max(budget, 0)));
+  }
+  if (layer.scores != nullptr) {
+    start.mutable_selection()->set_centroid_share(options.centroid_share);
+    start.mutable_selection()->set_max_cluster_size(
+        static_cast<uint32_t>(std::max(options.max_cluster_size, 0)));
+  }
+  if (layer.num_query_heads > 0) {
+    v1::FitParams* fit = start.mutable_fit();
+    fit->set_num_query_heads(static_cast<uint32_t>(layer.num_query_heads));
+    fit->set_num_queries(static_cast<uint32_t>(std::max(layer.num_queries, 0)));
+    fit->set_log_weight_bound(options.fit.log_weight_bound);
+    fit->set_block_tokens(static_cast<uint32_t>(std::max(options.fit.block_tokens, 0)));
+    fit->set_fit_values(options.fit.fit_values);
+    if (options.fit.query_scale > 0.0) fit->set_query_scale(options.fit.query_scale);
+  }
   return start;
 }
+
+namespace {
+
+// SelectionParams and FitParams into `job` (absent fields: the defaults).
+absl::Status ReadScoredAndFitted(const v1::StartJob& start, JobAnnouncement* job) {
+  job->has_scores = start.has_scores();
+  job->options.head_budgets.reserve(static_cast<size_t>(start.head_budgets_size()));
+  for (int32_t h = 0; h < start.head_budgets_size(); ++h) {
+    const uint32_t budget = start.head_budgets(h);
+    if (budget > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
+      return InvalidFieldError({"start_job.head_budgets", h},
+                               absl::StrCat("start_job.head_budgets[", h, "] is too large"));
+    }
+    job->options.head_budgets.push_back(static_cast<int32_t>(budget));
+  }
+  const v1::SelectionParams& selection = start.selection();
+  if (selection.has_centroid_share()) job->options.centroid_share = selection.centroid_share();
+  if (selection.has_max_cluster_size()) {
+    CKV_ASSIGN_OR_RETURN(job->options.max_cluster_size,
+                         Dim(selection.max_cluster_size(), "selection.max_cluster_size", true));
+  }
+  const v1::FitParams& fit = start.fit();
+  CKV_ASSIGN_OR_RETURN(job->num_query_heads,
+                       Dim(fit.num_query_heads(), "fit.num_query_heads", true));
+  CKV_ASSIGN_OR_RETURN(job->num_queries, Dim(fit.num_queries(), "fit.num_queries", true));
+  if (fit.has_log_weight_bound()) job->options.fit.log_weight_bound = fit.log_weight_bound();
+  if (fit.has_block_tokens()) {
+    CKV_ASSIGN_OR_RETURN(job->options.fit.block_tokens,
+                         Dim(fit.block_tokens(), "fit.block_tokens", true));
+  }
+  if (fit.has_fit_values()) job->options.fit.fit_values = fit.fit_values();
+  if (fit.has_query_scale()) job->options.fit.query_scale = fit.query_scale();
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<JobAnnouncement> StartJobFromProto(const v1::StartJob& start) {
   JobAnnouncement job;
@@ -200,6 +260,7 @@ absl::StatusOr<JobAnnouncement> StartJobFromProto(const v1::StartJob& start) {
     }
     job.options.output_layout = *layout;
   }
+  CKV_RETURN_IF_ERROR(ReadScoredAndFitted(start, &job));
   return job;
 }
 
@@ -210,6 +271,22 @@ InputBytes InputBytesOf(const LayerView& layer) {
   bytes.keys = rows * uint64_t(layer.key_dim) * element;
   bytes.values = rows * uint64_t(layer.value_dim) * element;
   bytes.counts = layer.counts != nullptr ? rows * sizeof(uint32_t) : 0;
+  bytes.scores = layer.scores != nullptr ? rows * sizeof(float) : 0;
+  if (layer.queries != nullptr) {
+    bytes.queries = uint64_t(layer.num_query_heads) * uint64_t(layer.num_queries) *
+                    uint64_t(layer.key_dim) * sizeof(float);
+  }
+  return bytes;
+}
+
+InputBytes InputBytesOf(const JobAnnouncement& job) {
+  const LayerView shape = job.View(nullptr, nullptr, nullptr);
+  InputBytes bytes = InputBytesOf(shape);
+  const uint64_t rows = uint64_t(shape.TotalRows());
+  if (job.has_counts) bytes.counts = rows * sizeof(uint32_t);
+  if (job.has_scores) bytes.scores = rows * sizeof(float);
+  bytes.queries = uint64_t(job.num_query_heads) * uint64_t(job.num_queries) *
+                  uint64_t(job.key_dim) * sizeof(float);
   return bytes;
 }
 
@@ -218,13 +295,15 @@ ResultBytes ResultBytesOf(const CompressResult& result, DType output_dtype) {
   bytes.keys = result.key_elements() * uint64_t(DTypeSize(output_dtype));
   bytes.values = result.value_elements() * uint64_t(DTypeSize(output_dtype));
   bytes.counts = result.counts.size() * sizeof(uint32_t);
+  bytes.log_weights = result.log_weights.size() * sizeof(float);
   bytes.assignment = result.assignment.size() * sizeof(int32_t);
   return bytes;
 }
 
 ResultBytes ResultBytesOf(const v1::JobResult& header) {
   return ResultBytes{header.out_keys_bytes(), header.out_values_bytes(),
-                     header.out_counts_bytes(), header.assignment_bytes()};
+                     header.out_counts_bytes(), header.out_log_weights_bytes(),
+                     header.assignment_bytes()};
 }
 
 uint64_t MaxResultBytes(const LayerView& shape, const CompressOptions& options,
@@ -243,6 +322,7 @@ ResultBytes MaxResultTensorBytes(const LayerView& shape, const CompressOptions& 
   bytes.keys = rows * uint64_t(shape.key_dim) * element;
   bytes.values = rows * uint64_t(shape.value_dim) * element;
   bytes.counts = rows * sizeof(uint32_t);
+  if (shape.num_query_heads > 0) bytes.log_weights = rows * sizeof(float);
   if (options.compute_assignment) bytes.assignment = uint64_t(shape.TotalRows()) * sizeof(int32_t);
   return bytes;
 }
@@ -264,6 +344,7 @@ v1::JobResult JobResultHeaderToProto(uint64_t job_id, uint32_t layer_index,
   header.set_out_keys_bytes(bytes.keys);
   header.set_out_values_bytes(bytes.values);
   header.set_out_counts_bytes(bytes.counts);
+  header.set_out_log_weights_bytes(bytes.log_weights);
   header.set_assignment_bytes(bytes.assignment);
   header.set_backend(provenance.backend);
   header.set_passes_run(static_cast<uint32_t>(result.passes_run));
@@ -285,6 +366,10 @@ v1::JobResult JobResultHeaderToProto(uint64_t job_id, uint32_t layer_index,
   header.set_layout(LayoutToProto(result.layout));
   header.mutable_key_scales()->Add(result.key_scales.begin(), result.key_scales.end());
   header.mutable_value_scales()->Add(result.value_scales.begin(), result.value_scales.end());
+  for (int32_t budget : result.head_budgets) header.add_head_budgets(static_cast<uint32_t>(budget));
+  for (int32_t exact : result.head_exact_entries) {
+    header.add_head_exact_entries(static_cast<uint32_t>(exact));
+  }
   return header;
 }
 

@@ -87,6 +87,9 @@ void RegionOutputToProto(const RegionOutputSpans& spans, v1::StartJob* start) {
   SpanToProto(spans.values, output->mutable_out_values());
   SpanToProto(spans.counts, output->mutable_out_counts());
   if (spans.assignment.has_value()) SpanToProto(*spans.assignment, output->mutable_assignment());
+  if (spans.log_weights.has_value()) {
+    SpanToProto(*spans.log_weights, output->mutable_log_weights());
+  }
 }
 
 absl::StatusOr<JobRegions> JobRegionsFromProto(const v1::StartJob& start,
@@ -155,6 +158,16 @@ absl::StatusOr<JobRegions> JobRegionsFromProto(const v1::StartJob& start,
     }
     if (spans.assignment.has_value()) {
       outputs.push_back({*spans.assignment, "start_job.region_output.assignment"});
+    }
+    if (absl::Status s = ReadOptionalSpan(
+            job.num_query_heads > 0, wire.has_log_weights(), wire.log_weights(),
+            "start_job.region_output.log_weights", "reference queries (fit.num_query_heads)",
+            most.log_weights, false, sizeof(float), &spans.log_weights);
+        !s.ok()) {
+      return s;
+    }
+    if (spans.log_weights.has_value()) {
+      outputs.push_back({*spans.log_weights, "start_job.region_output.log_weights"});
     }
     // The server writes every output span: none may share a byte with another span.
     for (size_t i = 0; i < outputs.size(); ++i) {

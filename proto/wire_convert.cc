@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace centroidkv {
@@ -170,10 +171,19 @@ std::string WireField(absl::string_view engine_field) {
       "pad_to",    "pad_heads",  "exact_target", "output_layout", "timeout_ms", "priority",
       "key_scales", "value_scales", "output_key_scales", "output_value_scales",
       "output_dtype"};
-  static constexpr absl::string_view kTensors[] = {"keys", "values", "counts"};
+  static constexpr absl::string_view kTensors[] = {"keys", "values", "counts", "scores",
+                                                   "queries"};
   for (absl::string_view tensor : kTensors) {
     if (engine_field == tensor) return std::string(engine_field);
   }
+  if (engine_field == "head_budgets") return "start_job.head_budgets";
+  if (engine_field == "centroid_share" || engine_field == "max_cluster_size") {
+    return absl::StrCat("start_job.selection.", engine_field);
+  }
+  if (engine_field == "num_query_heads" || engine_field == "num_queries") {
+    return absl::StrCat("start_job.fit.", engine_field);
+  }
+  if (absl::StartsWith(engine_field, "fit.")) return absl::StrCat("start_job.", engine_field);
   if (engine_field.find('.') != absl::string_view::npos) return std::string(engine_field);
   for (absl::string_view field : kStartJobFields) {
     if (engine_field == field) return absl::StrCat("start_job.", engine_field);

@@ -9,6 +9,7 @@ packages=(
   libtbb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev openssl
+  libopenblas-pthread-dev  # the fit of fitted jobs (kernels/fit/)
   python3 python3-numpy python3-yaml python3-venv
   clang-14 libclang-rt-14-dev llvm-14  # sanitizer builds and fuzz targets (scripts/test-sanitized.sh)
 )

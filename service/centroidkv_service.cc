@@ -85,6 +85,16 @@ grpc::ServerUnaryReactor* CentroidKVService::GetInfo(grpc::CallbackServerContext
   limits->set_max_slab_bytes(static_cast<uint32_t>(MaxSlabBytes(options)));
   limits->set_result_slab_bytes(static_cast<uint32_t>(options.result_slab_bytes));
   *response->mutable_defaults() = OptionsToProto(CompressOptions{});
+  response->add_features("scored");
+  response->add_features("fitted");
+  const CompressOptions defaults;
+  response->mutable_selection_defaults()->set_centroid_share(defaults.centroid_share);
+  response->mutable_selection_defaults()->set_max_cluster_size(
+      static_cast<uint32_t>(defaults.max_cluster_size));
+  response->mutable_fit_defaults()->set_log_weight_bound(defaults.fit.log_weight_bound);
+  response->mutable_fit_defaults()->set_block_tokens(
+      static_cast<uint32_t>(defaults.fit.block_tokens));
+  response->mutable_fit_defaults()->set_fit_values(defaults.fit.fit_values);
   response->set_worker_threads(static_cast<uint32_t>(context_->executor->threads()));
   response->set_shared_memory(context_->regions.OwnerOf(context->peer(), *caller).ok());
 

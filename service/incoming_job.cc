@@ -21,17 +21,26 @@ absl::Status FromEngine(const absl::Status& status) {
   return FieldError(status.code(), *location, absl::StrCat("start_job: ", status.message()));
 }
 
-// The float32 copies an fp8 job makes above the backend (kernels/fp8_rows.h): the widened
-// input, and the float result rows before they are quantised. Part of the job's footprint,
-// so that fp8 jobs stay within the server's memory bound too.
-uint64_t Fp8StagingBytes(const LayerView& shape, const CompressOptions& options,
-                         DType output_dtype) {
+// The copies a job makes above the backend: for fp8, the widened input and the float result
+// rows before they are quantised (kernels/fp8_rows.h); for budgeted heads, the float rows
+// gathered per head and stitched (kernels/budgeted_heads.h); for a fit, each head's input
+// and rows in float64 and its queries' features (kernels/fit/). Part of the job's
+// footprint, so that these jobs stay within the server's memory bound too.
+uint64_t StagingBytes(const LayerView& shape, const CompressOptions& options,
+                      DType output_dtype, bool scored) {
   const uint64_t row_floats = uint64_t(shape.key_dim) + uint64_t(shape.value_dim);
+  const uint64_t rows = uint64_t(shape.TotalRows());
   uint64_t bytes = 0;
-  if (IsFp8(shape.dtype)) bytes += uint64_t(shape.TotalRows()) * row_floats * sizeof(float);
-  if (IsFp8(output_dtype)) {
-    const ResultBytes rows = MaxResultTensorBytes(shape, options, DType::kFloat32);
-    bytes += rows.keys + rows.values;
+  if (IsFp8(shape.dtype)) bytes += rows * row_floats * sizeof(float);
+  const ResultBytes result_rows = MaxResultTensorBytes(shape, options, DType::kFloat32);
+  if (IsFp8(output_dtype)) bytes += result_rows.keys + result_rows.values;
+  if (scored || !options.head_budgets.empty()) {
+    bytes += 2 * (result_rows.keys + result_rows.values) + rows * 2 * sizeof(int32_t);
+  }
+  if (shape.num_query_heads > 0) {
+    const uint64_t group_queries = uint64_t(shape.QueryGroup()) * uint64_t(shape.num_queries);
+    bytes += rows * (row_floats + group_queries + 4) * sizeof(double) +
+             result_rows.keys + result_rows.values;
   }
   return bytes;
 }
@@ -60,8 +69,7 @@ absl::StatusOr<std::unique_ptr<IncomingJob>> IncomingJob::Create(const v1::Start
       !checked.ok()) {
     return FromEngine(checked);
   }
-  InputBytes bytes = InputBytesOf(shape);
-  if (spec.has_counts) bytes.counts = uint64_t(shape.TotalRows()) * sizeof(uint32_t);
+  InputBytes bytes = InputBytesOf(spec);
   if (bytes.total() > options.max_job_bytes) {
     return FieldError(absl::StatusCode::kResourceExhausted, {"start_job.num_tokens"},
                       absl::StrCat("start_job: the job's input is ", bytes.total(),
@@ -87,7 +95,7 @@ absl::StatusOr<std::unique_ptr<IncomingJob>> IncomingJob::Create(const v1::Start
     if (job->regions_->has_input()) bytes.keys = bytes.values = 0;
   }
   job->footprint_bytes_ = bytes.total() + MaxResultBytes(shape, spec.options, spec.output_dtype) +
-                          Fp8StagingBytes(shape, spec.options, spec.output_dtype);
+                          StagingBytes(shape, spec.options, spec.output_dtype, spec.has_scores);
   job->inputs_ = inputs;
   job->bytes_ = bytes;
   job->view_ = shape;
@@ -101,27 +109,37 @@ void IncomingJob::AllocateInput() {
   keys_ = Allocate(inputs_, bytes_.keys);
   values_ = Allocate(inputs_, bytes_.values);
   counts_ = Allocate(inputs_, bytes_.counts);
-  view_ = job_.View(keys_.get(), values_.get(), reinterpret_cast<const uint32_t*>(counts_.get()));
+  scores_ = Allocate(inputs_, bytes_.scores);
+  queries_ = Allocate(inputs_, bytes_.queries);
+  const auto* counts = reinterpret_cast<const uint32_t*>(counts_.get());
+  const auto* scores = reinterpret_cast<const float*>(scores_.get());
+  const auto* queries = reinterpret_cast<const float*>(queries_.get());
+  view_ = job_.View(keys_.get(), values_.get(), counts, scores, queries);
   if (regions_.has_value() && regions_->has_input()) {
     if (regions_->counts().has_value()) {
       std::memcpy(counts_.get(), regions_->counts()->data, bytes_.counts);
     }
-    view_ = job_.View(regions_->keys().data, regions_->values().data,
-                      reinterpret_cast<const uint32_t*>(counts_.get()));
+    view_ = job_.View(regions_->keys().data, regions_->values().data, counts, scores, queries);
   }
   MakeAssembler();  // no slab has arrived yet: AddSlab allocates first
 }
 
 void IncomingJob::MakeAssembler() {
-  if (regions_.has_value() && regions_->has_input()) {
-    slabs_.emplace(job_.job_id, std::vector<SlabAssembler::Tensor>{});  // complete: no slabs
-    return;
+  std::vector<SlabAssembler::Tensor> tensors;
+  // In shared memory, keys, values and counts are read in place; scores and queries
+  // always come as slabs.
+  if (!regions_.has_value() || !regions_->has_input()) {
+    tensors.push_back({v1::TENSOR_KEYS, keys_.get(), bytes_.keys, "keys"});
+    tensors.push_back({v1::TENSOR_VALUES, values_.get(), bytes_.values, "values"});
+    if (job_.has_counts) {
+      tensors.push_back({v1::TENSOR_COUNTS, counts_.get(), bytes_.counts, "counts"});
+    }
   }
-  std::vector<SlabAssembler::Tensor> tensors = {
-      {v1::TENSOR_KEYS, keys_.get(), bytes_.keys, "keys"},
-      {v1::TENSOR_VALUES, values_.get(), bytes_.values, "values"}};
-  if (job_.has_counts) {
-    tensors.push_back({v1::TENSOR_COUNTS, counts_.get(), bytes_.counts, "counts"});
+  if (job_.has_scores) {
+    tensors.push_back({v1::TENSOR_SCORES, scores_.get(), bytes_.scores, "scores"});
+  }
+  if (job_.num_query_heads > 0) {
+    tensors.push_back({v1::TENSOR_QUERIES, queries_.get(), bytes_.queries, "queries"});
   }
   slabs_.emplace(job_.job_id, std::move(tensors));
 }

@@ -4,8 +4,9 @@
 // field). A job by reference to shared memory (StartJob.region_input / region_output) reads
 // its keys and values in place from the client's region instead (only its counts are
 // copied: the engine sizes its result by them, so the client must not change them mid-job)
-// and is complete at once. Thread-compatible: owned by one stream, handed to one worker
-// task when complete.
+// and is complete at once (a scored or fitted job once its scores and queries arrive: they
+// always come as slabs). Thread-compatible: owned by one stream, handed to one worker task
+// when complete.
 #pragma once
 
 #include <chrono>
@@ -54,7 +55,7 @@ class IncomingJob {
   bool complete() const { return slabs_->complete(); }
   // The input tensors still short of bytes, e.g. "TENSOR_VALUES (0 of 4096 bytes)".
   std::string MissingTensors() const { return slabs_->MissingTensors(); }
-  // The first of them as a JobError field: "keys", "values" or "counts".
+  // The first of them as a JobError field: "keys", "values", "counts", "scores", "queries".
   const char* FirstMissingField() const { return slabs_->FirstMissingField(); }
   int32_t priority() const { return job_.priority; }
   // From StartJob.timeout_ms, counted from Create(); nullopt = none.
@@ -103,7 +104,7 @@ class IncomingJob {
   std::optional<std::chrono::steady_clock::time_point> deadline_;
   InputBytes bytes_;
   bool allocated_ = false;
-  PooledInput keys_, values_, counts_;
+  PooledInput keys_, values_, counts_, scores_, queries_;
   std::optional<SlabAssembler> slabs_;
   uint64_t footprint_bytes_ = 0;
   LayerView view_;

@@ -22,7 +22,7 @@ SlabWriter::CopyBytes RoundedRows(const std::vector<float>& rows, DType dtype) {
 
 std::vector<SlabWriter::Tensor> ResultTensors(const CompressResult& result, DType output_dtype) {
   const ResultBytes bytes = ResultBytesOf(result, output_dtype);
-  std::vector<SlabWriter::Tensor> tensors(4);
+  std::vector<SlabWriter::Tensor> tensors(5);
   tensors[0] = {v1::TENSOR_OUT_KEYS, bytes.keys, nullptr, {}};
   tensors[1] = {v1::TENSOR_OUT_VALUES, bytes.values, nullptr, {}};
   if (IsFp8(result.dtype)) {
@@ -41,7 +41,8 @@ std::vector<SlabWriter::Tensor> ResultTensors(const CompressResult& result, DTyp
     tensors[1].copy = RoundedRows(result.values, output_dtype);
   }
   tensors[2] = {v1::TENSOR_OUT_COUNTS, bytes.counts, result.counts.data(), {}};
-  tensors[3] = {v1::TENSOR_ASSIGNMENT, bytes.assignment, result.assignment.data(), {}};
+  tensors[3] = {v1::TENSOR_OUT_LOG_WEIGHTS, bytes.log_weights, result.log_weights.data(), {}};
+  tensors[4] = {v1::TENSOR_ASSIGNMENT, bytes.assignment, result.assignment.data(), {}};
   return tensors;
 }
 

@@ -30,6 +30,7 @@ CpuEngine::CpuEngine(EngineLimits limits, CpuEngineOptions options)
     : ClusterEngine(limits),
       level_(ChooseLevel(options)),
       kernels_(ChooseKernels(level_, options)),
+      fit_kernels_{.exp_floats = kernels_.exp_floats},
       scratch_(std::make_unique<ScratchPool>()) {}
 
 CpuEngine::~CpuEngine() = default;

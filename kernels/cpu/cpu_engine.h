@@ -59,10 +59,11 @@ class CpuEngine final : public ClusterEngine {
   // widened (codes times their scale) inside the kernels, as fp16 rows are: no float32 copy
   // of the input. The result writer streams rows to any memory, a client's shared memory
   // region included. LayerJob checks every input row for Inf / NaN (and the counts) before
-  // it uses them.
+  // it uses them. Fitted jobs run in float32 with this level's exp (KernelTable).
   EngineCaps caps() const override {
     return {.writes_half_rows = true, .writes_fp8_rows = true, .reads_fp8_input = true,
-            .writes_rows_in_place = true, .checks_layer_data = true};
+            .writes_rows_in_place = true, .checks_layer_data = true,
+            .fit_kernels = &fit_kernels_};
   }
   // oneTBB tasks in the caller's arena, like the engine's own.
   void ForEachIndependent(int32_t count, const std::function<void(int32_t)>& fn) const override;
@@ -80,6 +81,7 @@ class CpuEngine final : public ClusterEngine {
 
   SimdLevel level_;
   KernelTable kernels_;  // KernelsFor(level_), with int16_min_chunk lowered if asked
+  FitKernels fit_kernels_;
   std::unique_ptr<ScratchPool> scratch_;
 };
 

@@ -184,6 +184,10 @@ struct KernelTable {
   // The shortest chunk (rows) that match_int16 runs: shorter ones do not pay for rounding
   // and packing their rows (the per-level values below, measured).
   int32_t int16_min_chunk;
+
+  // x[i] = e^x[i] for i < count, in float (Cephes' polynomial, within 2 ulp), for the fit
+  // of fitted jobs (kernels/fit/); arguments clamped to [-87.3, 88.7].
+  void (*exp_floats)(float* x, int64_t count);
 };
 
 // KernelTable::stream_halves' flags.

@@ -181,6 +181,10 @@ uint32_t StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* o
   return flags;
 }
 
+void ExpFloats(float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] = std::exp(std::clamp(x[i], -87.3f, 88.7f));
+}
+
 }  // namespace
 
 bool Fp8RowsWidenFinite(const RowBlock& rows, int64_t first, int32_t count, int32_t dim) {
@@ -201,7 +205,8 @@ const KernelTable& ScalarKernels() {
                                  ScoreRow,          MergeRow<float>,    MergeRow<double>,
                                  ConvertRow<float>, ConvertRow<double>, ConvertRows,
                                  RowsFinite,        StreamFloats,       StreamHalves,
-                                 nullptr,           nullptr,            0};
+                                 nullptr,           nullptr,            0,
+                                 ExpFloats};
   return table;
 }
 

@@ -105,6 +105,13 @@ absl::StatusOr<JobRegionMemory> JobRegionMemory::Resolve(const JobRegions& spans
         return s;
       }
     }
+    if (out.log_weights.has_value()) {
+      if (absl::Status s = map(*out.log_weights, "start_job.region_output.log_weights",
+                               &memory.out_log_weights_);
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   return memory;
 }
@@ -119,7 +126,7 @@ absl::Status JobRegionMemory::WriteResult(const CompressResult& result,
                                           DType output_dtype) const {
   const std::vector<SlabWriter::Tensor> tensors = ResultTensors(result, output_dtype);
   const std::optional<MappedSpan>* targets[] = {&out_keys_, &out_values_, &out_counts_,
-                                                &assignment_};
+                                                &out_log_weights_, &assignment_};
   for (size_t i = 0; i < tensors.size(); ++i) {
     const SlabWriter::Tensor& tensor = tensors[i];
     const bool rows = i < 2;  // out_keys, out_values
@@ -142,7 +149,8 @@ absl::Status JobRegionMemory::WriteResult(const CompressResult& result,
 std::vector<const MappedSpan*> JobRegionMemory::Spans() const {
   std::vector<const MappedSpan*> spans;
   for (const std::optional<MappedSpan>* span :
-       {&keys_, &values_, &counts_, &out_keys_, &out_values_, &out_counts_, &assignment_}) {
+       {&keys_, &values_, &counts_, &out_keys_, &out_values_, &out_counts_, &out_log_weights_,
+        &assignment_}) {
     if (span->has_value()) spans.push_back(&**span);
   }
   return spans;

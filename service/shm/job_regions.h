@@ -68,7 +68,7 @@ class JobRegionMemory {
 
  private:
   std::optional<MappedSpan> keys_, values_, counts_;
-  std::optional<MappedSpan> out_keys_, out_values_, out_counts_, assignment_;
+  std::optional<MappedSpan> out_keys_, out_values_, out_counts_, out_log_weights_, assignment_;
   // The spans present, in the codec's order (inputs, then outputs).
   std::vector<const MappedSpan*> Spans() const;
   std::vector<std::shared_ptr<MappedRegion>> held_;  // the job's mappings

@@ -122,6 +122,9 @@ CompressResult AsEngineResult(const LayerResult& result) {
   out.counts = result.counts;
   out.assignment = result.assignment;
   out.passes_run = result.passes_run;
+  out.head_budgets = result.head_budgets;
+  out.head_exact_entries = result.head_exact_entries;
+  out.log_weights = result.log_weights;
   return out;
 }
 

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "centroidkv/common/field_status.h"
 #include "gtest/gtest.h"
 #include "kernels/reference/reference_engine.h"
 #include "tests/testing/random_layer.h"
@@ -425,6 +427,141 @@ TEST(TensorLayoutTest, NamesAndOffsets) {
   EXPECT_EQ(view.RowIndex(2, 1), 1 * 3 + 2);
   EXPECT_EQ(view.ValueOffset(2, 1), (1 * 3 + 2) * 2);
   EXPECT_EQ(view.CountAt(2, 1), 1u);  // no counts: all 1
+}
+
+}  // namespace
+}  // namespace centroidkv
+
+namespace centroidkv {
+namespace {
+
+// Scored, budgeted and fitted jobs: each bad field refused by name (and head / entry where
+// one is at fault), by PlanLayer and Compress alike.
+struct BadScoredCase {
+  std::string name;
+  std::function<void(LayerView*, CompressOptions*, std::vector<float>* scores,
+                      std::vector<float>* queries)>
+      mutate;
+  std::string field;
+  std::optional<int64_t> head = std::nullopt, token = std::nullopt;
+};
+
+void PrintTo(const BadScoredCase& c, std::ostream* os) { *os << c.name; }
+
+class BadScoredJobTest : public ::testing::TestWithParam<BadScoredCase> {};
+
+TEST_P(BadScoredJobTest, IsRejectedNamingTheField) {
+  const RandomLayer layer = RandomLayer::Generate(BaseSpec());  // H=2, n=40, dk=8
+  std::vector<float> scores(2 * 40, 1.0f), queries(4 * 3 * 8, 0.5f);
+  LayerView view = layer.view();
+  view.scores = scores.data();
+  view.queries = queries.data();
+  view.num_query_heads = 4;
+  view.num_queries = 3;
+  CompressOptions options;
+  options.sink_tokens = 2;
+  options.recent_tokens = 4;
+  ASSERT_TRUE(Validate(view, options).ok()) << "the unmutated job is valid";
+  GetParam().mutate(&view, &options, &scores, &queries);
+  const absl::Status status = Validate(view, options);
+  ExpectError(status, kInvalid, GetParam().field);
+  const std::optional<FieldLocation> where = GetFieldLocation(status);
+  ASSERT_TRUE(where.has_value()) << status;
+  EXPECT_EQ(where->field, GetParam().field);
+  EXPECT_EQ(where->head, GetParam().head);
+  EXPECT_EQ(where->token, GetParam().token);
+}
+
+using Scores = std::vector<float>;
+INSTANTIATE_TEST_SUITE_P(
+    Fields, BadScoredJobTest,
+    ::testing::Values(
+        BadScoredCase{"ScoreNaN", [](LV*, CO*, Scores* s, Scores*) { (*s)[40 + 7] = kNaN; },
+                      "scores", 1, 7},
+        BadScoredCase{"ScoreInf", [](LV*, CO*, Scores* s, Scores*) { (*s)[3] = -kInf; },
+                      "scores", 0, 3},
+        BadScoredCase{"QueryNaN", [](LV*, CO*, Scores*, Scores* q) { (*q)[(2 * 3 + 1) * 8 + 5] = kNaN; },
+                      "queries", 2, 1},
+        BadScoredCase{"QueryHeadsDoNotDivide",
+                      [](LV* l, CO*, Scores*, Scores*) { l->num_query_heads = 3; },
+                      "num_query_heads"},
+        BadScoredCase{"NoQueriesPerHead", [](LV* l, CO*, Scores*, Scores*) { l->num_queries = 0; },
+                      "num_queries"},
+        BadScoredCase{"QueriesMissing", [](LV* l, CO*, Scores*, Scores*) { l->queries = nullptr; },
+                      "queries"},
+        BadScoredCase{"ShareAboveOne", [](LV*, CO* o, Scores*, Scores*) { o->centroid_share = 1.5; },
+                      "centroid_share"},
+        BadScoredCase{"ShareNegative",
+                      [](LV*, CO* o, Scores*, Scores*) { o->centroid_share = -0.1; },
+                      "centroid_share"},
+        BadScoredCase{"ShareNaN", [](LV*, CO* o, Scores*, Scores*) { o->centroid_share = kNaN; },
+                      "centroid_share"},
+        BadScoredCase{"MaxClusterNegative",
+                      [](LV*, CO* o, Scores*, Scores*) { o->max_cluster_size = -1; },
+                      "max_cluster_size"},
+        BadScoredCase{"BudgetsWrongLength",
+                      [](LV*, CO* o, Scores*, Scores*) { o->head_budgets = {10}; },
+                      "head_budgets"},
+        BadScoredCase{"BudgetZero",
+                      [](LV*, CO* o, Scores*, Scores*) { o->head_budgets = {10, 0}; },
+                      "head_budgets", 1},
+        BadScoredCase{"BudgetBelowProtected",
+                      [](LV*, CO* o, Scores*, Scores*) { o->head_budgets = {10, 5}; },
+                      "head_budgets", 1},
+        BadScoredCase{"TargetBelowProtected",
+                      [](LV*, CO* o, Scores*, Scores*) { o->target_tokens = 5; },
+                      "target_tokens", 0},
+        BadScoredCase{"PassthroughOverBudget",
+                      [](LV*, CO* o, Scores*, Scores*) {
+                        o->passthrough_heads = {1};
+                        o->head_budgets = {10, 39};
+                      },
+                      "head_budgets", 1},
+        BadScoredCase{"LogWeightBoundZero",
+                      [](LV*, CO* o, Scores*, Scores*) { o->fit.log_weight_bound = 0.0; },
+                      "fit.log_weight_bound"},
+        BadScoredCase{"BlockTokensZero",
+                      [](LV*, CO* o, Scores*, Scores*) { o->fit.block_tokens = 0; },
+                      "fit.block_tokens"},
+        BadScoredCase{"QueryScaleNaN",
+                      [](LV*, CO* o, Scores*, Scores*) { o->fit.query_scale = kNaN; },
+                      "fit.query_scale"}),
+    [](const ::testing::TestParamInfo<BadScoredCase>& info) { return info.param.name; });
+
+// Budgets without scores: the SPEC's job per head needs one merged entry between its sink
+// and recent entries, so a budget of exactly sink + recent cannot be met.
+TEST(EngineValidationTest, UnscoredBudgetNeedsOneMergedEntry) {
+  const RandomLayer layer = RandomLayer::Generate(BaseSpec());
+  CompressOptions options;
+  options.sink_tokens = 2;
+  options.recent_tokens = 4;
+  options.head_budgets = {7, 6};
+  ExpectError(Validate(layer.view(), options), kInvalid, "head_budgets", {"merged"});
+  options.head_budgets = {7, 7};
+  absl::StatusOr<CompressResult> result = ReferenceEngine().Compress(layer.view(), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->offsets, (std::vector<int64_t>{0, 7, 14}));
+  EXPECT_TRUE(result->target_reached);
+  EXPECT_EQ(result->head_budgets, (std::vector<int32_t>{7, 7}));
+}
+
+// A finite fp8 code whose scale makes it overflow float32 names the scale, not the keys.
+TEST(EngineValidationTest, Fp8OverflowNamesTheScale) {
+  const RandomLayer layer = RandomLayer::Generate(BaseSpec());
+  std::vector<uint8_t> keys(2 * 40 * 8, 0x38), values(2 * 40 * 12, 0x38);  // 1.0 in E4M3
+  keys[0] = 0x7e;  // 448
+  const float key_scales[] = {1e37f};
+  const float value_scales[] = {1.0f};
+  LayerView view = layer.view();
+  view.dtype = DType::kFp8E4M3;
+  view.keys = keys.data();
+  view.values = values.data();
+  view.key_scales = key_scales;
+  view.value_scales = value_scales;
+  const absl::Status status = Validate(view, CompressOptions{});
+  ExpectError(status, kInvalid, "key_scales");
+  ASSERT_TRUE(GetFieldLocation(status).has_value());
+  EXPECT_EQ(GetFieldLocation(status)->field, "key_scales");
 }
 
 }  // namespace

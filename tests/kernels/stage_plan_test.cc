@@ -34,6 +34,9 @@ struct Job {
   bool token_major = false;    // output_layout
   bool exact_target = false;
   bool floor = false;          // a similarity floor: the passes may stop short of t
+  bool budgeted = false;       // head_budgets or scores
+  bool fitted = false;         // reference queries
+  bool assignment = true;      // compute_assignment
 };
 
 // Two heads of 64 entries, t = 16, chunks of 8, nothing protected: without a floor the
@@ -56,12 +59,19 @@ LayerPlan PlanOf(const Job& job) {
   plan.options.pad_heads = job.padded_out;
   plan.options.output_layout = job.token_major ? TensorLayout::kTokenMajor
                                                : TensorLayout::kHeadMajor;
+  plan.options.compute_assignment = job.assignment;
+  if (job.budgeted) plan.head_budgets = {16, 16};
+  plan.scored = job.budgeted;
+  plan.fitted = job.fitted;
   return plan;
 }
 
 std::string Describe(const StagePlan& s) {
   return std::string("widen=") + (s.widen_fp8_input ? "1" : "0") +
          " split=" + (s.split_heads ? "1" : "0") +
+         " budgeted=" + (s.budgeted_heads ? "1" : "0") +
+         " fit=" + (s.fit ? "1" : "0") +
+         " internal_assignment=" + (s.internal_assignment ? "1" : "0") +
          " backend=" + std::string(DTypeName(s.backend_dtype)) +
          " in_place=" + (s.rows_in_place ? "1" : "0") +
          " second=" + (s.second_stage ? "1" : "0") +
@@ -149,7 +159,29 @@ INSTANTIATE_TEST_SUITE_P(
              .quantise_fp8 = true}},
         Row{"fp8_in_out_cpu_token_major", {.in = kE5M2, .out = kE5M2, .token_major = true},
             kCpuCaps, false,
-            {.backend_dtype = kF32, .reshape_rows = true, .quantise_fp8 = true}}),
+            {.backend_dtype = kF32, .reshape_rows = true, .quantise_fp8 = true}},
+        // Budgeted heads: each head its own job above the backend, ragged ones included,
+        // float32 rows gathered there (fp8 widened), exact_target's stages not needed.
+        Row{"budgeted_f16_cpu", {.out = kF16, .budgeted = true}, kCpuCaps, true,
+            {.budgeted_heads = true, .backend_dtype = kF32, .round_rows = true}},
+        Row{"budgeted_ragged_exact_fp8_cpu",
+            {.in = kE4M3, .out = kE4M3, .ragged = true, .exact_target = true, .budgeted = true,
+             .assignment = false},
+            kCpuCaps, true,
+            {.widen_fp8_input = true, .budgeted_heads = true, .backend_dtype = kF32,
+             .internal_assignment = true, .quantise_fp8 = true}},
+        // Fitted: the fit on the float32 rows, the assignment kept for it.
+        Row{"fitted_cpu", {.out = kF16, .fitted = true, .assignment = false}, kCpuCaps, true,
+            {.backend_dtype = kF32, .fit = true, .internal_assignment = true,
+             .round_rows = true}},
+        Row{"fitted_exact_reference", {.exact_target = true, .floor = true, .fitted = true},
+            kReferenceCaps, false,
+            {.backend_dtype = kF32, .second_stage = true, .fit = true}},
+        Row{"fitted_budgeted_token_major", {.token_major = true, .budgeted = true,
+                                            .fitted = true},
+            kCudaCaps, false,
+            {.budgeted_heads = true, .backend_dtype = kF32, .fit = true,
+             .reshape_rows = true}}),
     [](const ::testing::TestParamInfo<Row>& info) { return std::string(info.param.name); });
 
 TEST(StagePlanTest, MissedTargetRunsTheSecondStage) {
@@ -169,9 +201,11 @@ TEST(StagePlanTest, EveryCombinationKeepsTheRules) {
   for (DType in : dtypes) {
     for (DType out : dtypes) {
       for (int bits = 0; bits < 32; ++bits) {
+      for (int extra = 0; extra < 4; ++extra) {
         const Job job{.in = in, .out = out, .ragged = (bits & 1) != 0,
                       .padded_out = (bits & 2) != 0, .token_major = (bits & 4) != 0,
-                      .exact_target = (bits & 8) != 0, .floor = (bits & 16) != 0};
+                      .exact_target = (bits & 8) != 0, .floor = (bits & 16) != 0,
+                      .budgeted = (extra & 1) != 0, .fitted = (extra & 2) != 0};
         for (const EngineCaps& caps : all_caps) {
           for (bool row_target : {false, true}) {
             const StagePlan s = PlanStages(PlanOf(job), caps, row_target);
@@ -180,9 +214,9 @@ TEST(StagePlanTest, EveryCombinationKeepsTheRules) {
             // The backend is only asked for what it writes and never reads what it cannot.
             EXPECT_TRUE(caps.WritesResultDType(s.backend_dtype));
             EXPECT_EQ(s.widen_fp8_input,
-                      IsFp8(in) && (!caps.ReadsInputDType(in) || job.ragged));
-            // Split heads and the second stage work on float32 rows.
-            if (s.split_heads || s.second_stage) {
+                      IsFp8(in) && (!caps.ReadsInputDType(in) || job.ragged || job.budgeted));
+            // Split heads, budgeted heads, the second stage and the fit work on float32 rows.
+            if (s.split_heads || s.budgeted_heads || s.second_stage || s.fit) {
               EXPECT_EQ(s.backend_dtype, kF32);
             }
             // The rows end in the result dtype: written so, rounded, or quantised.
@@ -197,8 +231,13 @@ TEST(StagePlanTest, EveryCombinationKeepsTheRules) {
                            s.quantise_fp8);
             }
             EXPECT_EQ(s.reshape_rows, job.padded_out || job.token_major);
-            // exact_target has one of its two stages; other jobs neither.
-            EXPECT_EQ(s.second_stage || s.check_target_reached, job.exact_target);
+            // exact_target has one of its two stages (budgeted heads need neither); other
+            // jobs neither.
+            EXPECT_EQ(s.second_stage || s.check_target_reached,
+                      job.exact_target && !job.budgeted);
+            EXPECT_EQ(s.budgeted_heads, job.budgeted);
+            EXPECT_FALSE(s.budgeted_heads && s.split_heads);
+            EXPECT_EQ(s.fit, job.fitted);
             EXPECT_FALSE(s.second_stage && s.check_target_reached);
             if (s.check_target_reached) {
               EXPECT_FALSE(job.ragged || job.floor);
@@ -206,9 +245,10 @@ TEST(StagePlanTest, EveryCombinationKeepsTheRules) {
           }
         }
       }
+      }
     }
   }
-  EXPECT_EQ(plans, 5 * 5 * 32 * 4 * 2);
+  EXPECT_EQ(plans, 5 * 5 * 32 * 4 * 4 * 2);
 }
 
 }  // namespace

@@ -39,7 +39,8 @@ v1::StartJob GoodStart() {
   RegionOutputToProto({{7, 4096, most.keys},
                        {7, 4096 + most.keys, most.values},
                        {7, 4096 + most.keys + most.values, most.counts},
-                       RegionSpan{7, 8192 + most.keys + most.values, most.assignment}},
+                       RegionSpan{7, 8192 + most.keys + most.values, most.assignment},
+                       std::nullopt},
                       &start);
   return start;
 }

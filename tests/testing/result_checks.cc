@@ -26,6 +26,13 @@ void ExpectOptionsEqual(const CompressOptions& expected, const CompressOptions& 
   EXPECT_EQ(actual.pad_heads, expected.pad_heads);
   EXPECT_EQ(actual.pad_to, expected.pad_to);
   EXPECT_EQ(actual.output_layout, expected.output_layout);
+  EXPECT_EQ(actual.head_budgets, expected.head_budgets);
+  EXPECT_EQ(actual.centroid_share, expected.centroid_share);
+  EXPECT_EQ(actual.max_cluster_size, expected.max_cluster_size);
+  EXPECT_EQ(actual.fit.log_weight_bound, expected.fit.log_weight_bound);
+  EXPECT_EQ(actual.fit.block_tokens, expected.fit.block_tokens);
+  EXPECT_EQ(actual.fit.fit_values, expected.fit.fit_values);
+  EXPECT_EQ(actual.fit.query_scale, expected.fit.query_scale);
 }
 
 void ExpectBitIdentical(const CompressResult& expected, const CompressResult& actual) {
@@ -40,6 +47,14 @@ void ExpectBitIdentical(const CompressResult& expected, const CompressResult& ac
   EXPECT_EQ(actual.fp8_values, expected.fp8_values);
   EXPECT_EQ(actual.key_scales, expected.key_scales);
   EXPECT_EQ(actual.value_scales, expected.value_scales);
+  EXPECT_EQ(actual.head_budgets, expected.head_budgets);
+  EXPECT_EQ(actual.head_exact_entries, expected.head_exact_entries);
+  ASSERT_EQ(actual.log_weights.size(), expected.log_weights.size());
+  for (size_t i = 0; i < expected.log_weights.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&actual.log_weights[i], &expected.log_weights[i], sizeof(float)), 0)
+        << "log-weight " << i << ": " << actual.log_weights[i] << " vs "
+        << expected.log_weights[i];
+  }
   ASSERT_EQ(actual.keys.size(), expected.keys.size());
   ASSERT_EQ(actual.values.size(), expected.values.size());
   for (size_t i = 0; i < expected.keys.size(); ++i) {

@@ -7,7 +7,8 @@
 
 namespace centroidkv::test {
 
-// Offsets, counts, assignment and passes_run equal; keys and values bit-identical.
+// Offsets, counts, assignment, passes_run and the budget account equal; keys,
+// values and log-weights bit-identical.
 void ExpectBitIdentical(const CompressResult& expected, const CompressResult& actual);
 
 // Every field of two option sets equal, each named on failure.

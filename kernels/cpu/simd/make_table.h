@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/rows_finite.h"
+#include "kernels/cpu/simd/exp_simd.h"
 #include "kernels/cpu/simd/merge_simd.h"
 #include "kernels/cpu/simd/soft_match_simd.h"
 
@@ -29,7 +30,8 @@ constexpr KernelTable MakeKernelTable() {
                      V::StreamHalves,
                      nullptr,
                      nullptr,
-                     0};
+                     0,
+                     ExpFloats<V>};
 }
 
 }  // namespace

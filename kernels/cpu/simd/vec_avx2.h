@@ -54,6 +54,14 @@ struct Avx2 {
   static M GreaterI(I a, I b) { return _mm256_castsi256_ps(_mm256_cmpgt_epi32(a, b)); }
   static M EqualI(I a, I b) { return _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b)); }
   static F ToFloat(I x) { return _mm256_cvtepi32_ps(x); }
+  static F RoundNearest(F x) {
+    return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // 2^k for integral k in [-126, 127].
+  static F Pow2(F k) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
+  }
   // Bit l set where lane l of a is at least b (ordered: never for NaN).
   static uint32_t AtLeast(F a, F b) {
     return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GE_OQ)));

@@ -55,6 +55,14 @@ struct Avx512 {
   static M GreaterI(I a, I b) { return _mm512_cmpgt_epi32_mask(a, b); }
   static M EqualI(I a, I b) { return _mm512_cmpeq_epi32_mask(a, b); }
   static F ToFloat(I x) { return _mm512_cvtepi32_ps(x); }
+  static F RoundNearest(F x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // 2^k for integral k in [-126, 127].
+  static F Pow2(F k) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23));
+  }
   // Bit l set where lane l of a is at least b (ordered: never for NaN).
   static uint32_t AtLeast(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
   static float HSum(F x) { return _mm512_reduce_add_ps(x); }

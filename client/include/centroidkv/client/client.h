@@ -59,10 +59,13 @@ struct ShmOutputSlot {
   uint64_t values_offset = 0, values_bytes = 0;
   uint64_t counts_offset = 0, counts_bytes = 0;
   uint64_t assignment_offset = 0, assignment_bytes = 0;  // with compute_assignment
+  uint64_t log_weights_offset = 0, log_weights_bytes = 0;  // a fitted job (layer.queries)
 };
 
 // One layer job. The buffers in `layer` are borrowed: they must stay valid until the
 // job's result has been returned by Next() (or the job was cancelled, or the stream ended).
+// `layer.scores` makes it a scored job and `layer.queries` a fitted one
+// (docs/scored-jobs.md); both always travel as slabs.
 struct LayerJob {
   uint32_t layer_index = 0;
   LayerView layer;
@@ -115,6 +118,12 @@ struct LayerResult {
   // x key_scales[h]. Empty for other dtypes.
   std::vector<float> key_scales;
   std::vector<float> value_scales;
+  // Budgeted jobs: each head's budget; scored jobs: its entries kept exact ([H]; else empty).
+  std::vector<int32_t> head_budgets;
+  std::vector<int32_t> head_exact_entries;
+  // Fitted jobs: each row's log-weight ([total]), added to its key's logit instead of
+  // ln(count); empty for other jobs.
+  std::vector<float> log_weights;
   // A job with LayerJob::shm_output: the tensors were written to the region (keys, values,
   // counts and assignment above stay empty); these point at them, valid while the region
   // lives and until its slot is used again. Sizes as the vectors above would have.
@@ -126,6 +135,7 @@ struct LayerResult {
     const uint32_t* counts = nullptr;  // [total]
     const int32_t* assignment = nullptr;
     uint64_t assignment_elements = 0;
+    const float* log_weights = nullptr;  // a fitted job: [total]
   };
   std::optional<RegionTensors> in_region;
 

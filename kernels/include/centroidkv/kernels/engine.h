@@ -56,6 +56,13 @@ struct CompressControl {
   }
 };
 
+// Kernels a backend lends to the fit stage above it (kernels/fit/; EngineCaps::fit_kernels).
+struct FitKernels {
+  // x[i] = e^x[i] for i < count, float32, within a few ulp for x <= 88 (0 or a subnormal
+  // below about -87).
+  void (*exp_floats)(float* x, int64_t count) = nullptr;
+};
+
 // What a backend does itself, as one struct (in the manner of ggml's
 // ggml_backend_dev_caps). Whatever a backend does not do, the engine's stages do above it,
 // the same for every backend (kernels/stage_plan.h decides which, once per job).
@@ -76,6 +83,8 @@ struct EngineCaps {
   // element and returns CheckLayerData's error, so the engine skips its own sweep over the
   // data. Such a job cancelled before it starts reports CANCELLED even when its data is bad.
   bool checks_layer_data = false;
+  // Fitted jobs run in float32 with these kernels; null: in float64 (kernels/fit/).
+  const FitKernels* fit_kernels = nullptr;
 
   bool WritesResultDType(DType dtype) const {
     if (dtype == DType::kFloat32) return true;
@@ -92,6 +101,12 @@ struct LayerPlan {
   std::vector<int32_t> head_lengths;   // [H] real entries per head (without count-0 padding)
   bool regular = true;                 // not ragged and no padding: the backend runs it as is
   DType input_dtype = DType::kFloat32; // of the layer's keys and values
+  // Budgeted jobs (CompressOptions::head_budgets, or scores): [H] the most entries each head
+  // keeps, resolved (t for a compressed head, its length for a passthrough head, unless
+  // head_budgets says otherwise); empty for other jobs.
+  std::vector<int64_t> head_budgets;
+  bool scored = false;  // the layer carries scores
+  bool fitted = false;  // the layer carries reference queries
   CompressOptions options;
   // Where the backend writes the rows, when CompressControl::row_target may be used (set
   // only for a backend that writes rows in place, and checked to hold H * n rows of each
@@ -100,6 +115,7 @@ struct LayerPlan {
 
   // The similarity floor of pass p, or -infinity when the floor is off.
   double FloorForPass(int32_t pass) const;
+  bool budgeted() const { return !head_budgets.empty(); }
 };
 
 class ClusterEngine {

@@ -33,6 +33,9 @@ struct JobAnnouncement {
   int32_t value_dim = 0;
   std::vector<int64_t> head_offsets;  // [H + 1] when ragged, else empty
   bool has_counts = false;
+  bool has_scores = false;          // a scored job: TENSOR_SCORES follows
+  int32_t num_query_heads = 0;      // a fitted job: TENSOR_QUERIES [Hq, m, dk] follows
+  int32_t num_queries = 0;
   std::vector<float> key_scales;    // fp8 input: 1 or H entries each, else empty
   std::vector<float> value_scales;
   // options.compute_assignment = return_assignment; for an fp8 output_dtype,
@@ -44,9 +47,11 @@ struct JobAnnouncement {
   int32_t priority = 0;
 
   // The shape as a LayerView over `keys`, `values`, `counts` (counts null unless
-  // has_counts); head_offsets and the scales point into this object, which must outlive
-  // the view.
-  LayerView View(const void* keys, const void* values, const uint32_t* counts) const;
+  // has_counts), `scores` (null unless has_scores) and `queries` (null without query
+  // heads; the view has their shape either way); head_offsets and the scales point into
+  // this object, which must outlive the view.
+  LayerView View(const void* keys, const void* values, const uint32_t* counts,
+                 const float* scores = nullptr, const float* queries = nullptr) const;
 };
 
 // A client's StartJob. `layer` gives the shape (ragged when head_offsets is set) and whether
@@ -66,18 +71,24 @@ absl::StatusOr<JobAnnouncement> StartJobFromProto(const v1::StartJob& start);
 struct InputBytes {
   uint64_t keys = 0;
   uint64_t values = 0;
-  uint64_t counts = 0;  // zero without counts
-  uint64_t total() const { return keys + values + counts; }
+  uint64_t counts = 0;   // zero without counts
+  uint64_t scores = 0;   // zero without scores
+  uint64_t queries = 0;  // zero without reference queries
+  uint64_t total() const { return keys + values + counts + scores + queries; }
 };
+// Of a layer whose data pointers say which tensors it has (counts, scores, queries).
 InputBytes InputBytesOf(const LayerView& layer);
+// Of an announced job (its flags say which tensors follow).
+InputBytes InputBytesOf(const JobAnnouncement& job);
 
 // The bytes of a result's output tensors, in the order they travel.
 struct ResultBytes {
   uint64_t keys = 0;
   uint64_t values = 0;
   uint64_t counts = 0;
+  uint64_t log_weights = 0;  // fitted jobs
   uint64_t assignment = 0;
-  uint64_t total() const { return keys + values + counts + assignment; }
+  uint64_t total() const { return keys + values + counts + log_weights + assignment; }
 };
 // Of an engine result whose rows go out in `output_dtype`.
 ResultBytes ResultBytesOf(const CompressResult& result, DType output_dtype);
@@ -85,7 +96,8 @@ ResultBytes ResultBytesOf(const CompressResult& result, DType output_dtype);
 ResultBytes ResultBytesOf(const v1::JobResult& header);
 
 // The worst case of a result's bytes for a job of this shape (every entry kept, each head
-// padded to the longest or to pad_to): what a server reserves for it before it runs.
+// padded to the longest or to pad_to; log-weights where the shape has query heads): what a
+// server reserves for it before it runs.
 uint64_t MaxResultBytes(const LayerView& shape, const CompressOptions& options,
                         DType output_dtype);
 // The same per tensor: what a result written to shared memory needs of each span.

@@ -38,7 +38,8 @@ struct RegionOutputSpans {
   RegionSpan keys;
   RegionSpan values;
   RegionSpan counts;
-  std::optional<RegionSpan> assignment;  // with the assignment
+  std::optional<RegionSpan> assignment;   // with the assignment
+  std::optional<RegionSpan> log_weights;  // a fitted job
 };
 
 void RegionInputToProto(const RegionInputSpans& spans, v1::StartJob* start);
@@ -53,7 +54,8 @@ struct JobRegions {
 
 // The spans of a StartJob read by StartJobFromProto as `job`, checked: input spans hold
 // exactly their tensor's bytes (counts present iff has_counts), output spans at least the
-// largest result (MaxResultTensorBytes; assignment present iff return_assignment), offsets
+// largest result (MaxResultTensorBytes; assignment present iff return_assignment,
+// log_weights iff the job is fitted), offsets
 // are multiples of the element size, and no output span overlaps another span of the job.
 // INVALID_ARGUMENT located at the field ("start_job.region_input.keys.bytes",
 // "start_job.region_output.out_values", ...).

@@ -29,8 +29,10 @@ v1::CompressionParams OptionsToProto(const CompressOptions& options);
 
 // The request field an engine error names (FieldLocation::field), as the wire spells it:
 // "passthrough_heads" -> "start_job.params.passthrough_heads", "num_tokens" ->
-// "start_job.num_tokens"; the input tensors ("keys", "values", "counts") and names already
-// spelled the wire's way ("slab.data", "start_job....") stay as they are.
+// "start_job.num_tokens", "centroid_share" -> "start_job.selection.centroid_share",
+// "fit.block_tokens" -> "start_job.fit.block_tokens"; the input tensors ("keys", "values",
+// "counts", "scores", "queries") and names already spelled the wire's way ("slab.data",
+// "start_job....") stay as they are.
 std::string WireField(absl::string_view engine_field);
 
 StopReason StopReasonFromProto(v1::StopReason reason);

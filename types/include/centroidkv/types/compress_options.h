@@ -11,6 +11,24 @@
 
 namespace centroidkv {
 
+// Fitted jobs (LayerView::queries set; docs/scored-jobs.md): per KV head, real-valued
+// log-weights for the result rows and refitted values for the merged rows, so that
+// attention on the reference queries matches the full cache's. Done above the backends.
+struct FitOptions {
+  static constexpr double kDefaultLogWeightBound = 3.0;
+  static constexpr int32_t kDefaultBlockTokens = 1024;
+
+  // Each row's log-weight stays within ln(count) +- this (> 0).
+  double log_weight_bound = kDefaultLogWeightBound;
+  // The fit runs over blocks of this many input positions (>= 1): each block's rows match
+  // the attention mass of the entries they stand for. Bounds the solves' size.
+  int32_t block_tokens = kDefaultBlockTokens;
+  // The merged rows' values refitted as well (ridge least squares); false: log-weights only.
+  bool fit_values = true;
+  // Scale of q . k in the logits; 0: 1 / sqrt(key_dim).
+  double query_scale = 0.0;
+};
+
 // SPEC.md section 2 parameters. Field names follow the SPEC and the wire API.
 struct CompressOptions {
   static constexpr double kDefaultTargetRatio = 0.25;
@@ -55,6 +73,23 @@ struct CompressOptions {
   int32_t pad_to = 0;
   // kTokenMajor: rows [L, H, d] and counts [L, H], every head padded to L as with pad_heads.
   TensorLayout output_layout = TensorLayout::kHeadMajor;
+
+  // Scored and budgeted jobs (docs/scored-jobs.md; above the backends):
+  static constexpr double kDefaultCentroidShare = 0.2;
+  static constexpr int32_t kDefaultMaxClusterSize = 32;
+  // [H] the most entries each head keeps (>= 1; a passthrough head's at least its length),
+  // sinks, recent and exact entries and centroids all counted; empty: t for every head.
+  // Every head then reaches its budget on its own (uniform_heads has no effect).
+  std::vector<int32_t> head_budgets{};
+  // With scores (LayerView::scores): the share of each head's budget, after its sink and
+  // recent entries, given to centroids of the unkept tail; the rest goes to the top-scored
+  // entries, kept exact. 0: score top-k eviction.
+  double centroid_share = kDefaultCentroidShare;
+  // With scores: a head whose tail centroids would each stand for more than this many
+  // entries on average keeps its whole budget exact instead (0: no limit).
+  int32_t max_cluster_size = kDefaultMaxClusterSize;
+  // With queries (LayerView::queries).
+  FitOptions fit{};
 };
 
 }  // namespace centroidkv

@@ -11,7 +11,7 @@
 namespace centroidkv {
 
 // Caller-owned memory for a result's key and value rows (a client's shared memory region, as
-// the service maps it): an engine that writes rows in place (ClusterEngine::WritesRowsInPlace)
+// the service maps it): an engine that writes rows in place (EngineCaps::writes_rows_in_place)
 // puts them here instead of into the result's own arrays, laid out exactly as those arrays
 // would hold them ([total, dim] in the result's dtype, heads concatenated). Borrowed.
 struct ResultRowTarget {
@@ -57,6 +57,14 @@ struct CompressResult {
   std::vector<int32_t> head_entries; // [H] real (count > 0) output entries per head
   std::vector<uint64_t> head_input_tokens;  // [H] sum of the input counts per head
   std::vector<StopReason> stop_reasons;     // [H]
+  // Budgeted jobs (CompressOptions::head_budgets, or scores): each head's budget; else empty.
+  std::vector<int32_t> head_budgets;
+  // Scored jobs: the entries of each head kept exact (sinks, recent and top-scored, or a
+  // whole passthrough head); the rest of head_entries are tail centroids. Else empty.
+  std::vector<int32_t> head_exact_entries;
+  // Fitted jobs: each row's log-weight, added to its key's logit instead of ln(count)
+  // ([total], in the rows' layout, -infinity for padding rows); else empty.
+  std::vector<float> log_weights;
   bool rows_in_target = false;       // the rows went to CompressControl::row_target
   // Whether rounding the rows once to an fp16 / bf16 dtype made a finite value Inf, per
   // tensor, as the backend that rounded them saw it while writing them (the cpu backend);

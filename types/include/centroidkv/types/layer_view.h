@@ -31,6 +31,14 @@ struct LayerView {
   // per head; each finite and > 0. Empty for other dtypes.
   std::span<const float> key_scales{};
   std::span<const float> value_scales{};
+  // Scored jobs: each entry's importance, laid out as counts are (RowIndex), finite; or
+  // null. The top-scored entries are kept exact (docs/scored-jobs.md).
+  const float* scores = nullptr;
+  // Fitted jobs: reference queries [num_query_heads, num_queries, key_dim] float32, after
+  // RoPE; query head q belongs to KV head q / (num_query_heads / num_heads). Or null.
+  const float* queries = nullptr;
+  int32_t num_query_heads = 0;
+  int32_t num_queries = 0;
 
   // Entries of head `head` (num_tokens unless ragged), and rows of the whole layer.
   int32_t HeadTokens(int32_t head) const {
@@ -61,6 +69,8 @@ struct LayerView {
   uint32_t CountAt(int32_t head, int32_t token) const {
     return counts == nullptr ? 1u : counts[RowIndex(head, token)];
   }
+  // Query heads per KV head (the GQA group), for a fitted job.
+  int32_t QueryGroup() const { return num_heads == 0 ? 0 : num_query_heads / num_heads; }
 };
 
 }  // namespace centroidkv

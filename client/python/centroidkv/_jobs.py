@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _wire
 from .arrays import (DTYPE_SIZE, FP8_DTYPES, Kind, ResultMemory, counts_to_wire, dtype_code,
-                     ints_from_wire, is_torch, rows_from_wire, to_wire)
+                     floats_to_wire, ints_from_wire, is_torch, rows_from_wire, to_wire)
 from .errors import CompressError, invalid_argument, make_error
 from .result import LayerResult
 from .shm import ResultSpace, largest_result_bytes
@@ -28,6 +28,10 @@ _UINT_PARAMS = ("chunk_size", "sink_tokens", "recent_tokens", "max_passes")
 _FLOAT_PARAMS = ("min_similarity", "tighten_per_pass")
 PARAM_NAMES = ("target_ratio", "target_tokens") + _UINT_PARAMS + _FLOAT_PARAMS + (
     "uniform_heads", "passthrough_heads")
+# Scored, budgeted and fitted jobs (docs/scored-jobs.md): compress() keywords besides the
+# tensors scores= and queries=.
+SCORED_NAMES = ("head_budgets", "centroid_share", "max_cluster_size")
+FIT_NAMES = ("log_weight_bound", "fit_block_tokens", "fit_values", "query_scale")
 
 
 def compression_params(target_ratio=None, target_tokens=None, chunk_size=None,
@@ -123,13 +127,17 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
              output_layout: Optional[str] = None, timeout: Optional[float] = None,
              priority: Optional[int] = None, region=None, output=None, input_dtype=None,
              key_scale=None, value_scale=None, output_key_scale=None,
-             output_value_scale=None, **params) -> Job:
+             output_value_scale=None, scores=None, queries=None, head_budgets=None,
+             centroid_share=None, max_cluster_size=None, log_weight_bound=None,
+             fit_block_tokens=None, fit_values=None, query_scale=None, **params) -> Job:
     """The Job of one compress() call. `keys` may be a LayerResult (a previous result sent
     back as it is: its rows, counts, per-head lengths and fp8 scales). fp8 input takes
     key_scale / value_scale (a float, or one per head); an fp8 output_dtype takes static
     output_key_scale / output_value_scale, or none for per-head dynamic ones. With `region` (a SharedRegion)
     the tensors must lie in it and go by reference: the StartJob names them, no slabs. With
-    `output` (a ResultSpace) the server writes the result there: no result slabs."""
+    `output` (a ResultSpace) the server writes the result there: no result slabs.
+    `scores` (one per input row, shaped as counts) makes a scored job, `queries`
+    ([Hq, m, dk] after RoPE) a fitted one; both always go as slabs (docs/scored-jobs.md)."""
     unknown = set(params) - set(PARAM_NAMES)
     if unknown:
         raise TypeError(f"unknown compression parameter(s): {', '.join(sorted(unknown))}")
@@ -208,6 +216,9 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
     if region is not None:
         _by_reference(region, tensors, start)
         tensors = []
+    tensors += _scored_and_fitted(start, k.shape[:-1], heads, k.shape[-1], scores, queries,
+                                  head_budgets, centroid_share, max_cluster_size,
+                                  log_weight_bound, fit_block_tokens, fit_values, query_scale)
     if output is not None:
         _output_to(output, start, max(tokens, pad_to or 0))
     if timeout is not None:
@@ -220,6 +231,49 @@ def make_job(job_id: int, layer_index: int, keys, values=None, counts=None, *,
             raise invalid_argument("priority", f"must be an int32 (got {priority!r})")
         start.priority = int(priority)
     return Job(job_id, layer_index, start, tensors, kind, output)
+
+
+def _scored_and_fitted(start: pb.StartJob, rows_shape: tuple, heads: int, key_dim: int,
+                       scores, queries, head_budgets, centroid_share, max_cluster_size,
+                       log_weight_bound, fit_block_tokens, fit_values, query_scale) -> list:
+    """The StartJob fields and slab tensors of a scored / budgeted / fitted job."""
+    tensors = []
+    if scores is not None:
+        tensors.append((pb.TENSOR_SCORES, floats_to_wire(scores, "scores", rows_shape)))
+        start.has_scores = True
+    if head_budgets is not None:
+        b = head_budgets.detach().cpu().numpy() if is_torch(head_budgets) else head_budgets
+        start.head_budgets.extend(_uint("head_budgets", x, 1)
+                                  for x in np.asarray(b).reshape(-1).tolist())
+    if centroid_share is not None:
+        start.selection.centroid_share = float(centroid_share)
+    if max_cluster_size is not None:
+        start.selection.max_cluster_size = _uint("max_cluster_size", max_cluster_size)
+    fit_given = any(x is not None for x in (log_weight_bound, fit_block_tokens, fit_values,
+                                            query_scale))
+    if queries is None:
+        if fit_given:
+            raise invalid_argument("queries", "the fit's options need reference queries")
+        return tensors
+    q = floats_to_wire(queries, "queries")
+    if len(q.shape) != 3 or q.shape[2] != key_dim:
+        raise invalid_argument("queries", f"must be [query_heads, queries, {key_dim}] (the keys' "
+                               f"dim), got shape {q.shape}")
+    if q.shape[0] == 0 or q.shape[0] % heads != 0:
+        raise invalid_argument("queries", f"has {q.shape[0]} query heads, not a multiple of the "
+                               f"{heads} KV heads")
+    fit = start.fit
+    fit.num_query_heads, fit.num_queries = q.shape[0], q.shape[1]
+    if log_weight_bound is not None:
+        fit.log_weight_bound = float(log_weight_bound)
+    if fit_block_tokens is not None:
+        fit.block_tokens = _uint("fit_block_tokens", fit_block_tokens, 1)
+    if fit_values is not None:
+        fit.fit_values = bool(fit_values)
+    if query_scale is not None:
+        fit.query_scale = float(query_scale)
+    tensors.append((pb.TENSOR_QUERIES, q))
+    return tensors
 
 
 def _scales(name: str, scale) -> list:
@@ -322,6 +376,7 @@ class Assembler:
         sizes = {pb.TENSOR_OUT_KEYS: header.out_keys_bytes,
                  pb.TENSOR_OUT_VALUES: header.out_values_bytes,
                  pb.TENSOR_OUT_COUNTS: header.out_counts_bytes,
+                 pb.TENSOR_OUT_LOG_WEIGHTS: header.out_log_weights_bytes,
                  pb.TENSOR_ASSIGNMENT: header.assignment_bytes}
         if header.in_region:
             # Written into the job's ResultSpace: the header is the whole reply.
@@ -332,7 +387,8 @@ class Assembler:
                     grpc.StatusCode.DATA_LOSS, "the server wrote a result to a region this "
                     "job did not name", job_id=header.job_id)
             arrays = {pb.TENSOR_OUT_KEYS: space.keys, pb.TENSOR_OUT_VALUES: space.values,
-                      pb.TENSOR_OUT_COUNTS: space.counts, pb.TENSOR_ASSIGNMENT: space.assignment}
+                      pb.TENSOR_OUT_COUNTS: space.counts, pb.TENSOR_ASSIGNMENT: space.assignment,
+                      pb.TENSOR_OUT_LOG_WEIGHTS: getattr(space, "log_weights", None)}
             buffers = {t: (arrays[t][:n] if arrays[t] is not None else np.empty(0, np.uint8))
                        for t, n in sizes.items()}
             self.partial[header.job_id] = _Partial(header, buffers, 0)
@@ -374,6 +430,13 @@ class Assembler:
         token_major = header.layout == pb.LAYOUT_TOKEN_MAJOR
         # Token-major: rows [L, H, d], counts [L, H]; head-major: [total, d], [total].
         lead = (header.padded_length, heads) if token_major else (-1,)
+        log_weights = None
+        if header.out_log_weights_bytes:
+            log_weights = b[pb.TENSOR_OUT_LOG_WEIGHTS].view(np.float32).reshape(lead).copy()
+            if kind.torch:
+                import torch
+
+                log_weights = torch.from_numpy(log_weights).to(kind.device)
         result = LayerResult(
             keys=rows_from_wire(b[pb.TENSOR_OUT_KEYS], header.dtype, lead + (header.key_dim,), kind),
             values=rows_from_wire(b[pb.TENSOR_OUT_VALUES], header.dtype,
@@ -393,7 +456,12 @@ class Assembler:
             dtype=pb.DType.Name(header.dtype)[len("DTYPE_"):].lower(),
             key_scales=np.asarray(header.key_scales, np.float32) if header.key_scales else None,
             value_scales=(np.asarray(header.value_scales, np.float32)
-                          if header.value_scales else None))
+                          if header.value_scales else None),
+            head_budgets=(np.asarray(header.head_budgets, np.int64)
+                          if header.head_budgets else None),
+            head_exact_entries=(np.asarray(header.head_exact_entries, np.int64)
+                                if header.head_exact_entries else None),
+            log_weights=log_weights)
         return job_id, result
 
 

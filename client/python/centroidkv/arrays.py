@@ -134,6 +134,20 @@ def counts_to_wire(x: Any) -> WireArray:
     return WireArray(0, a.shape, memoryview(a.reshape(-1).view(np.uint8)), a)
 
 
+def floats_to_wire(x: Any, field: str, shape: Optional[tuple] = None) -> WireArray:
+    """Scores or reference queries: any real array or tensor, sent as float32; `shape`, when
+    given, is the shape it must have."""
+    if is_torch(x):
+        x = x.detach().float().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
+        raise invalid_argument(field, f"dtype {a.dtype} is not a real number type")
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if shape is not None and a.shape != tuple(shape):
+        raise invalid_argument(field, f"must have shape {tuple(shape)}, got {a.shape}")
+    return WireArray(pb.DTYPE_FLOAT32, a.shape, memoryview(a.reshape(-1).view(np.uint8)), a)
+
+
 # Result buffers of at least this size come from ResultMemory: mapped with their pages
 # populated at once, and recycled when the caller has dropped every array made from them.
 # A fresh np.empty buffer is filled page fault by page fault, each fault also asking for a

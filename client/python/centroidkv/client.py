@@ -262,6 +262,11 @@ class Client(ClientCore):
         or one per head: vLLM's k_scale / v_scale); output_dtype="fp8_e4m3" / "fp8_e5m2"
         returns fp8 rows with the result's key_scales / value_scales, static when
         output_key_scale / output_value_scale are given, else per head from the rows.
+        Scored, budgeted and fitted jobs (docs/scored-jobs.md): scores (one per input row,
+        shaped as counts), head_budgets ([H], every kept entry counted), centroid_share,
+        max_cluster_size; queries ([Hq, m, dk] reference queries after RoPE, Hq a multiple
+        of H) with log_weight_bound, fit_block_tokens, fit_values, query_scale: the result's
+        log_weights then replace ln(count) in attention (LayerResult.attention_bias()).
         Raises CompressError."""
         jobs = self._one_job(keys, values, counts, layer_index, options)
         return [result for _, result in self._run(jobs)][0]

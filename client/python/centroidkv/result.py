@@ -37,6 +37,12 @@ class LayerResult:
     key_scales[h] (vLLM's k_scale / v_scale, per head). float_keys() / float_values() widen
     any result's rows to float32 with its scales.
 
+    Scored and budgeted jobs (scores=, head_budgets=; docs/scored-jobs.md): head_budgets and
+    head_exact_entries ([H]; the rest of head_entries are tail centroids). Fitted jobs
+    (queries=): log_weights, laid out as counts, each row's real-valued log-weight, added to
+    its key's logit instead of ln(count) (-inf for padding rows); attention_bias() gives
+    whichever applies.
+
     A LayerResult goes back for another round as it is: client.compress(result, ...)."""
 
     keys: Any
@@ -62,6 +68,9 @@ class LayerResult:
     dtype: str = ""               # of keys and values: "float32", ..., "fp8_e4m3"
     key_scales: Any = None        # fp8 results: [H] float32 scales, else None
     value_scales: Any = None
+    head_budgets: Any = None        # budgeted jobs: [H] int64, each head's budget
+    head_exact_entries: Any = None  # scored jobs: [H] int64, entries kept exact
+    log_weights: Any = None         # fitted jobs: float32, one per row (as counts)
 
     def float_keys(self):
         """The keys as float32 numpy rows, fp8 codes times their head's scale."""
@@ -86,6 +95,20 @@ class LayerResult:
             return wide * np.asarray(scales, np.float32)[None, :, None]
         per_row = np.repeat(np.asarray(scales, np.float32), np.diff(np.asarray(self.offsets)))
         return wide * per_row[:, None]
+
+    def attention_bias(self):
+        """What attention adds to each row's logit, laid out as counts (float32 numpy, or a
+        torch tensor for torch results): the fitted log-weights, else ln(count) (-inf for
+        count-0 padding)."""
+        import numpy as np
+
+        from .arrays import is_torch
+        if self.log_weights is not None:
+            return self.log_weights
+        if is_torch(self.counts):
+            return self.counts.float().log()
+        with np.errstate(divide="ignore"):
+            return np.log(np.asarray(self.counts, np.float32))
 
     @property
     def total_entries(self) -> int:

@@ -42,9 +42,12 @@ import kvpress
 import centroidkv
 from centroidkv.convert_llama2c import to_transformers, tokenizer_to_transformers
 from centroidkv.kvpress import CentroidKVPress
+from centroidkv.presets import SMALL_MODEL
 from centroidkv.transformers import enable
 
-SINKS, RECENT, CHUNK = 4, 32, 32  # centroidkv-quality's defaults; kvpress's n_sink is 4 too
+# centroidkv-quality's preset; kvpress's n_sink is 4 too.
+PRESET = "small-model"
+SINKS, RECENT, CHUNK = (SMALL_MODEL[k] for k in ("sink_tokens", "recent_tokens", "chunk_size"))
 
 
 # ---- budgets as the C++ tools count them (worker/quality/methods.cc) ----------------------
@@ -107,12 +110,42 @@ def kvpress_presses():
 OURS = ("centroidkv", "centroidkv+outliers")
 FP8 = "(fp8_e4m3)"  # the centroids come back as E4M3 codes with per-head scales
 
+# Scored presses (docs/scored-jobs.md): a kvpress scorer's scores in the model, one budget
+# over all layers x heads (or, "/equal", every head the same), scored jobs on the server.
+#   centroidkv+kvzip             KVzip's scores, tail centroids at the best share measured
+#   centroidkv+kvzip+fit         the same, fitted to KVzip's replay queries
+#   centroidkv+SCORER@SHARE      a scorer (kvzip, snapkv) at a given centroid share
+#   centroidkv+SCORER@SHARE/equal  equal per-head budgets instead of the global one
+SCORED_SINKS, SCORED_RECENT = 4, 0  # KVzip's: 4 sinks, no recent window
+SCORED_OPTIONS: dict = {}  # --scored-options: more Client.compress keywords for scored presses
+BEST_SHARE = 0.15  # the server's default, calibrated on calibration texts (docs/scored-jobs.md)
+SCORERS = {"kvzip": lambda: kvpress.KVzipPress(compression_ratio=0.5),
+           "snapkv": lambda: kvpress.SnapKVPress(compression_ratio=0.5)}
+
+
+def scored_press(method, kept, client):
+    """The press of a centroidkv+SCORER[@SHARE][/equal][+fit] method."""
+    spec = method[len("centroidkv+"):]
+    fit = spec.endswith("+fit")
+    spec = spec.removesuffix("+fit")
+    allocation = "global"
+    if spec.endswith("/equal"):
+        spec, allocation = spec.removesuffix("/equal"), "equal"
+    scorer, _, share = spec.partition("@")
+    return CentroidKVPress(client, target_ratio=kept, scorer=SCORERS[scorer](), fit=fit,
+                           allocation=allocation, **SCORED_OPTIONS,
+                           centroid_share=float(share) if share else BEST_SHARE,
+                           chunk_size=CHUNK, sink_tokens=SCORED_SINKS,
+                           recent_tokens=SCORED_RECENT)
+
 
 def make_press(method, kept, n, config, client, ranking):
     base = method.removesuffix(FP8)
     if base in OURS:
         return centroidkv_press(client, kept, n, config, ranking if base == OURS[1] else [],
                                 "fp8_e4m3" if method.endswith(FP8) else None)
+    if base.startswith("centroidkv+") and base.split("+")[1].split("@")[0].split("/")[0] in SCORERS:
+        return scored_press(method, kept, client)
     return kvpress_presses()[method](1.0 - kept)
 
 
@@ -258,7 +291,14 @@ def main() -> int:
                     "--tokens-file)")
     ap.add_argument("--json-out", required=True)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--scored-options", default="{}",
+                    help="JSON of more Client.compress keywords for the scored presses, e.g. "
+                    "'{\"max_cluster_size\": 32, \"fit_block_tokens\": 64}'")
     args = ap.parse_args()
+    SCORED_OPTIONS.update(json.loads(args.scored_options))
+    print(f"kvpress_quality: preset {PRESET} (chunk {CHUNK}, sink {SINKS}, recent {RECENT}); "
+          f"scored presses: sink {SCORED_SINKS}, recent {SCORED_RECENT}, options "
+          f"{SCORED_OPTIONS}", file=sys.stderr)
     args.budgets = [float(b) for b in args.budgets.split(",")]
     torch.set_num_threads(args.threads)
     model = to_transformers(args.model).requires_grad_(False)
@@ -279,6 +319,9 @@ def main() -> int:
         json.dump(dict(model=args.model, texts=args.texts, seed=args.seed, prefill=args.prefill,
                        continuation=args.continuation, cases=args.cases, cases_count=len(cases),
                        outlier_heads=args.outlier_heads, kvpress=kvpress_version(),
+                       preset=dict(name=PRESET, **SMALL_MODEL),
+                       scored=dict(sink_tokens=SCORED_SINKS, recent_tokens=SCORED_RECENT,
+                                   best_share=BEST_SHARE, **SCORED_OPTIONS),
                        rows=rows), f, indent=1)
     return 0
 

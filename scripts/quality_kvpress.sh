@@ -32,8 +32,7 @@ run_model() {  # NAME MODEL PREFILL CONTINUATION OUTLIERS [more kvpress_quality.
   "${with_server[@]}" "$bin/centroidkv-quality" --server "{server}" --model "$model" \
     --tokenizer ../shared/models/tok512.bin --tokens-file "$work/$name.txt" \
     --prefill "$prefill" --continuation "$continuation" --budgets "$budgets" \
-    --methods centroidkv,streamingllm --calibration-texts 0 --chunk-size 32 --sink-tokens 4 \
-    --recent-tokens 32 --report-md "" \
+    --methods centroidkv,streamingllm --calibration-texts 0 --preset small-model --report-md "" \
     --report-json "docs/results/quality-kvpress-$name-cpp.json" --quiet
 }
 

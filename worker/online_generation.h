@@ -21,6 +21,7 @@
 #include "centroidkv/client/client.h"
 #include "centroidkv/types/compress_options.h"
 #include "centroidkv/types/kinds.h"
+#include "centroidkv/types/presets.h"
 #include "worker/transformer.h"
 
 namespace centroidkv::worker {
@@ -32,9 +33,9 @@ std::string_view OnlineMethodName(OnlineMethod method);
 struct OnlineSettings {
   int32_t prompt_tokens = 16;
   int64_t budget_entries = 0;  // rows per head
-  int32_t sink_tokens = 4;
-  int32_t recent_tokens = 32;
-  int32_t chunk_tokens = 32;    // CentroidKV: positions per chunk
+  int32_t sink_tokens = kSmallModelPreset.sink_tokens;
+  int32_t recent_tokens = kSmallModelPreset.recent_tokens;
+  int32_t chunk_tokens = kSmallModelPreset.chunk_size;  // CentroidKV: positions per chunk
   CompressOptions compression;  // CentroidKV: engine parameters of its jobs
   BackendKind backend = BackendKind::kAuto;
   bool pipelined = true;

@@ -6,7 +6,9 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "centroidkv/types/compress_options.h"
+#include "centroidkv/types/presets.h"
 
 namespace centroidkv::cli {
 
@@ -17,6 +19,44 @@ struct CompressOptionFlagSet {
   bool assignment = true;         // --assignment true/false
   bool output_layout = true;      // --token-major-output
 };
+
+// --preset NAME ("spec", "small-model"; types/presets.h): applies the preset to `*options`
+// and records its name in `*name`. Add it before AddCompressOptionFlags: CLI11 runs the
+// callbacks in the order the options were added, so an explicit --chunk-size,
+// --sink-tokens or --recent-tokens then overrides the preset. `*name` holds the tool's
+// starting preset, applied to `*options` already.
+inline void AddPresetFlag(CLI::App* app, CompressOptions* options, std::string* name) {
+  std::string names;
+  for (const Preset& preset : kPresets) {
+    names += absl::StrCat(names.empty() ? "" : ", ", std::string(preset.name));
+  }
+  app->add_option_function<std::string>(
+         "--preset",
+         [options, name](const std::string& value) {
+           *options = FindPreset(value)->Apply(*options);
+           *name = value;
+         },
+         absl::StrCat("Named parameter set the flags below override: ", names,
+                      " (default ", *name, ")"))
+      ->check([](const std::string& value) {
+        return FindPreset(value).has_value() ? std::string() : "unknown preset " + value;
+      });
+}
+
+// "small-model (chunk 32, sink 4, recent 32)", and what the flags changed:
+// "small-model (chunk 32, sink 4, recent 16: recent_tokens overridden)".
+inline std::string DescribePreset(const std::string& name, const CompressOptions& options) {
+  const std::optional<Preset> preset = FindPreset(name);
+  std::string changed;
+  if (preset.has_value()) {
+    if (options.chunk_size != preset->chunk_size) changed += " chunk_size";
+    if (options.sink_tokens != preset->sink_tokens) changed += " sink_tokens";
+    if (options.recent_tokens != preset->recent_tokens) changed += " recent_tokens";
+  }
+  return absl::StrFormat("%s (chunk %d, sink %d, recent %d%s)", name, options.chunk_size,
+                         options.sink_tokens, options.recent_tokens,
+                         changed.empty() ? "" : absl::StrCat(":", changed, " overridden"));
+}
 
 // Adds the flags of `which` to `app`, each writing its field of `*options` (which must
 // outlive parsing). Fields whose flag is absent keep the values `*options` has.

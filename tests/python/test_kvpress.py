@@ -134,18 +134,31 @@ def test_compression_ratio_is_kvpress_share_removed(pipe, context, client):
         np.testing.assert_array_equal(counts_of(result), counts_of(theirs.results[layer]))
 
 
-def test_passthrough_heads_come_back_whole_and_layers_of_other_lengths_still_decode(
-        pipe, context, client, tokenizer):
+def test_passthrough_heads_come_back_whole_and_count_in_the_budget(pipe, context, client,
+                                                                   tokenizer):
     # Layer 2 keeps its head 0 whole, so it is longer than the other layers: the model's one
-    # mask (built from layer 0) does not fit it, and the count-aware attention must cope.
+    # mask (built from layer 0) does not fit it, and the count-aware attention must cope. The
+    # head kept whole counts in the quarter: every other head shrinks to pay for it.
     press = CentroidKVPress(client, target_ratio=0.25, passthrough_heads={2: [0]}, **QUALITY)
     answer = pipe(context, question=QUESTION, press=press, max_new_tokens=NEW_TOKENS)["answer"]
     n = len(tokenizer.encode(tokenizer.bos_token + context, add_special_tokens=False))
+    layers, heads = len(press.results), press.results[0].num_heads
+    budget = math.ceil(0.25 * layers * heads * n)
+    share = (budget - n) // (layers * heads - 1)
     lengths = lengths_of(press.results[2])
-    assert lengths[0] == n and (lengths[1:] == math.ceil(0.25 * n)).all()
+    assert lengths[0] == n and (lengths[1:] == share).all(), (lengths, share)
     assert int(counts_of(press.results[2])[:n].max()) == 1
-    assert (lengths_of(press.results[1]) == math.ceil(0.25 * n)).all()
+    assert (lengths_of(press.results[1]) == share).all()
+    assert sum(int(r.offsets[-1]) for r in press.results.values()) <= budget
     assert answer.strip()
+
+
+def test_a_budget_the_passthrough_heads_exceed_is_refused_naming_them(pipe, context, client):
+    every_head = {layer: [0, 1, 2, 3] for layer in range(2)}  # 8 of 20 heads whole > 25%
+    press = CentroidKVPress(client, target_ratio=0.25, passthrough_heads=every_head, **QUALITY)
+    with pytest.raises(CentroidKVPressError) as info:
+        pipe(context, question=QUESTION, press=press, max_new_tokens=2)
+    assert "passthrough_heads" in str(info.value)
 
 
 def test_shared_memory_carries_the_layers_where_the_server_is_local(pipe, context, client,

@@ -5,6 +5,7 @@
 // file for the plot, and prints last one JSON line: [{method, budget, mean_kl, top1, ...}].
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -50,7 +51,8 @@ struct Flags {
   std::vector<std::string> methods;
   // C, S and W tuned on calibration texts (docs/results/quality_tuning.md); S and W are also the
   // baselines' sinks and recent window.
-  CompressOptions compression{.chunk_size = 32, .sink_tokens = 4, .recent_tokens = 32};
+  CompressOptions compression = kSmallModelPreset.Apply();
+  std::string preset{kSmallModelPreset.name};
   std::string passthrough_heads;
   bool outliers_share_budget = true;
   int32_t calibration_texts = 16;
@@ -102,6 +104,7 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "streamingllm/h2o/snapkv+outliers keep the same heads whole; h2o/snapkv+merge "
                  "merge what they evict, also with +outliers)")
       ->delimiter(',');
+  cli::AddPresetFlag(&app, &f.compression, &f.preset);
   cli::AddCompressOptionFlags(&app, &f.compression,
                               {.targets = false, .passthrough_heads = false,
                                .assignment = false, .output_layout = false});
@@ -399,6 +402,14 @@ absl::Status Run(const Flags& f, const std::string& command) {
   settings.method_settings = ToMethodSettings(f);
   ReportContext context;
   context.command = command;
+  context.preset = cli::DescribePreset(f.preset, f.compression);
+  std::fprintf(stderr, "centroidkv-quality: preset %s\n", context.preset.c_str());
+  if (f.compression.chunk_size > f.prefill) {
+    std::fprintf(stderr,
+                 "centroidkv-quality: warning: --chunk-size %d is larger than the prefill (%d "
+                 "tokens): every head is one chunk (the small-model preset has chunk %d)\n",
+                 f.compression.chunk_size, f.prefill, kSmallModelPreset.chunk_size);
+  }
   context.head_size = config.head_size();
   context.model =
       absl::StrFormat("`%s` (%d layers, %d KV heads of size %d, %d query heads, %d parameters)",

@@ -132,6 +132,7 @@ std::string MarkdownReport(const std::vector<MethodResult>& results, const Repor
       "the uncompressed run.\n\n",
       "- model: ", context.model, "\n- texts: ", context.texts,
       context.sample.empty() ? "" : absl::StrCat("; the first begins \"", context.sample, "…\""),
+      context.preset.empty() ? "" : absl::StrCat("\n- preset: ", context.preset),
       "\n- CentroidKV: chunk ", c.chunk_size, ", sinks ", c.sink_tokens, ", recent ",
       c.recent_tokens, ", min similarity ",
       c.min_similarity ? absl::StrFormat("%g", *c.min_similarity) : "off", ", tighten per pass ",

@@ -24,6 +24,7 @@ struct ReportContext {
   std::string outlier_source;          // how they were found
   std::vector<HeadScore> head_scores;  // calibration scores, most harmful first
   std::string backend;                 // the server's engine
+  std::string preset;                  // the parameter preset and its overrides
   int32_t head_size = 0;               // the model's head size (a caveat below 64)
   RunSettings settings;
 };

@@ -44,7 +44,8 @@ struct Flags {
   int32_t outliers = 2;
   double calibration_budget = 0.0;  // default: the smallest of --budgets
   // As centroidkv-quality's defaults; S and W are also the baselines' sinks and recent window.
-  CompressOptions compression{.chunk_size = 32, .sink_tokens = 4, .recent_tokens = 32};
+  CompressOptions compression = kSmallModelPreset.Apply();
+  std::string preset{kSmallModelPreset.name};
   BackendKind backend = BackendKind::kAuto;
   double merge_min_similarity = -1.0;
   std::string report_md;
@@ -59,6 +60,16 @@ absl::Status Run(const Flags& f, const std::string& command) {
   for (double budget : f.budgets) {
     if (!(budget > 0.0 && budget <= 1.0)) {
       return absl::InvalidArgumentError(absl::StrCat("--budgets: ", budget, " is not in (0, 1]"));
+    }
+  }
+  std::cerr << "centroidkv-retrieval: preset "
+            << centroidkv::cli::DescribePreset(f.preset, f.compression) << "\n";
+  for (const RetrievalCase& c : cases) {
+    if (f.compression.chunk_size > static_cast<int32_t>(c.context.size())) {
+      std::cerr << "centroidkv-retrieval: warning: --chunk-size " << f.compression.chunk_size
+                << " is larger than a case's context (" << c.context.size()
+                << " tokens): its heads are one chunk\n";
+      break;
     }
   }
   RetrievalSettings settings;
@@ -145,6 +156,7 @@ absl::Status Run(const Flags& f, const std::string& command) {
                       model.config().head_size(), model.config().n_heads,
                       model.config().seq_len),
       absl::StrFormat("- cases: `%s` (%d cases)\n", f.cases, cases.size()),
+      "- preset: " + centroidkv::cli::DescribePreset(f.preset, f.compression) + "\n" +
       absl::StrFormat("- CentroidKV: chunk %d, sinks %d, recent %d; baselines protect the same "
                       "%d sinks and %d recent entries\n",
                       f.compression.chunk_size, f.compression.sink_tokens,
@@ -193,6 +205,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--calibration-budget", f.calibration_budget,
                  "budget of the calibration (default: the smallest of --budgets)");
+  centroidkv::cli::AddPresetFlag(&app, &f.compression, &f.preset);
   centroidkv::cli::AddCompressOptionFlags(&app, &f.compression,
                                           {.targets = false, .passthrough_heads = false,
                                            .assignment = false, .output_layout = false});

@@ -22,8 +22,22 @@ Budgets, two conventions: kvpress's `compression_ratio` is the share of the cach
 keeps a quarter); `target_tokens` keeps that many entries per head. Give exactly one. The
 other options are `Client.compress`'s SPEC parameters and job options (chunk_size,
 sink_tokens, recent_tokens, min_similarity, max_passes, tighten_per_pass, uniform_heads,
-backend, timeout, ...). `passthrough_heads` is a list of KV heads for every layer or a
-dict {layer: [heads]}: those heads come back whole (outlier heads).
+backend, timeout, ...). Their defaults are the service's (the SPEC preset: chunk 256, sink
+16, recent 64); the reports run the small-model preset (centroidkv.presets.SMALL_MODEL).
+`passthrough_heads` is a list of KV heads for every layer or a dict {layer: [heads]}: those
+heads come back whole (outlier heads), and they count in the budget: the other heads share
+what is left (centroidkv.budgets.equal_budgets), or the press raises BudgetError naming
+passthrough_heads when nothing is.
+
+Scored presses (docs/scored-jobs.md): `scorer=` any kvpress scorer press (KVzipPress,
+SnapKVPress, ExpectedAttentionPress, KnormPress, ...) computes each entry's importance in
+the model (centroidkv.scoring); one budget over all layers x heads is allocated as KVzip
+does (centroidkv.budgets.global_budgets), and each layer becomes a scored job: its sink and
+top-scored entries kept exact, `centroid_share` of each head's room (default 0.2; 0: score
+top-k eviction, KVzip's own selection with its memory really freed) as centroids of the
+unkept tail. `fit=True` also sends reference queries (KVzip's replay queries, else the
+prefill's last `fit_window`) and decodes with the fitted log-weights. A scored press runs
+after the prefill (all layers' scores are needed for the budget), not pipelined with it.
 
 Shared memory: where the server may map this process's memory (a unix socket to a server
 with shared memory on: ServerInfo.shared_memory), each `with press(model)` writes every
@@ -49,6 +63,7 @@ import numpy as np
 import torch
 from kvpress.presses.base_press import BasePress, is_prefilling
 
+from .budgets import BudgetError, equal_budgets, global_budgets, total_entries, whole_heads
 from .errors import CompressError
 from .torch import padded_heads, widen_keys
 from .transformers import CompressedLayer, enable
@@ -77,7 +92,8 @@ class CentroidKVPress(BasePress):
     results: dict = field(default_factory=dict, init=False, repr=False)  # layer -> LayerResult
 
     def __init__(self, client, *, target_ratio=None, compression_ratio=None, target_tokens=None,
-                 passthrough_heads=None, shared_memory=None, **options):
+                 passthrough_heads=None, shared_memory=None, scorer=None, fit=False,
+                 fit_window=64, allocation="global", **options):
         given = [name for name, v in (("target_ratio", target_ratio),
                                       ("compression_ratio", compression_ratio),
                                       ("target_tokens", target_tokens)) if v is not None]
@@ -99,7 +115,16 @@ class CentroidKVPress(BasePress):
         for name in ("keys", "values", "counts", "layer_index", "layout", "region", "output"):
             if name in options:
                 raise ValueError(f"CentroidKVPress: {name} is set by the press")
+        if scorer is None and (fit or "centroid_share" in options):
+            raise ValueError("CentroidKVPress: fit and centroid_share need a scorer")
         self.client = client
+        self.scorer = scorer
+        self.fit = bool(fit)
+        self.fit_window = int(fit_window)
+        if allocation not in ("global", "equal"):
+            raise ValueError(f"CentroidKVPress: allocation {allocation!r} is not 'global' "
+                             "(one top-k over layers x heads, as KVzip) or 'equal'")
+        self.allocation = allocation
         self.target_ratio = target_ratio
         self._compression_ratio = compression_ratio
         self._removed = 0.0  # the share removed by the last prefill (for target_tokens)
@@ -134,9 +159,32 @@ class CentroidKVPress(BasePress):
     def heads_kept_whole(self, layer: int) -> Optional[list]:
         if self.passthrough_heads is None:
             return None
-        if isinstance(self.passthrough_heads, Mapping):
-            return list(self.passthrough_heads.get(layer, []))
-        return list(self.passthrough_heads)
+        return whole_heads(self.passthrough_heads, layer)
+
+    def _total(self, layers: int, heads: int, tokens: int) -> int:
+        """The whole cache's budget in entries."""
+        if self.target_tokens is not None:
+            return layers * heads * min(int(self.target_tokens), tokens)
+        return total_entries(self.kept_ratio(), layers, heads, tokens)
+
+    def _layer_budget(self, module, keys) -> Optional[list]:
+        """With passthrough heads, each layer's [H] budgets: the heads kept whole take their
+        length out of the cache's budget and the others share the rest (BudgetError naming
+        passthrough_heads when they cannot)."""
+        if not self.passthrough_heads:
+            return None
+        config = module.config
+        heads, tokens = keys.shape[0], keys.shape[1]
+        layers = config.num_hidden_layers
+        budgets = equal_budgets(self._total(layers, heads, tokens), layers, heads, tokens,
+                                sink=int(self._option("sink_tokens", 16)),
+                                recent=int(self._option("recent_tokens", 64)),
+                                passthrough_heads=self.passthrough_heads)
+        return budgets[int(module.layer_idx)].tolist()
+
+    def _option(self, name, default):
+        value = self.options.get(name)
+        return default if value is None else value
 
     def post_init_from_model(self, model) -> None:
         enable(model)  # count-aware attention for every query after the prefill
@@ -146,7 +194,11 @@ class CentroidKVPress(BasePress):
         """kvpress's context manager. The layers' jobs run on one worker thread while the
         model computes the next layers; the base model's forward hook waits for them and
         puts the centroids into the cache before the prefill returns. Closes this block's
-        shared memory region at the end."""
+        shared memory region at the end. With a scorer: the scored flow (_scored)."""
+        if self.scorer is not None:
+            with self._scored(model):
+                yield
+            return
         base = model.model.language_model if hasattr(model.model, "language_model") else model.model
         installer = base.register_forward_hook(self._install_pending, with_kwargs=True)
         try:
@@ -208,6 +260,10 @@ class CentroidKVPress(BasePress):
         heads = self.heads_kept_whole(layer)
         if heads is not None:
             budget["passthrough_heads"] = heads
+            try:
+                budget["head_budgets"] = self._layer_budget(module, keys[0])
+            except BudgetError as error:
+                raise CentroidKVPressError(layer, error) from error
         try:
             shared = self._in_region(module, keys[0], values[0])
         except (CompressError, ValueError, TypeError) as error:
@@ -260,6 +316,58 @@ class CentroidKVPress(BasePress):
         job = self._worker.submit(self._compress_layer, layer, self._request(module, keys, values))
         self._pending[layer] = (module, cache, keys, job)
         return output
+
+    @contextmanager
+    def _scored(self, model):
+        """Scored jobs: the scorer's scores (and reference queries) of the prefill, one budget
+        over all layers x heads, then one scored job per layer on one stream, each layer's
+        cache replaced by its rows."""
+        from . import scoring  # kvpress's scorers, imported only for a scored press
+
+        self.post_init_from_model(model)  # count-aware attention for the scored rows
+        with scoring.capture(model, self.scorer, queries=self.fit,
+                             window=self.fit_window) as run:
+            yield
+        layers = sorted(run.scores)
+        heads, tokens = run.keys[layers[0]].shape[0], run.keys[layers[0]].shape[1]
+        sink = int(self._option("sink_tokens", 16))
+        recent = int(self._option("recent_tokens", 64))
+        total = self._total(len(layers), heads, tokens)
+        try:
+            if self.allocation == "global":
+                budgets = global_budgets([run.scores[layer] for layer in layers], total,
+                                         sink=sink, recent=recent,
+                                         passthrough_heads=self.passthrough_heads)
+            else:
+                budgets = equal_budgets(total, len(layers), heads, tokens, sink=sink,
+                                        recent=recent, passthrough_heads=self.passthrough_heads,
+                                        least_extra=0)
+        except BudgetError as error:
+            raise CentroidKVPressError(-1, error) from error
+        jobs = []
+        for layer, budget in zip(layers, budgets):
+            job = dict(keys=run.keys[layer].contiguous(), values=run.values[layer].contiguous(),
+                       scores=run.scores[layer], head_budgets=budget.tolist())
+            whole = self.heads_kept_whole(layer)
+            if whole:
+                job["passthrough_heads"] = whole
+            if self.fit:
+                job["queries"] = run.queries[layer]
+            jobs.append(job)
+        options = dict(self.options)
+        options.setdefault("sink_tokens", sink)
+        options.setdefault("recent_tokens", recent)
+        try:
+            results = self.client.compress_layers(jobs, **options)
+        except (CompressError, ValueError, TypeError) as error:
+            raise CentroidKVPressError(getattr(error, "layer", -1) or -1, error) from error
+        for layer, result in zip(layers, results):
+            self.results[layer] = result
+            module = model.model.layers[layer].self_attn
+            wide_keys, values = self._widened(module, result, run.keys[layer][None])
+            run.cache.layers[layer] = CompressedLayer(wide_keys, values, 0)
+        kept = sum(int(r.offsets[-1]) for r in results)
+        self._removed = 1.0 - kept / max(1, len(layers) * heads * tokens)
 
     def _install_pending(self, base, args, kwargs, output):
         """After the model's forward: each queued layer's centroids into its cache, in layer

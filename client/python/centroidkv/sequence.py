@@ -43,6 +43,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from .errors import CancelledError, CompressError, invalid_argument
+from .presets import SMALL_MODEL
 
 FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 
@@ -91,8 +92,9 @@ class _Layer:
 
 class Sequence:
     def __init__(self, target: str, *, num_layers: int, num_heads: int, key_dim: int,
-                 value_dim: int, sink_tokens: int = 4, recent_tokens: int = 32,
-                 chunk_tokens: int = 32, policy: str = "budget", chunk_ratio: float = 0.5,
+                 value_dim: int, sink_tokens: int = SMALL_MODEL["sink_tokens"],
+                 recent_tokens: int = SMALL_MODEL["recent_tokens"],
+                 chunk_tokens: int = SMALL_MODEL["chunk_size"], policy: str = "budget", chunk_ratio: float = 0.5,
                  budget_entries: int = 0, dtype="float32", key_scales=None, value_scales=None,
                  backend: str = "auto", client_options: Optional[dict] = None, **compression):
         if policy not in ("budget", "ratio"):

@@ -1,7 +1,8 @@
 """Count-aware attention over a compressed layer (torch).
 
-A merged entry that stands for c original tokens gets ln(c) added to its logit, so that
-attention over the centroids approximates attention over the tokens they replaced:
+A merged entry that stands for c original tokens gets ln(c) added to its logit (a fitted
+job's real-valued log-weight instead: LayerResult.log_weights), so that attention over the
+centroids approximates attention over the tokens they replaced:
 
     softmax(q k^T * scale + ln c) V          (scale = 1 / sqrt(dk) by default)
 
@@ -48,8 +49,8 @@ def log_count_bias(counts, *, dtype=torch.float32, device=None) -> torch.Tensor:
 
 def padded_heads(result: LayerResult, *, dtype=None, device=None) -> PaddedHeads:
     """The result's heads as [H, T, d] tensors (T = the longest head; fp8 rows widened with
-    their scales), with the additive bias [H, T]: ln(count) for real entries, -inf for
-    padding."""
+    their scales), with the additive bias [H, T]: ln(count) for real entries (a fitted
+    job's log-weights instead), -inf for padding."""
     offsets = _as_tensor(result.offsets).to(torch.int64).cpu()
     lengths = offsets[1:] - offsets[:-1]
     heads, longest = result.num_heads, int(lengths.max()) if lengths.numel() else 0
@@ -59,7 +60,10 @@ def padded_heads(result: LayerResult, *, dtype=None, device=None) -> PaddedHeads
     else:
         keys = _as_tensor(result.keys, dtype, device)
         values = _as_tensor(result.values, dtype, device)
-    bias_rows = log_count_bias(result.counts, device=device)
+    if result.log_weights is not None:  # a fitted job: its log-weights replace ln(count)
+        bias_rows = _as_tensor(result.log_weights, torch.float32, device)
+    else:
+        bias_rows = log_count_bias(result.counts, device=device)
     # Row r of head h sits at offsets[h] + r; pad slots point at row 0 and are masked.
     slot = torch.arange(longest)
     valid = slot[None, :] < lengths[:, None]                         # [H, T]

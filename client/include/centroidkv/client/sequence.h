@@ -50,6 +50,7 @@
 #include "centroidkv/client/client.h"
 #include "centroidkv/types/compress_options.h"
 #include "centroidkv/types/kinds.h"
+#include "centroidkv/types/presets.h"
 
 namespace centroidkv::client {
 
@@ -69,9 +70,10 @@ struct SequenceOptions {
   // keeps them.
   std::vector<float> key_scales{};
   std::vector<float> value_scales{};
-  int32_t sink_tokens = 4;        // the first positions: never sent
-  int32_t recent_tokens = 32;     // the newest positions: never sent
-  int32_t chunk_tokens = 32;      // positions per new chunk
+  // The small-model preset (types/presets.h) unless set.
+  int32_t sink_tokens = kSmallModelPreset.sink_tokens;      // the first positions: never sent
+  int32_t recent_tokens = kSmallModelPreset.recent_tokens;  // the newest: never sent
+  int32_t chunk_tokens = kSmallModelPreset.chunk_size;      // positions per new chunk
   OnlinePolicy policy = OnlinePolicy::kFixedBudget;
   double chunk_ratio = 0.5;    // kFixedRatio: a chunk keeps ceil(chunk_ratio * chunk_tokens)
   int64_t budget_entries = 0;  // kFixedBudget: rows per head once every splice is applied

@@ -16,7 +16,7 @@ namespace centroidkv {
 // attention on the reference queries matches the full cache's. Done above the backends.
 struct FitOptions {
   static constexpr double kDefaultLogWeightBound = 3.0;
-  static constexpr int32_t kDefaultBlockTokens = 1024;
+  static constexpr int32_t kDefaultBlockTokens = 32;
 
   // Each row's log-weight stays within ln(count) +- this (> 0).
   double log_weight_bound = kDefaultLogWeightBound;
@@ -75,8 +75,8 @@ struct CompressOptions {
   TensorLayout output_layout = TensorLayout::kHeadMajor;
 
   // Scored and budgeted jobs (docs/scored-jobs.md; above the backends):
-  static constexpr double kDefaultCentroidShare = 0.2;
-  static constexpr int32_t kDefaultMaxClusterSize = 32;
+  static constexpr double kDefaultCentroidShare = 0.15;
+  static constexpr int32_t kDefaultMaxClusterSize = 0;
   // [H] the most entries each head keeps (>= 1; a passthrough head's at least its length),
   // sinks, recent and exact entries and centroids all counted; empty: t for every head.
   // Every head then reaches its budget on its own (uniform_heads has no effect).

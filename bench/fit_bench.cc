@@ -50,12 +50,14 @@ int Run(int argc, char** argv) {
   std::string tokens_list = "1024,4096,32768", queries_list = "256,1024";
   int32_t dim = 128, runs = 5, block_tokens = FitOptions::kDefaultBlockTokens;
   double kept = 0.25;
+  bool weights_only = false;
   app.add_option("--tokens", tokens_list, "context lengths T");
   app.add_option("--queries", queries_list, "reference queries m of the head");
   app.add_option("--dim", dim, "key and value dim");
   app.add_option("--kept", kept, "share of the head kept (scored job, centroid share 0.2)");
   app.add_option("--runs", runs, "timed runs per shape (median)");
   app.add_option("--block-tokens", block_tokens, "FitOptions::block_tokens");
+  app.add_flag("--weights-only", weights_only, "FitOptions::fit_values off");
   CLI11_PARSE(app, argc, argv);
 
   const tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
@@ -64,8 +66,9 @@ int Run(int argc, char** argv) {
   const PeakResult peak = MeasureFp32Peak(peak_options);
   std::printf("fp32 peak, one thread (%s): %.1f GFLOP/s\n", peak.isa.c_str(), peak.gflops);
   const cpu::CpuEngine engine;
-  std::printf("| T | m | ms per head | GFLOP/s | share of the one-thread peak |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| T | m | ms per head | GFLOP/s | share of the one-thread peak | ms: masses / "
+              "features / weights / values |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");
   std::vector<Row> rows;
   std::mt19937_64 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -101,6 +104,7 @@ int Run(int argc, char** argv) {
       options.max_cluster_size = 0;
       options.compute_assignment = true;
       options.fit.block_tokens = block_tokens;
+      options.fit.fit_values = !weights_only;
       absl::StatusOr<LayerPlan> plan = PlanJob(layer, options, engine.limits(), true);
       LayerView unfitted_layer = layer;
       unfitted_layer.queries = nullptr;
@@ -112,6 +116,7 @@ int Run(int argc, char** argv) {
         return 1;
       }
       std::vector<double> seconds, flops;
+      fit::HeadFitStats phases;
       for (int32_t run = 0; run < runs; ++run) {
         CompressResult result = *selected;
         std::vector<fit::HeadFitStats> stats;
@@ -123,12 +128,15 @@ int Run(int argc, char** argv) {
         seconds.push_back(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         flops.push_back(stats.front().flops);
+        phases = stats.front();
       }
       Row row{tokens, m, 1000.0 * Median(seconds), 0.0, 0.0};
       row.gflops = Median(flops) / Median(seconds) / 1e9;
       row.share = row.gflops / peak.gflops;
-      std::printf("| %d | %d | %.2f | %.1f | %.0f%% |\n", tokens, m, row.ms, row.gflops,
-                  100.0 * row.share);
+      std::printf("| %d | %d | %.2f | %.1f | %.0f%% | %.1f / %.1f / %.1f / %.1f |\n", tokens, m,
+                  row.ms, row.gflops, 100.0 * row.share, 1000 * phases.seconds_masses,
+                  1000 * phases.seconds_features, 1000 * phases.seconds_weights,
+                  1000 * phases.seconds_values);
       std::fflush(stdout);
       rows.push_back(row);
     }

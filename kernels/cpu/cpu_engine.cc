@@ -30,7 +30,7 @@ CpuEngine::CpuEngine(EngineLimits limits, CpuEngineOptions options)
     : ClusterEngine(limits),
       level_(ChooseLevel(options)),
       kernels_(ChooseKernels(level_, options)),
-      fit_kernels_{.exp_floats = kernels_.exp_floats},
+      fit_kernels_{.add_max = kernels_.fit_add_max, .exp_sub_sum = kernels_.fit_exp_sub_sum},
       scratch_(std::make_unique<ScratchPool>()) {}
 
 CpuEngine::~CpuEngine() = default;

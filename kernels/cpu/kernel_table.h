@@ -185,9 +185,11 @@ struct KernelTable {
   // and packing their rows (the per-level values below, measured).
   int32_t int16_min_chunk;
 
-  // x[i] = e^x[i] for i < count, in float (Cephes' polynomial, within 2 ulp), for the fit
-  // of fitted jobs (kernels/fit/); arguments clamped to [-87.3, 88.7].
-  void (*exp_floats)(float* x, int64_t count);
+  // The fit of fitted jobs (kernels/fit/): x[i] += bias[i], returning the largest; and
+  // x[i] = e^(x[i] - shift), returning their sum (Cephes' expf, within 2 ulp; arguments
+  // clamped to [-87.3, 88.7], so e^-inf gives about 1e-38, not 0).
+  float (*fit_add_max)(float* x, const float* bias, int64_t count);
+  float (*fit_exp_sub_sum)(float* x, float shift, int64_t count);
 };
 
 // KernelTable::stream_halves' flags.

@@ -181,8 +181,22 @@ uint32_t StreamHalves(const float* in, int64_t count, ElemType type, uint16_t* o
   return flags;
 }
 
-void ExpFloats(float* x, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) x[i] = std::exp(std::clamp(x[i], -87.3f, 88.7f));
+float AddMax(float* x, const float* bias, int64_t count) {
+  float best = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < count; ++i) {
+    x[i] += bias[i];
+    best = std::max(best, x[i]);
+  }
+  return best;
+}
+
+float ExpSubSum(float* x, float shift, int64_t count) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < count; ++i) {
+    x[i] = std::exp(std::clamp(x[i] - shift, -87.3f, 88.7f));
+    sum += x[i];
+  }
+  return sum;
 }
 
 }  // namespace
@@ -206,7 +220,7 @@ const KernelTable& ScalarKernels() {
                                  ConvertRow<float>, ConvertRow<double>, ConvertRows,
                                  RowsFinite,        StreamFloats,       StreamHalves,
                                  nullptr,           nullptr,            0,
-                                 ExpFloats};
+                                 AddMax,            ExpSubSum};
   return table;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -13,12 +14,21 @@ namespace centroidkv {
 
 namespace {
 
+// The row kernels of precision T: the backend's for float, scalar loops for double.
 template <typename T>
-void Convert(const float* from, int64_t count, T* to) {
-  std::copy_n(from, count, to);
+fit::RowKernels<T> KernelsFor(const EngineCaps& caps) {
+  fit::RowKernels<T> kernels;
+  if constexpr (std::is_same_v<T, float>) {
+    if (caps.fit_kernels != nullptr) {
+      kernels.add_max = caps.fit_kernels->add_max;
+      kernels.exp_sub_sum = caps.fit_kernels->exp_sub_sum;
+    }
+  }
+  return kernels;
 }
 
-// Fits head `h` of `out` in precision T.
+// Fits head `h` of `out` in precision T: its entries and rows gathered in block order
+// (head_fit.h's layout), fitted, and the log-weights and values put back in place.
 template <typename T>
 fit::HeadFitStats FitOneHead(const EngineCaps& caps, const LayerPlan& plan,
                              const LayerView& layer, int32_t h, CompressResult* out) {
@@ -30,17 +40,6 @@ fit::HeadFitStats FitOneHead(const EngineCaps& caps, const LayerPlan& plan,
   const int32_t block_tokens = options.block_tokens;
   const int32_t blocks = (n + block_tokens - 1) / block_tokens;
 
-  // The full head's entries.
-  std::vector<float> row(static_cast<size_t>(std::max(dk, dv)));
-  std::vector<T> keys(static_cast<size_t>(n) * dk), values(static_cast<size_t>(n) * dv);
-  std::vector<T> log_counts(static_cast<size_t>(n));
-  for (int32_t j = 0; j < n; ++j) {
-    LoadAsFloats(layer.keys, layer.dtype, layer.KeyOffset(h, j), dk, row.data());
-    Convert(row.data(), dk, keys.data() + static_cast<size_t>(j) * dk);
-    LoadAsFloats(layer.values, layer.dtype, layer.ValueOffset(h, j), dv, row.data());
-    Convert(row.data(), dv, values.data() + static_cast<size_t>(j) * dv);
-    log_counts[j] = std::log(static_cast<T>(layer.CountAt(h, j)));
-  }
   // Rows: each at its earliest entry's block; entries with their row, dropped ones by
   // their own position.
   const int32_t* assignment = out->assignment.data() + AssignmentBase(layer, h);
@@ -51,23 +50,56 @@ fit::HeadFitStats FitOneHead(const EngineCaps& caps, const LayerPlan& plan,
     ++members[assignment[j]];
   }
   std::vector<int32_t> row_block(static_cast<size_t>(t)), entry_block(static_cast<size_t>(n));
-  std::vector<uint8_t> merged(static_cast<size_t>(t));
-  for (int32_t r = 0; r < t; ++r) {
-    row_block[r] = std::min(anchor[r], n - 1) / block_tokens;
-    merged[r] = members[r] >= 2 ? 1 : 0;
-  }
+  for (int32_t r = 0; r < t; ++r) row_block[r] = std::min(anchor[r], n - 1) / block_tokens;
   for (int32_t j = 0; j < n; ++j) {
     entry_block[j] = assignment[j] >= 0 ? row_block[assignment[j]] : j / block_tokens;
+  }
+  // Block order: entries by block (stable); rows by block, exact before merged.
+  std::vector<int32_t> entry_order(static_cast<size_t>(n)), row_order(static_cast<size_t>(t));
+  std::iota(entry_order.begin(), entry_order.end(), 0);
+  std::iota(row_order.begin(), row_order.end(), 0);
+  std::stable_sort(entry_order.begin(), entry_order.end(),
+                   [&](int32_t a, int32_t b) { return entry_block[a] < entry_block[b]; });
+  std::stable_sort(row_order.begin(), row_order.end(), [&](int32_t a, int32_t b) {
+    const bool ma = members[a] >= 2, mb = members[b] >= 2;
+    return row_block[a] != row_block[b] ? row_block[a] < row_block[b] : ma < mb;
+  });
+
+  std::vector<float> row(static_cast<size_t>(std::max(dk, dv)));
+  // The head's copies are the thread's own, kept between heads (fresh pages cost more than
+  // filling them).
+  thread_local std::vector<T> keys, values;
+  keys.resize(static_cast<size_t>(n) * dk);
+  values.resize(static_cast<size_t>(n) * dv);
+  std::vector<T> log_counts(static_cast<size_t>(n));
+  std::vector<int32_t> sorted_entry_block(static_cast<size_t>(n));
+  for (int32_t x = 0; x < n; ++x) {
+    const int32_t j = entry_order[x];
+    LoadAsFloats(layer.keys, layer.dtype, layer.KeyOffset(h, j), dk, row.data());
+    std::copy_n(row.data(), dk, keys.data() + static_cast<size_t>(x) * dk);
+    LoadAsFloats(layer.values, layer.dtype, layer.ValueOffset(h, j), dv, row.data());
+    std::copy_n(row.data(), dv, values.data() + static_cast<size_t>(x) * dv);
+    log_counts[x] = std::log(static_cast<T>(layer.CountAt(h, j)));
+    sorted_entry_block[x] = entry_block[j];
+  }
+  std::vector<T> row_keys(static_cast<size_t>(t) * dk), row_values(static_cast<size_t>(t) * dv);
+  std::vector<T> row_counts(static_cast<size_t>(t)), log_weights(static_cast<size_t>(t));
+  std::vector<int32_t> sorted_row_block(static_cast<size_t>(t));
+  std::vector<uint8_t> merged(static_cast<size_t>(t));
+  for (int32_t x = 0; x < t; ++x) {
+    const int64_t r = first + row_order[x];
+    std::copy_n(out->keys.data() + r * dk, dk, row_keys.data() + static_cast<size_t>(x) * dk);
+    std::copy_n(out->values.data() + r * dv, dv,
+                row_values.data() + static_cast<size_t>(x) * dv);
+    row_counts[x] = static_cast<T>(out->counts[r]);
+    sorted_row_block[x] = row_block[row_order[x]];
+    merged[x] = members[row_order[x]] >= 2 ? 1 : 0;
   }
   const int32_t group = layer.QueryGroup();
   const int32_t m = group * layer.num_queries;
   std::vector<T> queries(static_cast<size_t>(m) * dk);
-  Convert(layer.queries + static_cast<size_t>(h) * m * dk, int64_t{m} * dk, queries.data());
-  std::vector<T> row_keys(static_cast<size_t>(t) * dk), row_values(static_cast<size_t>(t) * dv);
-  std::vector<T> row_counts(static_cast<size_t>(t)), log_weights(static_cast<size_t>(t));
-  Convert(out->keys.data() + first * dk, int64_t{t} * dk, row_keys.data());
-  Convert(out->values.data() + first * dv, int64_t{t} * dv, row_values.data());
-  for (int32_t r = 0; r < t; ++r) row_counts[r] = static_cast<T>(out->counts[first + r]);
+  std::copy_n(layer.queries + static_cast<size_t>(h) * m * dk, static_cast<size_t>(m) * dk,
+              queries.data());
 
   fit::HeadFitJob<T> job;
   job.entries = n;
@@ -76,7 +108,7 @@ fit::HeadFitStats FitOneHead(const EngineCaps& caps, const LayerPlan& plan,
   job.keys = keys.data();
   job.values = values.data();
   job.log_counts = log_counts.data();
-  job.entry_block = entry_block.data();
+  job.entry_block = sorted_entry_block.data();
   job.queries = m;
   job.query_rows = queries.data();
   job.scale = static_cast<T>(options.query_scale > 0.0 ? options.query_scale
@@ -85,20 +117,21 @@ fit::HeadFitStats FitOneHead(const EngineCaps& caps, const LayerPlan& plan,
   job.row_keys = row_keys.data();
   job.row_values = row_values.data();
   job.row_counts = row_counts.data();
-  job.row_block = row_block.data();
+  job.row_block = sorted_row_block.data();
   job.row_merged = merged.data();
   job.blocks = blocks;
   job.fit_values = options.fit_values;
   job.bound = static_cast<T>(options.log_weight_bound);
-  if constexpr (std::is_same_v<T, float>) {
-    job.exp_in_place = caps.fit_kernels != nullptr ? caps.fit_kernels->exp_floats : nullptr;
-  }
+  job.kernels = KernelsFor<T>(caps);
   job.log_weights = log_weights.data();
   const fit::HeadFitStats stats = fit::FitHead(job);
 
-  for (int32_t r = 0; r < t; ++r) out->log_weights[first + r] = static_cast<float>(log_weights[r]);
-  float* out_values = out->values.data() + first * dv;
-  for (int64_t k = 0; k < int64_t{t} * dv; ++k) out_values[k] = static_cast<float>(row_values[k]);
+  for (int32_t x = 0; x < t; ++x) {
+    const int64_t r = first + row_order[x];
+    out->log_weights[r] = static_cast<float>(log_weights[x]);
+    float* v = out->values.data() + r * dv;
+    for (int32_t d = 0; d < dv; ++d) v[d] = static_cast<float>(row_values[static_cast<size_t>(x) * dv + d]);
+  }
   return stats;
 }
 

@@ -13,17 +13,23 @@
 // with w0_r the row's count (u = 1 is ln(count)) and tau_b the mean diagonal of X^T X.
 // lambda is chosen per head from a grid on held-out queries (every fourth), and no fit is
 // kept when none beats ln(count) there. Then the values of merged rows (rows of two or more
-// entries) are refitted the same way: each block's rows match the attention numerator of
-// its entries, sum_r (w_r F_ir / y_i) nu_r against sum_j (c_j exp(...) / y_i) v_j, ridge
-// towards the merged values with mu from a grid on the held-out queries; exact rows keep
-// their values.
+// entries) are refitted: with p_ir = w_r F_ir / Z_i the compressed attention, each block's
+// rows give sum_r p_ir nu_r, matched to the block's share of the compressed attention times
+// the full cache's mean value over the block's entries (so the values fix what the block
+// averages, not a mass the weights left missing), ridge towards the merged values with mu
+// from a grid on the held-out queries; exact rows keep their values.
+//
+// Layout, so that every block is a contiguous range: the entries come ordered by block (a
+// stable order within), and the rows by block with each block's exact rows before its
+// merged ones (fit_stage.cc permutes them and back). The hot loops are matrix products
+// (OpenBLAS) and two fused row kernels (FitKernels: bias add with max, exp with sum).
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 #include "kernels/fit/blas.h"
@@ -31,18 +37,30 @@
 namespace centroidkv::fit {
 
 // What one head's fit did: its arithmetic (the multiply-adds of its matrix products, as
-// 2 flops each), the held-out errors without and with the fit, and the ridge it chose
-// (0: no fit kept).
+// 2 flops each, and the factorisations), the held-out errors without and with the fit,
+// and the ridge it chose (0: no fit kept).
 struct HeadFitStats {
   double flops = 0.0;
   double mass_error_before = 0.0, mass_error_after = 0.0;
   double value_error_before = 0.0, value_error_after = 0.0;
   double weight_ridge = 0.0, value_ridge = 0.0;
+  // Seconds in each phase: the full cache's masses and numerators, the rows' features, the
+  // weights' normal equations and solves, the values' normal equations and solves.
+  double seconds_masses = 0.0, seconds_features = 0.0, seconds_weights = 0.0,
+         seconds_values = 0.0;
+};
+
+// The row kernels in precision T: x[i] += bias[i] returning the largest, and
+// x[i] = e^(x[i] - shift) returning the sum. Null members: scalar loops.
+template <typename T>
+struct RowKernels {
+  T (*add_max)(T* x, const T* bias, int64_t count) = nullptr;
+  T (*exp_sub_sum)(T* x, T shift, int64_t count) = nullptr;
 };
 
 template <typename T>
 struct HeadFitJob {
-  // The full head, every real entry.
+  // The full head, every real entry, ordered by block (entry_block nondecreasing).
   int32_t entries = 0;
   int32_t key_dim = 0, value_dim = 0;
   const T* keys = nullptr;        // [entries, key_dim]
@@ -53,7 +71,7 @@ struct HeadFitJob {
   int32_t queries = 0;
   const T* query_rows = nullptr;  // [queries, key_dim]
   T scale = 1;
-  // The result's rows of this head.
+  // The result's rows of this head, ordered by block, exact before merged within one.
   int32_t rows = 0;
   const T* row_keys = nullptr;     // [rows, key_dim]
   T* row_values = nullptr;         // [rows, value_dim], refitted in place
@@ -63,7 +81,7 @@ struct HeadFitJob {
   int32_t blocks = 1;
   bool fit_values = true;
   T bound = 3;  // |ln u_r| <= bound
-  void (*exp_in_place)(T* x, int64_t count) = nullptr;
+  RowKernels<T> kernels;
   T* log_weights = nullptr;  // [rows] out
 };
 
@@ -75,6 +93,28 @@ inline constexpr int32_t kLogitChunk = 512;
 
 // Query i is held out when i % 4 == 3, if there are at least 8.
 inline bool HeldOut(int32_t i, int32_t queries) { return queries >= 8 && i % 4 == 3; }
+
+template <typename T>
+T AddMax(const RowKernels<T>& k, T* x, const T* bias, int64_t count) {
+  if (k.add_max != nullptr) return k.add_max(x, bias, count);
+  T best = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < count; ++i) {
+    x[i] += bias[i];
+    best = std::max(best, x[i]);
+  }
+  return best;
+}
+
+template <typename T>
+T ExpSubSum(const RowKernels<T>& k, T* x, T shift, int64_t count) {
+  if (k.exp_sub_sum != nullptr) return k.exp_sub_sum(x, shift, count);
+  T sum = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
 
 // x^T a x - 2 g . x + c: a quadratic's value at x ([n]; a [n, n]).
 template <typename T>
@@ -143,50 +183,110 @@ void BoxSolve(int32_t n, const std::vector<T>& a, const std::vector<T>& b, T lo,
   for (T& x : *u) x = std::clamp(x, lo, hi);
 }
 
+// The normal equations of a least squares over query rows, split into the fitted and the
+// held-out queries: Gram a^T a, cross products a^T z (one vector per target column) and the
+// targets' squared norm.
 template <typename T>
-void ExpInPlace(const HeadFitJob<T>& job, T* x, int64_t count) {
-  if (job.exp_in_place != nullptr) {
-    job.exp_in_place(x, count);
-    return;
+struct Normal {
+  std::vector<T> gram, cross;  // [cols, cols], [k, cols]
+  double targets_norm = 0.0;
+};
+
+// Of `a` ([m, cols] at stride lda, columns [0, cols)) against `z` ([m, k]): the held-out
+// part from its rows, the fitted part as all less held-out (one product over every row).
+template <typename T>
+double Normals(int32_t m, int32_t cols, const T* a, int32_t lda, const T* z, int32_t k,
+               Normal<T>* fit, Normal<T>* held) {
+  double flops = 0.0;
+  const auto build = [&](int32_t rows, const T* pa, int32_t pld, const T* pz, Normal<T>* out) {
+    out->gram.assign(static_cast<size_t>(cols) * cols, T(0));
+    out->cross.assign(static_cast<size_t>(k) * cols, T(0));
+    out->targets_norm = 0.0;
+    if (rows == 0) return;
+    Gram<T>(cols, rows, pa, pld, out->gram.data());
+    Gemm(true, false, k, cols, rows, T(1), pz, k, pa, pld, T(0), out->cross.data(), cols);
+    for (int64_t e = 0; e < int64_t{rows} * k; ++e) out->targets_norm += double(pz[e]) * pz[e];
+    flops += double(rows) * cols * cols + 2.0 * rows * cols * k;
+  };
+  std::vector<T> held_a, held_z;
+  int32_t held_rows = 0;
+  for (int32_t i = 0; i < m; ++i) {
+    if (!HeldOut(i, m)) continue;
+    held_a.insert(held_a.end(), a + static_cast<size_t>(i) * lda,
+                  a + static_cast<size_t>(i) * lda + cols);
+    held_z.insert(held_z.end(), z + static_cast<size_t>(i) * k, z + static_cast<size_t>(i + 1) * k);
+    ++held_rows;
   }
-  for (int64_t i = 0; i < count; ++i) x[i] = std::exp(x[i]);
+  build(m, a, lda, z, fit);
+  build(held_rows, held_a.data(), cols, held_z.data(), held);
+  for (size_t e = 0; e < fit->gram.size(); ++e) fit->gram[e] -= held->gram[e];
+  for (size_t e = 0; e < fit->cross.size(); ++e) fit->cross[e] -= held->cross[e];
+  fit->targets_norm -= held->targets_norm;
+  return flops;
 }
 
 }  // namespace internal
 
 template <typename T>
 HeadFitStats FitHead(const HeadFitJob<T>& job) {
-  using internal::HeldOut;
+  using internal::Normal;
   HeadFitStats stats;
   const int32_t m = job.queries, n = job.entries, dk = job.key_dim, dv = job.value_dim;
   const int32_t blocks = job.blocks, t = job.rows;
   const bool values = job.fit_values && dv > 0 &&
                       std::any_of(job.row_merged, job.row_merged + t, [](uint8_t x) { return x; });
   constexpr T kNone = -std::numeric_limits<T>::infinity();
+  const auto& kernels = job.kernels;
 
-  // A. Per query: the shift m_i, the total mass y_i, and per block its mass y_ib and (for
-  // the values) its numerator, accumulated over chunks of entries at a running shift.
+  // Each block's range of entries and of rows (both ordered by block), and where its merged
+  // rows start.
+  std::vector<int32_t> entry_begin(static_cast<size_t>(blocks) + 1, n);
+  std::vector<int32_t> row_begin(static_cast<size_t>(blocks) + 1, t);
+  std::vector<int32_t> merged_begin(static_cast<size_t>(blocks), 0);
+  for (int32_t j = n - 1; j >= 0; --j) entry_begin[job.entry_block[j]] = j;
+  for (int32_t r = t - 1; r >= 0; --r) row_begin[job.row_block[r]] = r;
+  for (int32_t b = blocks - 1; b >= 0; --b) {
+    entry_begin[b] = std::min(entry_begin[b], entry_begin[b + 1]);
+    row_begin[b] = std::min(row_begin[b], row_begin[b + 1]);
+  }
+  for (int32_t b = 0; b < blocks; ++b) {
+    int32_t r = row_begin[b];
+    while (r < row_begin[b + 1] && job.row_merged[r] == 0) ++r;
+    merged_begin[b] = r;
+  }
+
+  auto clock = std::chrono::steady_clock::now();
+  const auto lap = [&clock](double* into) {
+    const auto now = std::chrono::steady_clock::now();
+    *into += std::chrono::duration<double>(now - clock).count();
+    clock = now;
+  };
+  // A. Per query: the shift m_i, the total mass y_i and per block its mass y_ib,
+  // accumulated over chunks of entries at a running shift.
   std::vector<T> shift(static_cast<size_t>(m), kNone), total(static_cast<size_t>(m), T(0));
+  // Block-major ([block][query]), so that each block's part is contiguous.
+  const auto at = [m](int32_t b, int32_t i) { return static_cast<size_t>(b) * m + i; };
   std::vector<T> mass(static_cast<size_t>(m) * blocks, T(0));
   std::vector<T> at_shift(static_cast<size_t>(m) * blocks, kNone);
-  std::vector<T> numer(values ? static_cast<size_t>(m) * blocks * dv : 0, T(0));
   const auto rescale = [&](int32_t i, int32_t b) {
-    T& from = at_shift[static_cast<size_t>(i) * blocks + b];
+    T& from = at_shift[at(b, i)];
     if (from == shift[i]) return;
-    if (from != kNone) {
-      const T factor = std::exp(from - shift[i]);
-      mass[static_cast<size_t>(i) * blocks + b] *= factor;
-      if (values) {
-        T* row = numer.data() + (static_cast<size_t>(i) * blocks + b) * dv;
-        for (int32_t d = 0; d < dv; ++d) row[d] *= factor;
-      }
-    }
+    if (from != kNone) mass[at(b, i)] *= std::exp(from - shift[i]);
     from = shift[i];
   };
   const int32_t chunk = std::min(internal::kLogitChunk, n);
-  std::vector<T> logits(static_cast<size_t>(m) * chunk), sorted(values ? logits.size() : 0);
-  std::vector<T> sorted_values(values ? static_cast<size_t>(chunk) * dv : 0);
-  std::vector<int32_t> order(static_cast<size_t>(chunk));
+  // The large buffers are the thread's own, kept between heads: fresh pages cost more than
+  // the arithmetic that fills them.
+  thread_local std::vector<T> logits, features, by_block;
+  logits.resize(static_cast<size_t>(m) * chunk);
+  // The blocks of entries [j0, j0 + w) as (block, first, end) within the chunk.
+  const auto segments = [&](int32_t j0, int32_t w, auto&& fn) {
+    for (int32_t b = job.entry_block[j0]; b <= job.entry_block[j0 + w - 1]; ++b) {
+      const int32_t lo = std::max(entry_begin[b], j0) - j0;
+      const int32_t hi = std::min(entry_begin[b + 1], j0 + w) - j0;
+      if (lo < hi) fn(b, lo, hi);
+    }
+  };
   for (int32_t j0 = 0; j0 < n; j0 += chunk) {
     const int32_t w = std::min(chunk, n - j0);
     Gemm(false, true, m, w, dk, job.scale, job.query_rows, dk,
@@ -194,147 +294,78 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
     stats.flops += 2.0 * m * w * dk;
     for (int32_t i = 0; i < m; ++i) {
       T* row = logits.data() + static_cast<size_t>(i) * w;
-      T top = kNone;
-      for (int32_t j = 0; j < w; ++j) {
-        row[j] += job.log_counts[j0 + j];
-        top = std::max(top, row[j]);
-      }
+      const T top = internal::AddMax(kernels, row, job.log_counts + j0, w);
       if (top > shift[i]) {
         if (shift[i] != kNone) total[i] *= std::exp(shift[i] - top);
         shift[i] = top;
       }
-      for (int32_t j = 0; j < w; ++j) row[j] -= shift[i];
-    }
-    internal::ExpInPlace(job, logits.data(), static_cast<int64_t>(m) * w);
-    // The chunk's entries grouped by block (usually one or two).
-    std::iota(order.begin(), order.begin() + w, j0);
-    std::stable_sort(order.begin(), order.begin() + w, [&](int32_t a, int32_t b) {
-      return job.entry_block[a] < job.entry_block[b];
-    });
-    for (int32_t i = 0; i < m; ++i) {
-      const T* row = logits.data() + static_cast<size_t>(i) * w;
-      T sum = 0;
-      for (int32_t j = 0; j < w; ++j) sum += row[j];
-      total[i] += sum;
-      for (int32_t x = 0; x < w;) {
-        const int32_t b = job.entry_block[order[x]];
+      segments(j0, w, [&](int32_t b, int32_t lo, int32_t hi) {
         rescale(i, b);
-        T block_sum = 0;
-        for (; x < w && job.entry_block[order[x]] == b; ++x) block_sum += row[order[x] - j0];
-        mass[static_cast<size_t>(i) * blocks + b] += block_sum;
-      }
-    }
-    if (!values) continue;
-    for (int32_t i = 0; i < m; ++i) {
-      for (int32_t x = 0; x < w; ++x) {
-        sorted[static_cast<size_t>(i) * w + x] = logits[static_cast<size_t>(i) * w + order[x] - j0];
-      }
-    }
-    for (int32_t x = 0; x < w; ++x) {
-      std::copy_n(job.values + static_cast<size_t>(order[x]) * dv, dv,
-                  sorted_values.data() + static_cast<size_t>(x) * dv);
-    }
-    for (int32_t x = 0; x < w;) {
-      const int32_t b = job.entry_block[order[x]];
-      int32_t end = x;
-      while (end < w && job.entry_block[order[end]] == b) ++end;
-      Gemm(false, false, m, dv, end - x, T(1), sorted.data() + x, w,
-           sorted_values.data() + static_cast<size_t>(x) * dv, dv, T(1),
-           numer.data() + static_cast<size_t>(b) * dv, blocks * dv);
-      stats.flops += 2.0 * m * (end - x) * dv;
-      x = end;
+        const T sum = internal::ExpSubSum(kernels, row + lo, shift[i], hi - lo);
+        mass[at(b, i)] += sum;
+        total[i] += sum;
+      });
     }
   }
   for (int32_t i = 0; i < m; ++i) {
     for (int32_t b = 0; b < blocks; ++b) rescale(i, b);
   }
 
-  // B. Each block's rows and F_ir = exp(s q_i . kappa_r - m_i).
-  std::vector<std::vector<int32_t>> block_rows(static_cast<size_t>(blocks));
-  for (int32_t r = 0; r < t; ++r) block_rows[job.row_block[r]].push_back(r);
-  std::vector<std::vector<T>> features(static_cast<size_t>(blocks));
-  std::vector<T> gathered;
-  for (int32_t b = 0; b < blocks; ++b) {
-    const auto& rows = block_rows[b];
-    const auto tb = static_cast<int32_t>(rows.size());
-    if (tb == 0) continue;
-    gathered.resize(static_cast<size_t>(tb) * dk);
-    for (int32_t x = 0; x < tb; ++x) {
-      std::copy_n(job.row_keys + static_cast<size_t>(rows[x]) * dk, dk,
-                  gathered.data() + static_cast<size_t>(x) * dk);
-    }
-    std::vector<T>& f = features[b];
-    f.resize(static_cast<size_t>(m) * tb);
-    Gemm(false, true, m, tb, dk, job.scale, job.query_rows, dk, gathered.data(), dk, T(0),
-         f.data(), tb);
-    stats.flops += 2.0 * m * tb * dk;
+  lap(&stats.seconds_masses);
+  // B. F_ir = exp(s q_i . kappa_r - m_i) for every row, one product.
+  features.resize(static_cast<size_t>(m) * t);
+  if (t > 0) {
+    Gemm(false, true, m, t, dk, job.scale, job.query_rows, dk, job.row_keys, dk, T(0),
+         features.data(), t);
+    stats.flops += 2.0 * m * t * dk;
     for (int32_t i = 0; i < m; ++i) {
-      for (int32_t x = 0; x < tb; ++x) f[static_cast<size_t>(i) * tb + x] -= shift[i];
+      internal::ExpSubSum(kernels, features.data() + static_cast<size_t>(i) * t, shift[i], t);
     }
-    internal::ExpInPlace(job, f.data(), static_cast<int64_t>(m) * tb);
   }
-
-  // Splits the [m, cols] matrix `a` into its fitted and held-out query rows, and returns
-  // their Grams and, against targets [m, k] (`targets`), the cross products a^T z and the
-  // targets' squared norm.
-  struct Normal {
-    std::vector<T> gram, cross;  // [cols, cols], [k, cols] (one vector per target column)
-    double targets_norm = 0.0;
-  };
-  const auto normals = [&](const std::vector<T>& a, int32_t cols, const std::vector<T>& targets,
-                           int32_t k, Normal* fit, Normal* held) {
-    std::vector<T> part_a, part_z;
-    for (int held_out = 0; held_out < 2; ++held_out) {
-      part_a.clear();
-      part_z.clear();
-      int32_t rows_in = 0;
-      double norm = 0.0;
-      for (int32_t i = 0; i < m; ++i) {
-        if (HeldOut(i, m) != (held_out == 1)) continue;
-        part_a.insert(part_a.end(), a.begin() + static_cast<size_t>(i) * cols,
-                      a.begin() + static_cast<size_t>(i + 1) * cols);
-        part_z.insert(part_z.end(), targets.begin() + static_cast<size_t>(i) * k,
-                      targets.begin() + static_cast<size_t>(i + 1) * k);
-        for (int32_t c = 0; c < k; ++c) norm += double(targets[i * k + c]) * targets[i * k + c];
-        ++rows_in;
+  // Block-major: block b's [m, tb] at m * row_begin[b].
+  {
+    by_block.resize(features.size());
+    for (int32_t i = 0; i < m; ++i) {
+      const T* f = features.data() + static_cast<size_t>(i) * t;
+      for (int32_t b = 0; b < blocks; ++b) {
+        const int32_t r0 = row_begin[b], tb = row_begin[b + 1] - r0;
+        std::copy_n(f + r0, tb, by_block.data() + static_cast<size_t>(m) * r0 +
+                                    static_cast<size_t>(i) * tb);
       }
-      Normal& out = held_out == 1 ? *held : *fit;
-      out.gram.assign(static_cast<size_t>(cols) * cols, T(0));
-      out.cross.assign(static_cast<size_t>(k) * cols, T(0));
-      out.targets_norm = norm;
-      if (rows_in == 0) continue;
-      Gram<T>(cols, rows_in, part_a.data(), cols, out.gram.data());
-      // cross[c, r] = sum_i z[i, c] a[i, r]
-      Gemm(true, false, k, cols, rows_in, T(1), part_z.data(), k, part_a.data(), cols, T(0),
-           out.cross.data(), cols);
-      stats.flops += double(rows_in) * cols * cols + 2.0 * rows_in * cols * k;
     }
+    features.swap(by_block);
+  }
+  // Row i of block b's features ([tb]).
+  const auto block_features = [&](int32_t b, int32_t i) {
+    const int32_t r0 = row_begin[b], tb = row_begin[b + 1] - r0;
+    return features.data() + static_cast<size_t>(m) * r0 + static_cast<size_t>(i) * tb;
   };
+  std::vector<T> inverse_total(static_cast<size_t>(m));
+  for (int32_t i = 0; i < m; ++i) inverse_total[i] = T(1) / total[i];
 
+  lap(&stats.seconds_features);
   // C. The weights, block by block.
   const T lo = std::exp(-job.bound), hi = std::exp(job.bound);
   struct BlockWeights {
-    Normal fit, held;
+    Normal<T> fit, held;
     double tau = 0.0;
   };
   std::vector<BlockWeights> weight_blocks(static_cast<size_t>(blocks));
   std::vector<T> design, targets;
   for (int32_t b = 0; b < blocks; ++b) {
-    const auto& rows = block_rows[b];
-    const auto tb = static_cast<int32_t>(rows.size());
+    const int32_t r0 = row_begin[b], tb = row_begin[b + 1] - r0;
     if (tb == 0) continue;
     design.resize(static_cast<size_t>(m) * tb);
     targets.resize(static_cast<size_t>(m));
     for (int32_t i = 0; i < m; ++i) {
-      const T inverse = T(1) / total[i];
-      for (int32_t x = 0; x < tb; ++x) {
-        design[static_cast<size_t>(i) * tb + x] =
-            features[b][static_cast<size_t>(i) * tb + x] * job.row_counts[rows[x]] * inverse;
-      }
-      targets[i] = mass[static_cast<size_t>(i) * blocks + b] * inverse;
+      const T* f = block_features(b, i);
+      T* x = design.data() + static_cast<size_t>(i) * tb;
+      for (int32_t c = 0; c < tb; ++c) x[c] = f[c] * job.row_counts[r0 + c] * inverse_total[i];
+      targets[i] = mass[at(b, i)] * inverse_total[i];
     }
     BlockWeights& bw = weight_blocks[b];
-    normals(design, tb, targets, 1, &bw.fit, &bw.held);
+    stats.flops += internal::Normals(m, tb, design.data(), tb, targets.data(), 1, &bw.fit,
+                                     &bw.held);
     double trace = 0.0;
     for (int32_t x = 0; x < tb; ++x) trace += bw.fit.gram[x * tb + x] + bw.held.gram[x * tb + x];
     bw.tau = std::max(trace / tb, 1e-30);
@@ -345,8 +376,7 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
     std::vector<T> a, rhs, x;
     double error = 0.0;
     for (int32_t b = 0; b < blocks; ++b) {
-      const auto& rows = block_rows[b];
-      const auto tb = static_cast<int32_t>(rows.size());
+      const int32_t r0 = row_begin[b], tb = row_begin[b + 1] - r0;
       if (tb == 0) continue;
       const BlockWeights& bw = weight_blocks[b];
       a = bw.fit.gram;
@@ -362,7 +392,7 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
       }
       internal::BoxSolve(tb, a, rhs, lo, hi, &x);
       stats.flops += double(tb) * tb * tb / 3.0;
-      for (int32_t k = 0; k < tb; ++k) u[rows[k]] = x[k];
+      std::copy(x.begin(), x.end(), u.begin() + r0);
       if (held_error != nullptr) {
         error += internal::Quadratic(tb, bw.held.gram.data(), bw.held.cross.data(),
                                      bw.held.targets_norm, x.data());
@@ -372,7 +402,7 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
   };
   double before = 0.0;
   for (int32_t b = 0; b < blocks; ++b) {
-    const auto tb = static_cast<int32_t>(block_rows[b].size());
+    const int32_t tb = row_begin[b + 1] - row_begin[b];
     if (tb == 0) continue;
     const std::vector<T> ones(static_cast<size_t>(tb), T(1));
     const BlockWeights& bw = weight_blocks[b];
@@ -400,107 +430,162 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
     std::fill(u.begin(), u.end(), T(1));
   }
   stats.weight_ridge = best_ridge;
-  for (int32_t r = 0; r < t; ++r) job.log_weights[r] = std::log(job.row_counts[r] * u[r]);
+  std::vector<T> weight(static_cast<size_t>(t));
+  lap(&stats.seconds_weights);
+  for (int32_t r = 0; r < t; ++r) {
+    weight[r] = job.row_counts[r] * u[r];
+    job.log_weights[r] = std::log(weight[r]);
+  }
 
-  // D. The merged rows' values, block by block.
+  // D. The merged rows' values, block by block. With p_ir = w_r F_ir / Z_i the compressed
+  // attention, block b's target for query i is s_ib sum_{j in b} E_ij v_j, s_ib =
+  // (Z_ib / Z_i) / y_ib (its share of the compressed attention times the full cache's mean
+  // value over its entries), less its exact rows' part sum_{r exact} p_ir nu_r. The normal
+  // equations of its merged rows need only S_b^T E_b V_b (S = p over the merged rows times
+  // s): a second pass over the cache's logits, small products per block, no [m, dv]
+  // numerator per block kept.
   if (!values) return stats;
+  std::vector<T> compressed(static_cast<size_t>(m), T(0));
+  std::vector<T> block_compressed(static_cast<size_t>(m) * blocks, T(0));
+  for (int32_t b = 0; b < blocks; ++b) {
+    const int32_t r0 = row_begin[b], tb = row_begin[b + 1] - r0;
+    for (int32_t i = 0; i < m; ++i) {
+      const T* f = block_features(b, i);
+      T sum = 0;
+      for (int32_t c = 0; c < tb; ++c) sum += f[c] * weight[r0 + c];
+      block_compressed[at(b, i)] = sum;
+      compressed[i] += sum;
+    }
+  }
   struct BlockValues {
-    std::vector<int32_t> merged;  // rows (of the head) refitted
-    Normal fit, held;             // over the merged rows, targets [m, dv]
+    int32_t first = 0, count = 0;       // the merged rows refitted
+    std::vector<T> gram_fit, gram_held;  // [cb, cb]
+    std::vector<T> scaled[2];            // S ([m, cb]), rows of the other split zeroed
+    std::vector<T> cross[2];             // [cb, dv]: S^T E V less the exact rows' part
     double tau = 0.0;
   };
   std::vector<BlockValues> value_blocks(static_cast<size_t>(blocks));
-  std::vector<T> merged_design, residual;
-  // The fitted weights, and each query's compressed attention mass Z_i = sum_r w_r F_ir.
-  std::vector<T> weight(static_cast<size_t>(t)), compressed(static_cast<size_t>(m), T(0));
-  for (int32_t r = 0; r < t; ++r) weight[r] = job.row_counts[r] * u[r];
   for (int32_t b = 0; b < blocks; ++b) {
-    const auto& rows = block_rows[b];
-    const auto tb = static_cast<int32_t>(rows.size());
-    for (int32_t i = 0; i < m; ++i) {
-      for (int32_t x = 0; x < tb; ++x) {
-        compressed[i] += features[b][static_cast<size_t>(i) * tb + x] * weight[rows[x]];
-      }
-    }
-  }
-  for (int32_t b = 0; b < blocks; ++b) {
-    const auto& rows = block_rows[b];
-    const auto tb = static_cast<int32_t>(rows.size());
+    const int32_t r0 = row_begin[b], c0 = merged_begin[b], tb = row_begin[b + 1] - r0;
+    const int32_t cb = row_begin[b + 1] - c0, eb = c0 - r0;
     BlockValues& bv = value_blocks[b];
-    std::vector<int32_t> merged_at;  // positions within the block
-    for (int32_t x = 0; x < tb; ++x) {
-      if (job.row_merged[rows[x]] != 0) {
-        bv.merged.push_back(rows[x]);
-        merged_at.push_back(x);
-      }
-    }
-    const auto cb = static_cast<int32_t>(bv.merged.size());
+    bv.first = c0;
+    bv.count = cb;
     if (cb == 0) continue;
-    // p_ir = w_r F_ir / Z_i, the compressed attention; the block's target is its share of
-    // that attention, Z_ib / Z_i, times the full cache's mean value over the block's
-    // entries, less the exact rows' part.
-    merged_design.assign(static_cast<size_t>(m) * cb, T(0));
-    residual.resize(static_cast<size_t>(m) * dv);
+    design.resize(static_cast<size_t>(m) * tb);  // p over the block's rows
+    for (int split = 0; split < 2; ++split) {
+      bv.scaled[split].assign(static_cast<size_t>(m) * cb, T(0));
+      bv.cross[split].assign(static_cast<size_t>(cb) * dv, T(0));
+    }
     for (int32_t i = 0; i < m; ++i) {
       const T inverse = T(1) / compressed[i];
-      T block_mass = 0;
-      for (int32_t x = 0; x < tb; ++x) {
-        block_mass += features[b][static_cast<size_t>(i) * tb + x] * weight[rows[x]];
-      }
-      const T full_block = mass[static_cast<size_t>(i) * blocks + b];
-      const T share = block_mass * inverse;
-      const T mean_scale =
-          full_block > total[i] * T(1e-12) ? share / full_block : T(0);
-      T* z = residual.data() + static_cast<size_t>(i) * dv;
-      const T* num = numer.data() + (static_cast<size_t>(i) * blocks + b) * dv;
-      for (int32_t d = 0; d < dv; ++d) z[d] = num[d] * mean_scale;
-      size_t next = 0;
-      for (int32_t x = 0; x < tb; ++x) {
-        const int32_t r = rows[x];
-        const T p = features[b][static_cast<size_t>(i) * tb + x] * weight[r] * inverse;
-        if (next < merged_at.size() && merged_at[next] == x) {
-          merged_design[static_cast<size_t>(i) * cb + next] = p;
-          ++next;
-          continue;
-        }
-        const T* v = job.row_values + static_cast<size_t>(r) * dv;
-        for (int32_t d = 0; d < dv; ++d) z[d] -= p * v[d];
-      }
+      const T* f = block_features(b, i);
+      T* x = design.data() + static_cast<size_t>(i) * tb;
+      for (int32_t c = 0; c < tb; ++c) x[c] = f[c] * weight[r0 + c] * inverse;
+      const T full_block = mass[at(b, i)];
+      const T share = block_compressed[at(b, i)] * inverse;
+      const T mean_scale = full_block > total[i] * T(1e-12) ? share / full_block : T(0);
+      T* into = bv.scaled[internal::HeldOut(i, m) ? 1 : 0].data() + static_cast<size_t>(i) * cb;
+      for (int32_t c = 0; c < cb; ++c) into[c] = x[eb + c] * mean_scale;
     }
-    normals(merged_design, cb, residual, dv, &bv.fit, &bv.held);
+    // Grams of the merged rows' p, fitted and held-out queries (all less held-out).
+    internal::Normal<T> fit, held;
+    std::vector<T> no_targets(static_cast<size_t>(m), T(0));
+    stats.flops += internal::Normals(m, cb, design.data() + eb, tb, no_targets.data(), 1, &fit,
+                                     &held);
+    bv.gram_fit = std::move(fit.gram);
+    bv.gram_held = std::move(held.gram);
     double trace = 0.0;
-    for (int32_t x = 0; x < cb; ++x) trace += bv.fit.gram[x * cb + x] + bv.held.gram[x * cb + x];
+    for (int32_t x = 0; x < cb; ++x) trace += bv.gram_fit[x * cb + x] + bv.gram_held[x * cb + x];
     bv.tau = std::max(trace / cb, 1e-30);
-  }
-  // The held-out error of values nu ([dv, cb] per block, column-major by value dim) summed
-  // over the value dims: sum_d Quadratic(gram, cross_d, nu_d).
-  const auto held_value_error = [&](const BlockValues& bv, const std::vector<T>& nu) {
-    const auto cb = static_cast<int32_t>(bv.merged.size());
-    double error = bv.held.targets_norm;
-    for (int32_t d = 0; d < dv; ++d) {
-      error += internal::Quadratic(cb, bv.held.gram.data(),
-                                   bv.held.cross.data() + static_cast<size_t>(d) * cb, 0.0,
-                                   nu.data() + static_cast<size_t>(d) * cb);
+    // Less the exact rows' part: p_C^T p_E nu_E, for each split's queries.
+    if (eb > 0) {
+      std::vector<T> pe(static_cast<size_t>(cb) * eb);
+      std::vector<T> masked(design);
+      for (int split = 0; split < 2; ++split) {
+        for (int32_t i = 0; i < m; ++i) {
+          const bool mine = internal::HeldOut(i, m) == (split == 1);
+          T* x = masked.data() + static_cast<size_t>(i) * tb;
+          const T* from = design.data() + static_cast<size_t>(i) * tb;
+          for (int32_t c = 0; c < tb; ++c) x[c] = mine ? from[c] : T(0);
+        }
+        Gemm(true, false, cb, eb, m, T(1), masked.data() + eb, tb, masked.data(), tb, T(0),
+             pe.data(), eb);
+        Gemm(false, false, cb, dv, eb, T(-1), pe.data(), eb,
+             job.row_values + static_cast<size_t>(r0) * dv, dv, T(1), bv.cross[split].data(),
+             dv);
+        stats.flops += 2.0 * cb * eb * m + 2.0 * cb * eb * dv;
+      }
     }
-    return error;
-  };
+  }
+  // The second pass: E over chunks again (at the final shifts), S_b^T E_b V_b per block.
+  std::vector<T> projected;
+  for (int32_t j0 = 0; j0 < n; j0 += chunk) {
+    const int32_t w = std::min(chunk, n - j0);
+    Gemm(false, true, m, w, dk, job.scale, job.query_rows, dk,
+         job.keys + static_cast<size_t>(j0) * dk, dk, T(0), logits.data(), w);
+    stats.flops += 2.0 * m * w * dk;
+    for (int32_t i = 0; i < m; ++i) {
+      T* row = logits.data() + static_cast<size_t>(i) * w;
+      internal::AddMax(kernels, row, job.log_counts + j0, w);
+      internal::ExpSubSum(kernels, row, shift[i], w);
+    }
+    segments(j0, w, [&](int32_t b, int32_t lo, int32_t hi) {
+      BlockValues& bv = value_blocks[b];
+      const int32_t cb = bv.count, seg = hi - lo;
+      if (cb == 0) return;
+      projected.resize(static_cast<size_t>(cb) * seg);
+      for (int split = 0; split < 2; ++split) {
+        Gemm(true, false, cb, seg, m, T(1), bv.scaled[split].data(), cb, logits.data() + lo, w,
+             T(0), projected.data(), seg);
+        Gemm(false, false, cb, dv, seg, T(1), projected.data(), seg,
+             job.values + static_cast<size_t>(j0 + lo) * dv, dv, T(1), bv.cross[split].data(),
+             dv);
+        stats.flops += 2.0 * cb * seg * m + 2.0 * cb * seg * dv;
+      }
+    });
+  }
+  // The merged values of a block as [dv, cb] (one vector per value dim), and the held-out
+  // error of values nu less its error at the merged values (the targets' norm cancels).
   const auto current_values = [&](const BlockValues& bv) {
-    const auto cb = static_cast<int32_t>(bv.merged.size());
-    std::vector<T> nu(static_cast<size_t>(dv) * cb);
-    for (int32_t x = 0; x < cb; ++x) {
+    std::vector<T> nu(static_cast<size_t>(dv) * bv.count);
+    for (int32_t x = 0; x < bv.count; ++x) {
       for (int32_t d = 0; d < dv; ++d) {
-        nu[static_cast<size_t>(d) * cb + x] = job.row_values[static_cast<size_t>(bv.merged[x]) * dv + d];
+        nu[static_cast<size_t>(d) * bv.count + x] =
+            job.row_values[static_cast<size_t>(bv.first + x) * dv + d];
       }
     }
     return nu;
   };
+  // cross as [dv, cb] for Quadratic and the solves.
+  const auto cross_by_dim = [&](const BlockValues& bv, int split) {
+    std::vector<T> c(static_cast<size_t>(dv) * bv.count);
+    for (int32_t x = 0; x < bv.count; ++x) {
+      for (int32_t d = 0; d < dv; ++d) {
+        c[static_cast<size_t>(d) * bv.count + x] = bv.cross[split][static_cast<size_t>(x) * dv + d];
+      }
+    }
+    return c;
+  };
+  const auto held_error = [&](const BlockValues& bv, const std::vector<T>& held_cross,
+                              const std::vector<T>& nu) {
+    double error = 0.0;
+    for (int32_t d = 0; d < dv; ++d) {
+      error += internal::Quadratic(bv.count, bv.gram_held.data(),
+                                   held_cross.data() + static_cast<size_t>(d) * bv.count, 0.0,
+                                   nu.data() + static_cast<size_t>(d) * bv.count);
+    }
+    return error;
+  };
   // nu at ridge `ridge` (towards the merged values) from the fitted or all queries.
-  const auto solve_values = [&](const BlockValues& bv, double ridge, bool all_queries) {
-    const auto cb = static_cast<int32_t>(bv.merged.size());
-    std::vector<T> a = bv.fit.gram, nu = bv.fit.cross;
+  const auto solve_values = [&](const BlockValues& bv, const std::vector<T>& fit_cross,
+                                const std::vector<T>& held_cross, double ridge,
+                                bool all_queries) {
+    const int32_t cb = bv.count;
+    std::vector<T> a = bv.gram_fit, nu = fit_cross;
     if (all_queries) {
-      for (size_t k = 0; k < a.size(); ++k) a[k] += bv.held.gram[k];
-      for (size_t k = 0; k < nu.size(); ++k) nu[k] += bv.held.cross[k];
+      for (size_t k = 0; k < a.size(); ++k) a[k] += bv.gram_held[k];
+      for (size_t k = 0; k < nu.size(); ++k) nu[k] += held_cross[k];
     }
     const std::vector<T> prior = current_values(bv);
     const T penalty = T(ridge * bv.tau);
@@ -511,9 +596,15 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
     stats.flops += double(cb) * cb * cb / 3.0 + 2.0 * cb * cb * dv;
     return nu;
   };
+  std::vector<std::vector<T>> fit_cross(static_cast<size_t>(blocks)),
+      held_cross(static_cast<size_t>(blocks));
   double value_before = 0.0;
-  for (const BlockValues& bv : value_blocks) {
-    if (!bv.merged.empty()) value_before += held_value_error(bv, current_values(bv));
+  for (int32_t b = 0; b < blocks; ++b) {
+    const BlockValues& bv = value_blocks[b];
+    if (bv.count == 0) continue;
+    fit_cross[b] = cross_by_dim(bv, 0);
+    held_cross[b] = cross_by_dim(bv, 1);
+    value_before += held_error(bv, held_cross[b], current_values(bv));
   }
   stats.value_error_before = stats.value_error_after = value_before;
   double value_ridge = 1e-1;
@@ -522,8 +613,11 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
     double best = value_before;
     for (double ridge : internal::kValueRidges) {
       double error = 0.0;
-      for (const BlockValues& bv : value_blocks) {
-        if (!bv.merged.empty()) error += held_value_error(bv, solve_values(bv, ridge, false));
+      for (int32_t b = 0; b < blocks; ++b) {
+        const BlockValues& bv = value_blocks[b];
+        if (bv.count == 0) continue;
+        error += held_error(bv, held_cross[b],
+                            solve_values(bv, fit_cross[b], held_cross[b], ridge, false));
       }
       if (error < best) {
         best = error;
@@ -533,17 +627,20 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
     stats.value_error_after = best;
   }
   stats.value_ridge = value_ridge;
-  if (value_ridge == 0.0) return stats;
-  for (const BlockValues& bv : value_blocks) {
-    if (bv.merged.empty()) continue;
-    const std::vector<T> nu = solve_values(bv, value_ridge, true);
-    const auto cb = static_cast<int32_t>(bv.merged.size());
-    for (int32_t x = 0; x < cb; ++x) {
-      for (int32_t d = 0; d < dv; ++d) {
-        job.row_values[static_cast<size_t>(bv.merged[x]) * dv + d] = nu[static_cast<size_t>(d) * cb + x];
+  if (value_ridge > 0.0) {
+    for (int32_t b = 0; b < blocks; ++b) {
+      const BlockValues& bv = value_blocks[b];
+      if (bv.count == 0) continue;
+      const std::vector<T> nu = solve_values(bv, fit_cross[b], held_cross[b], value_ridge, true);
+      for (int32_t x = 0; x < bv.count; ++x) {
+        for (int32_t d = 0; d < dv; ++d) {
+          job.row_values[static_cast<size_t>(bv.first + x) * dv + d] =
+              nu[static_cast<size_t>(d) * bv.count + x];
+        }
       }
     }
   }
+  lap(&stats.seconds_values);
   return stats;
 }
 

@@ -386,6 +386,7 @@ TEST_P(ScoredJobTest, FittedJobsCarryOverToFreshQueries) {
     job.options.recent_tokens = 4;
     job.options.centroid_share = 1.0;
     job.options.max_cluster_size = 0;
+    job.options.fit.block_tokens = 256;  // the whole head one block: the mass is shared out
     job.query_heads = 4;
     job.queries_per_head = 64;
     job.queries = QueriesFor(job.layer, job.query_heads, job.queries_per_head, rng);

@@ -1,6 +1,6 @@
-// e^x over a float array (KernelTable::exp_floats), one template over the vector traits
-// (vec_avx2.h, vec_avx512.h): Cephes' expf, a degree-5 polynomial on the range-reduced
-// argument times 2^k. Internal linkage (see vec_avx512.h).
+// The fit's elementwise kernels (KernelTable::fit_add_max / fit_exp_sub_sum), one template
+// over the vector traits (vec_avx2.h, vec_avx512.h): e^x is Cephes' expf, a degree-5
+// polynomial on the range-reduced argument times 2^k. Internal linkage (see vec_avx512.h).
 #pragma once
 
 #include <cstdint>
@@ -26,15 +26,49 @@ typename V::F ExpVector(typename V::F x) {
   return V::Mul(p, V::Pow2(k));
 }
 
+// x[i] += bias[i] for i < count; returns the largest x[i] (-inf for count 0).
 template <class V>
-void ExpFloats(float* x, int64_t count) {
+float AddMax(float* x, const float* bias, int64_t count) {
+  using F = typename V::F;
+  F top = V::Set1(-__builtin_inff());
   int64_t i = 0;
-  for (; i + V::kW <= count; i += V::kW) V::Store(x + i, ExpVector<V>(V::Load(x + i)));
-  if (i == count) return;
-  float lanes[V::kW] = {};
-  for (int64_t k = i; k < count; ++k) lanes[k - i] = x[k];
-  V::Store(lanes, ExpVector<V>(V::Load(lanes)));
-  for (int64_t k = i; k < count; ++k) x[k] = lanes[k - i];
+  for (; i + V::kW <= count; i += V::kW) {
+    const F y = V::Add(V::Load(x + i), V::Load(bias + i));
+    V::Store(x + i, y);
+    top = V::Max(top, y);
+  }
+  float best = V::HMax(top);
+  for (; i < count; ++i) {
+    x[i] += bias[i];
+    best = x[i] > best ? x[i] : best;
+  }
+  return best;
+}
+
+// x[i] = e^(x[i] - shift) for i < count; returns their sum (lanes added in float).
+template <class V>
+float ExpSubSum(float* x, float shift, int64_t count) {
+  using F = typename V::F;
+  const F minus_shift = V::Set1(-shift);
+  F sum = V::Zero();
+  int64_t i = 0;
+  for (; i + V::kW <= count; i += V::kW) {
+    const F y = ExpVector<V>(V::Add(V::Load(x + i), minus_shift));
+    V::Store(x + i, y);
+    sum = V::Add(sum, y);
+  }
+  float total = V::HSum(sum);
+  if (i < count) {
+    float lanes[V::kW];
+    for (int64_t k = 0; k < V::kW; ++k) lanes[k] = -__builtin_inff();
+    for (int64_t k = i; k < count; ++k) lanes[k - i] = x[k] - shift;
+    V::Store(lanes, ExpVector<V>(V::Load(lanes)));
+    for (int64_t k = i; k < count; ++k) {
+      x[k] = lanes[k - i];
+      total += lanes[k - i];
+    }
+  }
+  return total;
 }
 
 }  // namespace

@@ -31,7 +31,8 @@ constexpr KernelTable MakeKernelTable() {
                      nullptr,
                      nullptr,
                      0,
-                     ExpFloats<V>};
+                     AddMax<V>,
+                     ExpSubSum<V>};
 }
 
 }  // namespace

@@ -66,6 +66,7 @@ struct Avx512 {
   // Bit l set where lane l of a is at least b (ordered: never for NaN).
   static uint32_t AtLeast(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
   static float HSum(F x) { return _mm512_reduce_add_ps(x); }
+  static float HMax(F x) { return _mm512_reduce_max_ps(x); }
 
   // The top two over the lanes of per-lane running maxima m1 >= m2 (idx: the destination of
   // each m1): the highest m1 (the lowest destination on ties) and the highest of every other

@@ -58,9 +58,10 @@ struct CompressControl {
 
 // Kernels a backend lends to the fit stage above it (kernels/fit/; EngineCaps::fit_kernels).
 struct FitKernels {
-  // x[i] = e^x[i] for i < count, float32, within a few ulp for x <= 88 (0 or a subnormal
-  // below about -87).
-  void (*exp_floats)(float* x, int64_t count) = nullptr;
+  // x[i] += bias[i] for i < count, returning the largest x[i].
+  float (*add_max)(float* x, const float* bias, int64_t count) = nullptr;
+  // x[i] = e^(x[i] - shift) for i < count (float32, within a few ulp), returning their sum.
+  float (*exp_sub_sum)(float* x, float shift, int64_t count) = nullptr;
 };
 
 // What a backend does itself, as one struct (in the manner of ggml's

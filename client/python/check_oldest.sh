@@ -54,7 +54,7 @@ cp -r "$repo/client/python" "$work/package"
 rm -rf "$work/package/centroidkv/v1" "$work/package/build" "$work/package"/*.egg-info
 # Without build isolation the stubs come from the pinned grpcio-tools; the package's
 # requirements (setup.py) are checked against the pins, and pip must not have moved one.
-CKV_PROTO_ROOT="$repo/proto" "${pip[@]}" install --no-build-isolation "$work/package"
+CKV_PROTO_ROOT="$repo/proto" CKV_VERSION_FILE="$repo/VERSION" "${pip[@]}" install --no-build-isolation "$work/package"
 "$work/venv/bin/python" - "$grpcio" "$protobuf" "$numpy" <<'EOF'
 import sys
 import google.protobuf, grpc, numpy

@@ -8,6 +8,9 @@ Generated stubs run only on a runtime at least as new as their generator (the _p
 checks protobuf >= its gencode version, the _pb2_grpc module grpcio >= the grpcio-tools that
 wrote it), so the package's grpcio and protobuf requirements are the newer of the oldest
 versions verified to work and what this build's grpcio-tools generated.
+
+The version is the repository's VERSION (../../VERSION, or $CKV_VERSION_FILE), the one place it
+is written.
 """
 import os
 import pathlib
@@ -44,6 +47,14 @@ def generate_stubs():
     return out / "centroidkv_pb2.py"
 
 
+def project_version() -> str:
+    path = pathlib.Path(os.environ.get("CKV_VERSION_FILE", HERE.parent.parent / "VERSION"))
+    if not path.is_file():
+        raise RuntimeError(f"centroidkv: {path} not found (set CKV_VERSION_FILE to the "
+                           "repository's VERSION)")
+    return path.read_text().strip()
+
+
 def _release(version: str) -> tuple:
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
@@ -69,5 +80,5 @@ class BuildPyWithStubs(build_py):
 
 # Also now: metadata and editable installs list centroidkv.v1, which must exist first, and the
 # requirements depend on what generated it.
-setup(cmdclass={"build_py": BuildPyWithStubs},
+setup(cmdclass={"build_py": BuildPyWithStubs}, version=project_version(),
       install_requires=runtime_requirements(generate_stubs()))

@@ -840,6 +840,10 @@ def check_helm(chart, kustomize, dockers, flags, metric_types, queue_metric, hel
         check(bool(meta.get(field)), f"Chart.yaml: {field}")
     check(re.fullmatch(r"\d+\.\d+\.\d+", str(meta.get("version"))) is not None,
           "Chart.yaml: version is SemVer")
+    version_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "VERSION")
+    version = open(version_file).read().strip()
+    check(str(meta.get("appVersion")) == version,
+          f"Chart.yaml: appVersion {meta.get('appVersion')!r} is VERSION's {version!r}")
     values = yaml.safe_load(open(os.path.join(chart, "values.yaml")))
     templates = os.path.join(chart, "templates")
     used = set()

@@ -9,6 +9,8 @@ centroidkv.Sequence compresses a sequence online while it decodes (splices per l
 placed with CacheRows). centroidkv.torch has the count-aware attention helpers, centroidkv.transformers a cache for
 Hugging Face transformers' generate(). The wire API is proto/centroidkv/v1/centroidkv.proto.
 """
+from importlib import metadata as _metadata
+
 from .client import Client
 from .errors import (CancelledError, CompressError, DeadlineExceededError,
                      FailedPreconditionError, InternalError, InvalidArgumentError,
@@ -17,7 +19,10 @@ from .errors import (CancelledError, CompressError, DeadlineExceededError,
 from .result import HeadResult, LayerResult, Limits, ServerInfo
 from .sequence import CacheRows, Sequence, Splice
 
-__version__ = "0.1.0"
+try:  # the repository's VERSION, written into the package's metadata by setup.py
+    __version__ = _metadata.version("centroidkv")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "unknown"
 
 __all__ = ["Client", "AsyncClient", "CompressError", "InvalidArgumentError",
            "ResourceExhaustedError", "FailedPreconditionError", "UnavailableError",

@@ -1,7 +1,7 @@
 """models/longctx from Python: centroidkv.convert_llama2c reads its RoPE base
-(500000) from the llama2.c file's legacy table, the converted model equals the committed
-transformers folder (hf/) and the C++ worker, and with the full cache it answers the
-held-out cases of test_cases.json."""
+(500000) from the llama2.c file's legacy table, the converted model equals the C++ worker
+and survives a save and a reload as a transformers folder, and with the full cache it
+answers the held-out cases of test_cases.json."""
 from __future__ import annotations
 
 import json
@@ -33,16 +33,16 @@ def test_the_rope_base_comes_from_the_file(converted):
     config, _ = read_llama2c(HERE / "model.bin")
     assert config["rope_theta"] == 500000.0
     assert converted.config.rope_theta == 500000.0
-    hf = json.loads((HERE / "hf" / "config.json").read_text())
-    assert hf["rope_theta"] == 500000.0
 
 
-def test_converted_equals_the_committed_folder_and_the_worker(converted, cases, tmp_path):
-    committed = LlamaForCausalLM.from_pretrained(HERE / "hf").eval()
+def test_converted_equals_its_saved_folder_and_the_worker(converted, cases, tmp_path):
+    converted.save_pretrained(tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["rope_theta"] == 500000.0
+    reloaded = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
     prompt = cases[0]["prompt"]
     with torch.no_grad():
         a = converted(torch.tensor([prompt])).logits[0]
-        b = committed(torch.tensor([prompt])).logits[0]
+        b = reloaded(torch.tensor([prompt])).logits[0]
     torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
     out = tmp_path / "logits.f32"
     tail = prompt[-16:]  # the worker feeds the whole prompt; compare the last positions

@@ -17,7 +17,7 @@ from . import _wire
 from ._jobs import Assembler, stream_error
 from .client import (PROBE_SECONDS, ClientCore, choose_slab_bytes, get_info_error,
                      waited_in_vain)
-from .errors import CompressError, UnavailableError, make_error
+from .errors import UnavailableError, make_error
 from .result import LayerResult, ServerInfo, server_info_from_proto
 from .v1 import centroidkv_pb2 as pb
 
@@ -117,23 +117,19 @@ class AsyncClient(ClientCore):
 
     async def _run(self, jobs: dict, return_exceptions: bool = False):
         slab_bytes = choose_slab_bytes(self._slab_request, await self.info())
-        pending = dict(jobs)
-        attempt = 0
+        rounds = self._rounds(jobs, return_exceptions)
         while True:
-            retry: Optional[CompressError] = None
             try:
-                async for job_id, outcome in self._stream(pending, slab_bytes):
-                    done = self._outcome(job_id, outcome, pending, return_exceptions)
-                    if done is None:
-                        retry = outcome
-                    else:
+                async for job_id, outcome in self._stream(rounds.begin(), slab_bytes):
+                    done = rounds.finished(job_id, outcome)
+                    if done is not None:
                         yield job_id, done
             except UnavailableError as e:
-                retry = e
-            if not pending:
+                rounds.stream_failed(e)
+            delay = rounds.next_delay()
+            if delay is None:
                 return
-            attempt += 1
-            await asyncio.sleep(self._retry_delay(pending, retry, attempt))
+            await asyncio.sleep(delay)
 
     async def _stream(self, jobs: dict, slab_bytes: int):
         """One Compress stream carrying `jobs`; yields (job_id, LayerResult | CompressError)

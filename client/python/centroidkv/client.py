@@ -147,26 +147,58 @@ class ClientCore:
         job_id = self._job_id()
         return {job_id: make_job(job_id, layer_index, keys, values, counts, **options)}
 
-    def _outcome(self, job_id, outcome, pending: dict, return_exceptions: bool):
-        """What _run does with one finished job: None to resend it (UNAVAILABLE: a draining
-        replica refused it), else the outcome to yield; a job's error raises unless
-        return_exceptions."""
+    def _rounds(self, jobs: dict, return_exceptions: bool) -> "ResendRounds":
+        return ResendRounds(jobs, self.max_attempts, self.backoff, return_exceptions)
+
+
+class ResendRounds:
+    """The resend policy both clients' _run loops follow, written once: a call's jobs go out
+    on one stream after another until each has an outcome. A job refused with UNAVAILABLE
+    (a draining replica) and the jobs of a stream that failed with UNAVAILABLE are sent
+    again, after the backoff, up to max_attempts streams; a job's error raises unless
+    return_exceptions."""
+
+    def __init__(self, jobs: dict, max_attempts: int, backoff: "Backoff",
+                 return_exceptions: bool):
+        self.pending = dict(jobs)  # the jobs still without an outcome: the next stream's
+        self._max_attempts = max_attempts
+        self._backoff = backoff
+        self._return_exceptions = return_exceptions
+        self._attempt = 0
+        self._retry: Optional[CompressError] = None
+
+    def begin(self) -> dict:
+        """The jobs the next stream carries."""
+        self._retry = None
+        return self.pending
+
+    def finished(self, job_id, outcome):
+        """One job's outcome from the stream: None when it is to be resent, else the outcome
+        to yield (raises a job's error unless return_exceptions)."""
         if isinstance(outcome, UnavailableError):
+            self._retry = outcome
             return None
-        if isinstance(outcome, CompressError) and not return_exceptions:
+        if isinstance(outcome, CompressError) and not self._return_exceptions:
             raise outcome
-        del pending[job_id]
+        del self.pending[job_id]
         return outcome
 
-    def _retry_delay(self, pending: dict, retry: Optional[CompressError], attempt: int) -> float:
-        """After stream number `attempt` ended with `pending` jobs unanswered: the seconds to
-        wait before the next stream, or raises (nothing to retry on, or attempts used up)."""
-        if retry is None:
+    def stream_failed(self, error: "UnavailableError") -> None:
+        self._retry = error
+
+    def next_delay(self) -> Optional[float]:
+        """After a stream ended: None when every job has its outcome, else the seconds to wait
+        before the next stream; raises when there is nothing to retry on or the attempts are
+        used up."""
+        if not self.pending:
+            return None
+        self._attempt += 1
+        if self._retry is None:
             raise make_error(grpc.StatusCode.INTERNAL,
-                             f"the stream ended with {len(pending)} jobs unanswered")
-        if attempt >= self.max_attempts:
-            raise retry
-        return self.backoff.delay(attempt - 1)
+                             f"the stream ended with {len(self.pending)} jobs unanswered")
+        if self._attempt >= self._max_attempts:
+            raise self._retry
+        return self._backoff.delay(self._attempt - 1)
 
 
 class Client(ClientCore):
@@ -299,23 +331,19 @@ class Client(ClientCore):
         resending on a new stream the jobs of a stream (or the jobs) that failed with
         UNAVAILABLE."""
         slab_bytes = self.slab_bytes
-        pending = dict(jobs)
-        attempt = 0
+        rounds = self._rounds(jobs, return_exceptions)
         while True:
-            retry: Optional[CompressError] = None
             try:
-                for job_id, outcome in self._stream(pending, slab_bytes):
-                    done = self._outcome(job_id, outcome, pending, return_exceptions)
-                    if done is None:
-                        retry = outcome
-                    else:
+                for job_id, outcome in self._stream(rounds.begin(), slab_bytes):
+                    done = rounds.finished(job_id, outcome)
+                    if done is not None:
                         yield job_id, done
             except UnavailableError as e:
-                retry = e
-            if not pending:
+                rounds.stream_failed(e)
+            delay = rounds.next_delay()
+            if delay is None:
                 return
-            attempt += 1
-            time.sleep(self._retry_delay(pending, retry, attempt))
+            time.sleep(delay)
 
     def _stream(self, jobs: dict, slab_bytes: int) -> Iterator[tuple]:
         """One Compress stream carrying `jobs`; yields (job_id, LayerResult | CompressError)

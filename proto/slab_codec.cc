@@ -60,7 +60,11 @@ SlabAssembler::SlabAssembler(uint64_t job_id, std::vector<Tensor> tensors, const
 
 absl::Status SlabAssembler::Add(const v1::TensorSlab& slab) {
   // The tensor's name only on the error paths: Add runs once per slab on both ends.
-  auto name = [&slab] { return v1::Tensor_Name(slab.tensor()); };
+  auto name = [&slab]() -> std::string {
+    const std::string& known = v1::Tensor_Name(slab.tensor());
+    return known.empty() ? absl::StrCat(static_cast<int>(slab.tensor()), " (no such tensor)")
+                         : known;
+  };
   auto it = std::find_if(tensors_.begin(), tensors_.end(), [&slab](const Progress& p) {
     return p.tensor.tensor == slab.tensor();
   });

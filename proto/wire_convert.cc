@@ -3,16 +3,26 @@
 
 #include <limits>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "centroidkv/common/field_status.h"
 
 namespace centroidkv {
 namespace {
 
-absl::StatusOr<int32_t> ToInt32(uint32_t value, absl::string_view field) {
+// A uint32 wire count as the engine's int32, the field named when it does not fit. A
+// chunk_size that large is above every server's limit: RESOURCE_EXHAUSTED, as a chunk_size
+// above limits.max_chunk_size is (docs/protocol.md).
+absl::StatusOr<int32_t> ToInt32(uint32_t value, const char* field) {
   if (value > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " is too large (", value, ")"));
+    const bool limit = std::string_view(field) == "chunk_size";
+    return FieldError(limit ? absl::StatusCode::kResourceExhausted
+                            : absl::StatusCode::kInvalidArgument,
+                      {field},
+                      absl::StrCat(field, " is ", value, limit ? ", above the limit of every "
+                                   "server (GetInfo limits.max_chunk_size)" : ", too large"));
   }
   return static_cast<int32_t>(value);
 }

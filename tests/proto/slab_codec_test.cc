@@ -144,6 +144,15 @@ TEST_F(SlabAssemblerTest, ATensorTheJobDoesNotHaveNamesSlabTensor) {
   EXPECT_NE(counts.message().find("has_counts"), absl::string_view::npos) << counts;
 }
 
+TEST_F(SlabAssemblerTest, AValueThatIsNoTensorIsNamedByItsNumber) {
+  const absl::Status unknown = assembler_.Add(Slab(7, static_cast<v1::Tensor>(99), 0, "abcd"));
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument) << unknown;
+  EXPECT_EQ(GetFieldLocation(unknown)->field, "slab.tensor") << unknown;
+  EXPECT_NE(unknown.message().find("tensor 99 (no such tensor) is not a tensor of job 7"),
+            absl::string_view::npos)
+      << unknown;
+}
+
 TEST_F(SlabAssemblerTest, ShortTensorsAreReportedMissingInOrder) {
   EXPECT_STREQ(assembler_.FirstMissingField(), "keys");
   ASSERT_TRUE(assembler_.Add(Slab(7, v1::TENSOR_KEYS, 0, std::string(16, 'k'))).ok());

@@ -287,14 +287,20 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
       if (lo < hi) fn(b, lo, hi);
     }
   };
-  for (int32_t j0 = 0; j0 < n; j0 += chunk) {
-    const int32_t w = std::min(chunk, n - j0);
+  // The logits s q_i . k_j + ln c_j of entries [j0, j0 + w), one product for every query;
+  // on_row(i, row, top) then sees query i's row and its largest logit.
+  const auto chunk_logits = [&](int32_t j0, int32_t w, auto&& on_row) {
     Gemm(false, true, m, w, dk, job.scale, job.query_rows, dk,
          job.keys + static_cast<size_t>(j0) * dk, dk, T(0), logits.data(), w);
     stats.flops += 2.0 * m * w * dk;
     for (int32_t i = 0; i < m; ++i) {
       T* row = logits.data() + static_cast<size_t>(i) * w;
-      const T top = internal::AddMax(kernels, row, job.log_counts + j0, w);
+      on_row(i, row, internal::AddMax(kernels, row, job.log_counts + j0, w));
+    }
+  };
+  for (int32_t j0 = 0; j0 < n; j0 += chunk) {
+    const int32_t w = std::min(chunk, n - j0);
+    chunk_logits(j0, w, [&](int32_t i, T* row, T top) {
       if (top > shift[i]) {
         if (shift[i] != kNone) total[i] *= std::exp(shift[i] - top);
         shift[i] = top;
@@ -305,7 +311,7 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
         mass[at(b, i)] += sum;
         total[i] += sum;
       });
-    }
+    });
   }
   for (int32_t i = 0; i < m; ++i) {
     for (int32_t b = 0; b < blocks; ++b) rescale(i, b);
@@ -522,14 +528,9 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
   std::vector<T> projected;
   for (int32_t j0 = 0; j0 < n; j0 += chunk) {
     const int32_t w = std::min(chunk, n - j0);
-    Gemm(false, true, m, w, dk, job.scale, job.query_rows, dk,
-         job.keys + static_cast<size_t>(j0) * dk, dk, T(0), logits.data(), w);
-    stats.flops += 2.0 * m * w * dk;
-    for (int32_t i = 0; i < m; ++i) {
-      T* row = logits.data() + static_cast<size_t>(i) * w;
-      internal::AddMax(kernels, row, job.log_counts + j0, w);
+    chunk_logits(j0, w, [&](int32_t i, T* row, T /*top*/) {
       internal::ExpSubSum(kernels, row, shift[i], w);
-    }
+    });
     segments(j0, w, [&](int32_t b, int32_t lo, int32_t hi) {
       BlockValues& bv = value_blocks[b];
       const int32_t cb = bv.count, seg = hi - lo;

@@ -36,6 +36,18 @@ absl::StatusOr<std::vector<client::LayerResult>> RunJobs(client::Client& client,
     job.layer = ViewOf(tensors[static_cast<size_t>(layer)]);
     job.options = options.compression;
     job.options.passthrough_heads = PassthroughHeadsOf(options, layer);
+    if (static_cast<size_t>(layer) < options.scores_per_layer.size()) {
+      const std::vector<float>& scores = options.scores_per_layer[static_cast<size_t>(layer)];
+      if (scores.size() != tensors[static_cast<size_t>(layer)].counts.size()) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "layer ", layer, ": ", scores.size(), " scores for ",
+            tensors[static_cast<size_t>(layer)].counts.size(), " entries")));
+      }
+      job.layer.scores = scores.data();
+    }
+    if (static_cast<size_t>(layer) < options.head_budgets_per_layer.size()) {
+      job.options.head_budgets = options.head_budgets_per_layer[static_cast<size_t>(layer)];
+    }
     job.options.compute_assignment = false;
     job.options.output_layout = TensorLayout::kHeadMajor;
     job.output_dtype = options.output_dtype;

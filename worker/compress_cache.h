@@ -41,6 +41,11 @@ struct CompressCacheOptions {
   // a serving engine would read them: float32 (exact), fp16 / bf16, or fp8 with the scales
   // of compression.result_key_scales / result_value_scales (none: per head, dynamic).
   DType output_dtype = DType::kFloat32;
+  // Scored jobs (docs/scored-jobs.md): when not empty, scores_per_layer[l] holds layer l's
+  // importance scores laid out as its exported counts (head-major, the real entries of each
+  // head), and head_budgets_per_layer[l] (may be empty) the most entries each head keeps.
+  std::vector<std::vector<float>> scores_per_layer;
+  std::vector<std::vector<int32_t>> head_budgets_per_layer;
 };
 
 // The service's account of one layer (JobResult's target fields).

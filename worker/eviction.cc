@@ -262,6 +262,10 @@ absl::Status EvictSnapKvEachHead(KvCache* cache, const std::function<int64_t(int
 
 }  // namespace
 
+std::vector<double> SnapKvScores(const HeadCache& head, int32_t kernel) {
+  return AveragePooled(head.attention, kernel);
+}
+
 absl::Status EvictSnapKv(KvCache* cache, double ratio, int32_t sinks, int32_t window,
                          int32_t kernel, EvictedEntries evicted) {
   return EvictSnapKvEachHead(

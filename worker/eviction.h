@@ -92,6 +92,11 @@ absl::Status EvictHeavyHittersToBudget(KvCache* cache, int64_t budget_entries, i
 absl::Status EvictSnapKv(KvCache* cache, double ratio, int32_t sinks, int32_t window,
                          int32_t kernel, EvictedEntries evicted = {});
 
+// SnapKV's importance of each entry of `head`: its observation-window attention, average-
+// pooled over `kernel` neighbouring positions (what EvictSnapKv ranks by; the scores of the
+// window-scored CentroidKV jobs). Empty when the cache did not track attention.
+std::vector<double> SnapKvScores(const HeadCache& head, int32_t kernel);
+
 // The same to `budget_entries` entries per head (heads that fit are left alone).
 absl::Status EvictSnapKvToBudget(KvCache* cache, int64_t budget_entries, int32_t sinks,
                                  int32_t window, int32_t kernel,

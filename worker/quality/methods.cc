@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "worker/eviction.h"
+#include "worker/head_budgets.h"
 #include "worker/quality/calibration.h"
 #include "worker/kmeans.h"
 
@@ -34,16 +37,21 @@ bool KeepsOutlierHeads(const std::string& method) {
   return absl::EndsWith(method, kOutliersSuffix);
 }
 
-bool UsesObservationWindow(const std::string& method) { return BaseMethod(method) == kSnapKv; }
+bool IsWindowScored(const std::string& method) {
+  return method == kCentroidKvSnapKv || absl::StartsWith(method, absl::StrCat(kCentroidKvSnapKv, "@"));
+}
+
+bool UsesObservationWindow(const std::string& method) {
+  return BaseMethod(method) == kSnapKv || IsWindowScored(method);
+}
 
 PrefillTracking TrackingFor(const std::vector<std::string>& methods,
                             const MethodSettings& settings) {
-  auto has = [&methods](const char* name) {
-    return std::any_of(methods.begin(), methods.end(),
-                       [name](const std::string& m) { return BaseMethod(m) == name; });
-  };
-  return {.whole = has(kH2o),
-          .observation_window = has(kSnapKv) ? settings.centroidkv.compression.recent_tokens : 0};
+  const bool whole = std::any_of(methods.begin(), methods.end(),
+                                 [](const std::string& m) { return BaseMethod(m) == kH2o; });
+  const bool window = std::any_of(methods.begin(), methods.end(), UsesObservationWindow);
+  return {.whole = whole,
+          .observation_window = window ? settings.centroidkv.compression.recent_tokens : 0};
 }
 
 void TargetTally::Add(const CompressCacheStats& stats) {
@@ -143,6 +151,58 @@ absl::Status EvictAllBut(KvCache* cache, const std::vector<std::vector<int32_t>>
   return status;
 }
 
+// The centroid share a window-scored method names after its "@", or none (the service's).
+absl::StatusOr<std::optional<double>> CentroidShareOf(const std::string& method) {
+  const size_t at = method.find('@');
+  if (at == std::string::npos) return std::optional<double>();
+  double share = 0.0;
+  if (!absl::SimpleAtod(method.substr(at + 1), &share) || !(share >= 0.0 && share <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("method \"", method, "\": the centroid share "
+                                                   "after '@' must be a number in [0, 1]"));
+  }
+  return std::optional<double>(share);
+}
+
+// A scored job per layer: SnapKV's window scores, one budget over layers x heads (the total
+// of `budget` of every head), the tail's centroids `share` of each head's room.
+absl::Status CompressWindowScored(const MethodSettings& settings, double budget,
+                                  std::optional<double> share, client::Client& client,
+                                  KvCache* cache, TargetTally* tally) {
+  if (!cache->tracks_attention()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kCentroidKvSnapKv, " needs the observation window's attention (PrefillTracked)"));
+  }
+  std::vector<std::vector<std::vector<double>>> scores(static_cast<size_t>(cache->num_layers()));
+  int64_t total = 0;
+  for (int32_t layer = 0; layer < cache->num_layers(); ++layer) {
+    for (int32_t h = 0; h < cache->num_kv_heads(); ++h) {
+      const HeadCache& head = cache->head(layer, h);
+      scores[static_cast<size_t>(layer)].push_back(SnapKvScores(head, settings.snapkv_kernel));
+      total += BudgetEntries(head.size(), budget);
+    }
+  }
+  const CompressOptions& spec = settings.centroidkv.compression;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> budgets =
+      GlobalHeadBudgets(scores, total, spec.sink_tokens, spec.recent_tokens);
+  if (!budgets.ok()) return budgets.status();
+  CompressCacheOptions options = settings.centroidkv;
+  options.compression.passthrough_heads.clear();
+  options.passthrough_per_layer.clear();
+  options.compression.target_tokens.reset();
+  options.compression.target_ratio = budget;
+  if (share.has_value()) options.compression.centroid_share = *share;
+  options.head_budgets_per_layer = *std::move(budgets);
+  for (const std::vector<std::vector<double>>& layer : scores) {
+    std::vector<float> flat;
+    for (const std::vector<double>& head : layer) flat.insert(flat.end(), head.begin(), head.end());
+    options.scores_per_layer.push_back(std::move(flat));
+  }
+  absl::StatusOr<CompressCacheStats> stats = CompressCache(client, options, cache);
+  if (!stats.ok()) return stats.status();
+  if (tally != nullptr) tally->Add(*stats);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CompressCacheOptions CentroidKvOptions(const MethodSettings& settings, double budget,
@@ -191,6 +251,14 @@ absl::StatusOr<CacheCompressor> MakeCompressor(const std::string& method, double
       if (!stats.ok()) return stats.status();
       if (tally != nullptr) tally->Add(*stats);
       return absl::OkStatus();
+    });
+  }
+  if (IsWindowScored(method)) {
+    if (client == nullptr) return absl::FailedPreconditionError(absl::StrCat(method, " needs a server"));
+    absl::StatusOr<std::optional<double>> share = CentroidShareOf(method);
+    if (!share.ok()) return share.status();
+    return CacheCompressor([settings, budget, share = *share, client, tally](KvCache* cache) {
+      return CompressWindowScored(settings, budget, share, *client, cache, tally);
     });
   }
   if (KeepsOutlierHeads(method)) {

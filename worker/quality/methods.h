@@ -10,6 +10,13 @@
 //                        the control for centroidkv+outliers: the same outlier heads kept
 //                        whole, the other heads evicted to the same shared budget, so a
 //                        table shows what merging adds beyond keeping those heads
+//   centroidkv+snapkv[@SHARE]
+//                        a scored job (docs/scored-jobs.md): SnapKV's window scores sent
+//                        to the service with one budget over all layers x heads (as KVzip
+//                        allocates it, worker/head_budgets.h); each head keeps its sink,
+//                        recent and top-scored entries exact and the service's centroids
+//                        of the unkept tail, SHARE of its room (default: the service's
+//                        centroid_share; @0: SnapKV's selection with the global budget)
 //   h2o+merge, snapkv+merge (and with +outliers: snapkv+merge+outliers)
 //                        evict, then merge (D2O-style): the same kept entries, with each
 //                        dropped entry merged into its most similar kept one
@@ -43,6 +50,7 @@ inline constexpr char kStreamingLlm[] = "streamingllm";
 inline constexpr char kH2o[] = "h2o";
 inline constexpr char kKMeans[] = "kmeans";
 inline constexpr char kSnapKv[] = "snapkv";
+inline constexpr char kCentroidKvSnapKv[] = "centroidkv+snapkv";
 inline constexpr char kOutliersSuffix[] = "+outliers";
 inline constexpr char kMergeSuffix[] = "+merge";
 
@@ -52,6 +60,9 @@ std::string BaseMethod(const std::string& method);
 
 // True for "<eviction>+merge[+outliers]": what the eviction drops is merged, not dropped.
 bool MergesEvicted(const std::string& method);
+
+// True for "centroidkv+snapkv" and "centroidkv+snapkv@SHARE": a window-scored job.
+bool IsWindowScored(const std::string& method);
 
 // True for "<method>+outliers": the outlier heads stay whole (MethodSettings).
 bool KeepsOutlierHeads(const std::string& method);
@@ -91,7 +102,8 @@ struct TargetTally {
 // Every method name, in report order.
 const std::vector<std::string>& AllMethods();
 
-// Whether `method` compresses the prefill's window cache (PrefillTracking): SnapKV.
+// Whether `method` compresses the prefill's window cache (PrefillTracking): SnapKV and the
+// window-scored CentroidKV.
 bool UsesObservationWindow(const std::string& method);
 
 // The statistics a prefill must keep for `methods`: H2O's whole-prefill attention,

@@ -102,7 +102,8 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--methods", f.methods,
                  "methods to run (default: all; centroidkv+outliers needs outlier heads; "
                  "streamingllm/h2o/snapkv+outliers keep the same heads whole; h2o/snapkv+merge "
-                 "merge what they evict, also with +outliers)")
+                 "merge what they evict, also with +outliers; centroidkv+snapkv[@SHARE]: SnapKV's "
+                 "window scores as a scored job with one budget over layers x heads)")
       ->delimiter(',');
   cli::AddPresetFlag(&app, &f.compression, &f.preset);
   cli::AddCompressOptionFlags(&app, &f.compression,

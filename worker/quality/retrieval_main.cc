@@ -194,7 +194,8 @@ int main(int argc, char** argv) {
                  "centroidkv, centroidkv+outliers, streamingllm, h2o, snapkv, kmeans; "
                  "streamingllm+outliers, h2o+outliers, snapkv+outliers keep the same outlier "
                  "heads whole (the control); h2o+merge, snapkv+merge[+outliers] merge what "
-                 "they evict into the most similar kept entries")
+                 "they evict into the most similar kept entries; centroidkv+snapkv[@SHARE] sends "
+                 "SnapKV's window scores as a scored job, one budget over layers x heads")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--outlier-heads", f.outlier_heads,

@@ -1,7 +1,9 @@
 // Tests of worker/quality/methods.cc: CentroidKV's budget with and without outlier
-// heads, and every method meeting the budget through a live server.
+// heads, and every method meeting the budget through a live server (the window-scored
+// centroidkv+snapkv with one budget over every head too).
 #include "worker/quality/methods.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,11 @@ TEST(MethodsTest, UnknownMethodAndMissingServerAreErrors) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << method;
     EXPECT_NE(status.message().find(method), std::string::npos) << status;
   }
+  EXPECT_EQ(MakeCompressor("centroidkv+snapkv", 0.5, {}, nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(IsWindowScored("centroidkv+snapkv@0.2"));
+  EXPECT_TRUE(UsesObservationWindow("centroidkv+snapkv"));
+  EXPECT_FALSE(IsWindowScored("centroidkv+snapkvx"));
   EXPECT_TRUE(MakeCompressor("snapkv+merge+outliers", 0.5, {}, nullptr).ok());
   EXPECT_EQ(BaseMethod("snapkv+merge+outliers"), kSnapKv);
   EXPECT_TRUE(MergesEvicted("h2o+merge"));
@@ -125,7 +132,8 @@ TEST_F(MethodsServerTest, EveryMethodKeepsTheBudget) {
   ASSERT_TRUE(text.ok());
   ASSERT_TRUE(text->window_cache.has_value());
   std::vector<std::string> methods = AllMethods();
-  methods.insert(methods.end(), {"h2o+merge", "snapkv+merge", "snapkv+merge+outliers"});
+  methods.insert(methods.end(), {"h2o+merge", "snapkv+merge", "snapkv+merge+outliers",
+                                 "centroidkv+snapkv", "centroidkv+snapkv@0"});
   for (const std::string& method : methods) {
     absl::StatusOr<CacheCompressor> compress = MakeCompressor(method, 0.25, settings, client_);
     ASSERT_TRUE(compress.ok()) << compress.status();
@@ -138,6 +146,56 @@ TEST_F(MethodsServerTest, EveryMethodKeepsTheBudget) {
     EXPECT_GE(entries, 20 * 50 - 19) << method;  // outliers: the others round down
     EXPECT_EQ(agreement->steps, 1);
   }
+}
+
+// centroidkv+snapkv@0 is SnapKV's selection under one budget over all heads: every head
+// keeps entries of the input unchanged (count 1), the heads' shares are uneven, and the
+// whole cache keeps the total; with a centroid share the unkept tail comes back as centroids.
+TEST_F(MethodsServerTest, WindowScoredJobsSplitOneBudgetOverEveryHead) {
+  Transformer transformer(*testutil::Stories260K());
+  absl::StatusOr<std::vector<int32_t>> tokens = SampleText(transformer, 201, 0.8f, 90);
+  ASSERT_TRUE(tokens.ok());
+  MethodSettings settings;
+  settings.centroidkv.compression.chunk_size = 32;
+  settings.centroidkv.compression.sink_tokens = 4;
+  settings.centroidkv.compression.recent_tokens = 32;
+  absl::StatusOr<PrefilledText> text =
+      PrefillText(transformer, *tokens, 200, TrackingFor({"centroidkv+snapkv"}, settings));
+  ASSERT_TRUE(text.ok());
+  ASSERT_TRUE(text->window_cache.has_value());
+  for (const char* method : {"centroidkv+snapkv@0", "centroidkv+snapkv@0.5"}) {
+    SCOPED_TRACE(method);
+    absl::StatusOr<CacheCompressor> compress = MakeCompressor(method, 0.25, settings, client_);
+    ASSERT_TRUE(compress.ok()) << compress.status();
+    KvCache cache = *text->window_cache;
+    ASSERT_TRUE((*compress)(&cache).ok());
+    int64_t total = 0, merged = 0, tokens = 0;
+    std::vector<int64_t> sizes;
+    for (int32_t layer = 0; layer < cache.num_layers(); ++layer) {
+      for (int32_t h = 0; h < cache.num_kv_heads(); ++h) {
+        const HeadCache& head = cache.head(layer, h);
+        sizes.push_back(head.size());
+        total += head.size();
+        for (uint32_t c : head.counts) {
+          merged += c > 1;
+          tokens += c;
+        }
+      }
+    }
+    EXPECT_LE(total, int64_t{20} * 50);
+    EXPECT_GE(total, int64_t{20} * 50 - 20);
+    EXPECT_NE(*std::min_element(sizes.begin(), sizes.end()),
+              *std::max_element(sizes.begin(), sizes.end()));
+    if (std::string(method) == "centroidkv+snapkv@0") {
+      EXPECT_EQ(merged, 0);
+      EXPECT_EQ(total, int64_t{20} * 50);
+    } else {
+      EXPECT_GT(merged, 0);
+      EXPECT_GT(tokens, total);  // the tail's centroids stand for entries no eviction keeps
+    }
+  }
+  EXPECT_EQ(MakeCompressor("centroidkv+snapkv@1.5", 0.25, settings, client_).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(MethodsServerTest, RankedOutlierHeadsPassThroughAsManyAsEachBudgetAffords) {

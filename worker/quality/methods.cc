@@ -181,11 +181,19 @@ absl::Status CompressWindowScored(const MethodSettings& settings, double budget,
       total += BudgetEntries(head.size(), budget);
     }
   }
-  const CompressOptions& spec = settings.centroidkv.compression;
-  absl::StatusOr<std::vector<std::vector<int32_t>>> budgets =
-      GlobalHeadBudgets(scores, total, spec.sink_tokens, spec.recent_tokens);
-  if (!budgets.ok()) return budgets.status();
+  // Where an even share cannot hold the protected windows, they shrink as SnapKV's do
+  // (SplitBudget: sinks first), so that the job keeps its budget.
   CompressCacheOptions options = settings.centroidkv;
+  const int64_t heads = int64_t{cache->num_layers()} * cache->num_kv_heads();
+  const BudgetSplit split = SplitBudget(total / std::max<int64_t>(1, heads),
+                                        options.compression.sink_tokens,
+                                        options.compression.recent_tokens);
+  options.compression.sink_tokens = static_cast<int32_t>(split.sinks);
+  options.compression.recent_tokens = static_cast<int32_t>(split.recent);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> budgets =
+      GlobalHeadBudgets(scores, total, options.compression.sink_tokens,
+                        options.compression.recent_tokens);
+  if (!budgets.ok()) return budgets.status();
   options.compression.passthrough_heads.clear();
   options.passthrough_per_layer.clear();
   options.compression.target_tokens.reset();

@@ -16,7 +16,9 @@
 //                        allocates it, worker/head_budgets.h); each head keeps its sink,
 //                        recent and top-scored entries exact and the service's centroids
 //                        of the unkept tail, SHARE of its room (default: the service's
-//                        centroid_share; @0: SnapKV's selection with the global budget)
+//                        centroid_share; @0: SnapKV's selection with the global budget);
+//                        where an even share cannot hold the sink and recent windows, they
+//                        shrink as SnapKV's do (sinks first)
 //   h2o+merge, snapkv+merge (and with +outliers: snapkv+merge+outliers)
 //                        evict, then merge (D2O-style): the same kept entries, with each
 //                        dropped entry merged into its most similar kept one

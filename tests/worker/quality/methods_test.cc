@@ -196,6 +196,13 @@ TEST_F(MethodsServerTest, WindowScoredJobsSplitOneBudgetOverEveryHead) {
   }
   EXPECT_EQ(MakeCompressor("centroidkv+snapkv@1.5", 0.25, settings, client_).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // 10% of 200 is 20 entries a head, below the 36 sink and recent ones: the windows shrink
+  // (4 sinks, 16 recent) and the budget holds.
+  absl::StatusOr<CacheCompressor> small = MakeCompressor("centroidkv+snapkv", 0.1, settings, client_);
+  ASSERT_TRUE(small.ok()) << small.status();
+  KvCache cache = *text->window_cache;
+  ASSERT_TRUE((*small)(&cache).ok());
+  EXPECT_LE(cache.TotalEntries(), int64_t{20} * 20);
 }
 
 TEST_F(MethodsServerTest, RankedOutlierHeadsPassThroughAsManyAsEachBudgetAffords) {

@@ -33,7 +33,8 @@ Scored presses (docs/scored-jobs.md): `scorer=` any kvpress scorer press (KVzipP
 SnapKVPress, ExpectedAttentionPress, KnormPress, ...) computes each entry's importance in
 the model (centroidkv.scoring); one budget over all layers x heads is allocated as KVzip
 does (centroidkv.budgets.global_budgets), and each layer becomes a scored job: its sink and
-top-scored entries kept exact, `centroid_share` of each head's room (default 0.2; 0: score
+top-scored entries kept exact, `centroid_share` of each head's room (the server's default,
+0.15; 0: score
 top-k eviction, KVzip's own selection with its memory really freed) as centroids of the
 unkept tail. `fit=True` also sends reference queries (KVzip's replay queries, else the
 prefill's last `fit_window`) and decodes with the fitted log-weights. A scored press runs

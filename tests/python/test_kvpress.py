@@ -20,11 +20,12 @@ from transformers import AutoTokenizer, DynamicCache, LlamaForCausalLM, pipeline
 import centroidkv  # noqa: E402
 from centroidkv.convert_llama2c import to_transformers, tokenizer_to_transformers  # noqa: E402
 from centroidkv.kvpress import CentroidKVPress, CentroidKVPressError  # noqa: E402
+from centroidkv.presets import SMALL_MODEL  # noqa: E402
 from centroidkv.torch import padded_heads  # noqa: E402
 from centroidkv.transformers import CentroidKVCache, CompressedLayer, enable  # noqa: E402
 from server_process import SHARED_DIR, ServerProcess  # noqa: E402
 
-QUALITY = dict(chunk_size=32, sink_tokens=4, recent_tokens=32)
+QUALITY = dict(SMALL_MODEL)  # centroidkv-quality's preset
 QUESTION = " What did Lily find?"
 NEW_TOKENS = 12
 

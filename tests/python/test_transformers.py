@@ -1,7 +1,8 @@
 """centroidkv.transformers on a real LlamaForCausalLM converted from stories260K
 (centroidkv.convert_llama2c), against the C++ reference worker (worker): uncompressed
 logits, a ratio-1.0 compression, and the SPEC section 4 quality at a 25% budget next to
-centroidkv-quality's on the same texts."""
+centroidkv-quality's on the same texts, for the SPEC job and for the window-scored cache
+(centroidkv-quality's centroidkv+snapkv)."""
 from __future__ import annotations
 
 import json
@@ -13,11 +14,12 @@ import torch
 from transformers import DynamicCache
 
 from centroidkv.convert_llama2c import to_transformers
+from centroidkv.presets import SMALL_MODEL
 from centroidkv.transformers import CentroidKVCache, enable
 from server_process import BIN_DIR, SHARED_DIR
 
 MODEL = SHARED_DIR / "models" / "stories260K.bin"
-QUALITY = dict(chunk_size=32, sink_tokens=4, recent_tokens=32)  # centroidkv-quality's defaults
+QUALITY = dict(SMALL_MODEL)  # centroidkv-quality's preset
 PREFILL, CONTINUATION, TEXTS = 384, 96, 8
 
 
@@ -127,3 +129,50 @@ def test_quarter_budget_quality_equals_centroidkv_quality(model, texts, client, 
           f"centroidkv-quality mean KL {theirs['mean_kl']:.5f} top-1 {theirs['top1']:.4f}")
     assert ours["mean_kl"] == pytest.approx(theirs["mean_kl"], rel=0.02)
     assert ours["top1"] == pytest.approx(theirs["top1"], rel=0.02)
+
+
+def _quality_cpp(server, tmp_path, texts, method):
+    tokens_file = tmp_path / "texts.txt"
+    tokens_file.write_text("\n".join(" ".join(map(str, t)) for t in texts) + "\n")
+    report = tmp_path / "quality.json"
+    subprocess.run([str(BIN_DIR / "centroidkv-quality"), "--model", str(MODEL), "--tokenizer",
+                    str(SHARED_DIR / "models" / "tok512.bin"), "--server", server.target,
+                    "--tokens-file", str(tokens_file), "--prefill", str(PREFILL),
+                    "--continuation", str(CONTINUATION), "--budgets", "0.25",
+                    "--methods", method, "--calibration-texts", "0", "--preset", "small-model",
+                    "--report-md", "", "--report-json", str(report), "--quiet"],
+                   check=True, capture_output=True)
+    return [r for r in json.loads(report.read_text()) if r["method"] == method][0]
+
+
+def test_window_scored_cache_keeps_its_budget_and_equals_the_cpp_worker(model, texts, client,
+                                                                         server, tmp_path):
+    """scorer="window" (the window being the recent 32, as the C++ worker's SnapKV): one
+    budget over layers x heads, the heads' shares uneven, and the same quality as
+    centroidkv-quality's centroidkv+snapkv on the same texts; fit=True decodes with the
+    fitted log-weights."""
+    kl_sum, top1, steps = 0.0, 0, 0
+    for ids in texts:
+        with torch.no_grad():
+            full = model(torch.tensor([ids])).logits[0, PREFILL:PREFILL + CONTINUATION]
+        cache = CentroidKVCache(client, target_ratio=0.25, scorer="window", window=32, **QUALITY)
+        kl, matches = _agreement(full, _continuation(model, cache, ids))
+        kl_sum, top1, steps = kl_sum + kl, top1 + matches, steps + CONTINUATION
+        kept = [r.head_entries for r in cache.results]
+        assert sum(int(k.sum()) for k in kept) <= len(kept) * len(kept[0]) * (PREFILL // 4)
+        assert min(int(k.min()) for k in kept) < max(int(k.max()) for k in kept)
+    ours = dict(mean_kl=kl_sum / steps, top1=top1 / steps)
+    theirs = _quality_cpp(server, tmp_path, texts, "centroidkv+snapkv")
+    print(f"25% budget, window-scored: python mean KL {ours['mean_kl']:.5f} top-1 "
+          f"{ours['top1']:.4f}; centroidkv-quality mean KL {theirs['mean_kl']:.5f} top-1 "
+          f"{theirs['top1']:.4f}")
+    assert ours["mean_kl"] == pytest.approx(theirs["mean_kl"], rel=0.05)
+    assert ours["top1"] == pytest.approx(theirs["top1"], rel=0.02)
+
+    cache = CentroidKVCache(client, target_ratio=0.25, scorer="window", window=32, fit=True,
+                            **QUALITY)
+    logits = _continuation(model, cache, texts[0])
+    assert all(r.log_weights is not None for r in cache.results)
+    assert torch.isfinite(logits).all()
+    with pytest.raises(ValueError, match="fit needs a scorer"):
+        CentroidKVCache(client, target_ratio=0.25, fit=True)

@@ -16,6 +16,16 @@ is q.k * scaling + ln(c). New tokens are appended uncompressed (extra dimension 
 true RoPE positions: the cache reports the number of tokens seen, not of entries kept, and
 gives the mask the offset between the two. Batch size 1 (one sequence per cache).
 Call compress() yourself (compress_on_prefill=False) to choose when.
+
+Scored caches (docs/scored-jobs.md): `CentroidKVCache(client, target_ratio=0.25,
+scorer="window", window=64, fit=False, ...)` scores every entry by the attention the
+prefill's last `window` queries give it (SnapKV's observation window: summed over the
+window and the KV head's query heads, average-pooled over 5 positions), splits one budget
+over all layers x heads (centroidkv.budgets.global_budgets: the total is what the same
+target_ratio / target_tokens keeps in every head) and sends each layer as a scored job;
+`fit=True` also sends those queries as reference queries, and decoding uses the fitted
+log-weights. The queries are taken by enable()'s hooks on each attention module (Llama-style
+attention: q_proj, an optional q_norm, RoPE from position_embeddings).
 """
 from __future__ import annotations
 
@@ -26,7 +36,10 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.models.llama.modeling_llama import rotate_half
 
+from .budgets import global_budgets
+from .presets import SPEC
 from .torch import padded_heads, widen_keys, widen_queries
 
 ATTENTION_NAME = "centroidkv"
@@ -120,6 +133,45 @@ def enable(model) -> None:
 
     model._centroidkv_hook = model.register_forward_hook(hook, with_kwargs=True)
 
+    def take_queries(module, args, kwargs):
+        cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if (isinstance(cache, CentroidKVCache) and cache.scorer is not None and
+                not cache.compressed and hidden is not None and hidden.shape[1] > 1):
+            queries = queries_after_rope(module, hidden, kwargs["position_embeddings"])
+            cache._queries[int(module.layer_idx)] = queries[:, -cache.window:].float()
+
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_pre_hook(take_queries, with_kwargs=True)
+
+
+def queries_after_rope(module, hidden: torch.Tensor, position_embeddings) -> torch.Tensor:
+    """A Llama-style attention module's queries for `hidden` [1, q, hidden], after RoPE:
+    [Hq, q, head_dim]."""
+    queries = module.q_proj(hidden).view(*hidden.shape[:-1], -1, module.head_dim)
+    if getattr(module, "q_norm", None) is not None:  # Qwen3-style: normed per head
+        queries = module.q_norm(queries)
+    queries = queries.transpose(1, 2)
+    cos, sin = position_embeddings
+    return (queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1))[0]
+
+
+def window_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
+                  kernel: int = 5) -> torch.Tensor:
+    """SnapKV's score of each of `keys` [H, n, d] from the window's `queries` [Hq, w, d] (the
+    last w positions, causal within the window): softmax attention summed over the window
+    and each KV head's query heads, average-pooled over `kernel` positions. [H, n] float32."""
+    heads, n, dim = keys.shape
+    group, w = queries.shape[0] // heads, queries.shape[1]
+    q = queries.float().reshape(heads, group * w, dim)
+    logits = torch.einsum("hqd,hnd->hqn", q, keys.float()) * scale
+    seen = (n - w + torch.arange(w, device=keys.device)).repeat(group)  # each query's position
+    logits = logits.masked_fill(torch.arange(n, device=keys.device)[None, None] > seen[None, :, None],
+                                -float("inf"))
+    summed = torch.softmax(logits, -1).sum(1)
+    return torch.nn.functional.avg_pool1d(summed[:, None], kernel, stride=1,
+                                          padding=kernel // 2)[:, 0]
+
 
 class CompressedLayer(DynamicLayer):
     """One layer after compression: widened centroid keys, then appended tokens. `offset` is
@@ -149,12 +201,24 @@ class CompressedLayer(DynamicLayer):
 
 class CentroidKVCache(DynamicCache):
     """DynamicCache that compresses itself through `client` (a centroidkv.Client) after the
-    prefill. `params`: compress_layers keyword arguments (SPEC parameters, backend, ...)."""
+    prefill. `params`: compress_layers keyword arguments (SPEC parameters, backend, ...).
+    scorer: None (the SPEC's job) or "window" (scored jobs, one budget over layers x heads;
+    the module docstring); window: its queries; fit: send them as reference queries."""
 
-    def __init__(self, client, *, compress_on_prefill: bool = True, **params):
+    def __init__(self, client, *, compress_on_prefill: bool = True, scorer: Optional[str] = None,
+                 window: int = 64, fit: bool = False, **params):
         super().__init__()
+        if scorer not in (None, "window"):
+            raise ValueError(f"CentroidKVCache: scorer {scorer!r} is not None or 'window'")
+        if fit and scorer is None:
+            raise ValueError("CentroidKVCache: fit needs a scorer (scorer='window')")
+        if scorer is not None and ("target_ratio" in params) == ("target_tokens" in params):
+            raise ValueError("CentroidKVCache: a scored cache needs exactly one of target_ratio "
+                             "and target_tokens (the budget it splits over layers x heads)")
         self.client = client
         self.params = params
+        self.scorer, self.window, self.fit = scorer, int(window), bool(fit)
+        self._queries = {}  # layer -> the prefill's last window queries [Hq, w, d] (scorer)
         self.compress_on_prefill = compress_on_prefill
         self.compressed = False
         self.results = None  # the LayerResults, kept for inspection
@@ -176,12 +240,43 @@ class CentroidKVCache(DynamicCache):
             raise ValueError(f"CentroidKVCache holds one sequence (batch {batch})")
         layers = [(layer.keys[0].contiguous(), layer.values[0].contiguous())
                   for layer in self.layers]
-        results = self.client.compress_layers(layers, **self.params)
+        scale = 1.0 / math.sqrt(layers[0][0].shape[-1]) if scaling is None else scaling
+        params = self.params
+        jobs = layers
+        if self.scorer is not None:  # the budgets replace the target
+            jobs = self._scored_jobs(layers, scale)
+            params = {k: v for k, v in params.items() if k not in ("target_ratio", "target_tokens")}
+        results = self.client.compress_layers(jobs, **params)
         for i, (result, (keys, _)) in enumerate(zip(results, layers)):
             padded = padded_heads(result, dtype=keys.dtype, device=keys.device)
-            scale = 1.0 / math.sqrt(keys.shape[-1]) if scaling is None else scaling
             wide = widen_keys(padded.keys, padded.bias.to(keys.device), scale=scale)
             self.layers[i] = CompressedLayer(wide[None], padded.values[None],
                                              keys.shape[1] - wide.shape[1])
         self.compressed, self.results = True, results
         return results
+
+    def _scored_jobs(self, layers: list, scale: float) -> list:
+        """Each layer as a scored job: window scores, its heads' share of one global budget,
+        the window's queries when fitted."""
+        missing = [i for i in range(len(layers)) if i not in self._queries]
+        if missing:
+            raise RuntimeError(f"CentroidKVCache: no window queries for layers {missing}: call "
+                               "centroidkv.transformers.enable(model) before the prefill")
+        scores = [window_scores(self._queries[i], keys, scale).cpu().numpy()
+                  for i, (keys, _) in enumerate(layers)]
+        heads, tokens = layers[0][0].shape[0], layers[0][0].shape[1]
+        per_head = (int(self.params["target_tokens"]) if "target_tokens" in self.params
+                    else math.ceil(float(self.params["target_ratio"]) * tokens))
+        budgets = global_budgets(
+            scores, min(per_head, tokens) * heads * len(layers),
+            sink=int(self.params.get("sink_tokens", SPEC["sink_tokens"])),
+            recent=int(self.params.get("recent_tokens", SPEC["recent_tokens"])),
+            passthrough_heads=self.params.get("passthrough_heads"))
+        jobs = []
+        for i, (keys, values) in enumerate(layers):
+            job = dict(keys=keys, values=values, scores=scores[i],
+                       head_budgets=budgets[i].tolist())
+            if self.fit:
+                job["queries"] = self._queries[i].cpu().numpy()
+            jobs.append(job)
+        return jobs

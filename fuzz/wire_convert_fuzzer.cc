@@ -1,14 +1,17 @@
 // libFuzzer target: the wire conversions (proto/wire_convert.cc). The input is a serialized
 // StartJob, as the server decodes it; its enums and its CompressionParams go through the
 // conversions. Every accepted value converts back to what was sent (options up to the SPEC
-// defaults the wire leaves implicit), and every refusal is INVALID_ARGUMENT naming its field.
+// defaults the wire leaves implicit), and every refusal names its field: INVALID_ARGUMENT,
+// but RESOURCE_EXHAUSTED for a chunk_size no int32 holds.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 
 #include "absl/strings/string_view.h"
+#include "centroidkv/common/field_status.h"
 #include "centroidkv/wire/wire_convert.h"
 
 namespace {
@@ -86,8 +89,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<centroidkv::CompressOptions> options =
       centroidkv::OptionsFromProto(start.params());
   if (!options.ok()) {
-    CheckRefusal(options.status(),
-                 {"chunk_size", "sink_tokens", "recent_tokens", "max_passes", "passthrough_heads"});
+    // A count no int32 holds: the field named in the status's location; a chunk_size that
+    // large is above every server's limit, RESOURCE_EXHAUSTED (docs/protocol.md).
+    const std::optional<centroidkv::FieldLocation> at =
+        centroidkv::GetFieldLocation(options.status());
+    Check(at.has_value(), "an options refusal carries no field");
+    const bool chunk = at->field == "chunk_size";
+    Check(options.status().code() == (chunk ? absl::StatusCode::kResourceExhausted
+                                            : absl::StatusCode::kInvalidArgument),
+          "an options refusal has the wrong code");
+    Check(chunk || at->field == "sink_tokens" || at->field == "recent_tokens" ||
+              at->field == "max_passes" || at->field == "passthrough_heads",
+          "an options refusal names no int field");
+    Check(options.status().message().find(at->field) != absl::string_view::npos,
+          "refusal does not name the field");
     return 0;
   }
   // The client's direction: what OptionsToProto writes, the server reads back unchanged,

@@ -22,7 +22,9 @@
 // Layout, so that every block is a contiguous range: the entries come ordered by block (a
 // stable order within), and the rows by block with each block's exact rows before its
 // merged ones (fit_stage.cc permutes them and back). The hot loops are matrix products
-// (OpenBLAS) and two fused row kernels (FitKernels: bias add with max, exp with sum).
+// (OpenBLAS) and two fused row kernels (FitKernels: bias add with max, exp with sum). The
+// values need the full cache's exps a second time, at the final shifts: kept from the first
+// pass when m x n of them fit in kKeptExpBytes (a scratch of the call), else computed again.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "kernels/fit/blas.h"
@@ -90,6 +93,9 @@ namespace internal {
 inline constexpr double kWeightRidges[] = {1e-4, 1e-3, 1e-2, 1e-1, 1.0};
 inline constexpr double kValueRidges[] = {1e-3, 1e-2, 1e-1, 1.0, 10.0};
 inline constexpr int32_t kLogitChunk = 512;
+// The first pass's exponentiated logits (m x n) are kept for the values' pass when they fit in
+// this many bytes; above it the values' pass computes them again.
+inline constexpr int64_t kKeptExpBytes = int64_t{32} << 20;
 
 // Query i is held out when i % 4 == 3, if there are at least 8.
 inline bool HeldOut(int32_t i, int32_t queries) { return queries >= 8 && i % 4 == 3; }
@@ -287,20 +293,30 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
       if (lo < hi) fn(b, lo, hi);
     }
   };
-  // The logits s q_i . k_j + ln c_j of entries [j0, j0 + w), one product for every query;
-  // on_row(i, row, top) then sees query i's row and its largest logit.
-  const auto chunk_logits = [&](int32_t j0, int32_t w, auto&& on_row) {
+  // The logits s q_i . k_j + ln c_j of entries [j0, j0 + w), one product for every query,
+  // into `out` ([m, w]); on_row(i, row, top) then sees query i's row and its largest logit.
+  const auto chunk_logits = [&](int32_t j0, int32_t w, T* out, auto&& on_row) {
     Gemm(false, true, m, w, dk, job.scale, job.query_rows, dk,
-         job.keys + static_cast<size_t>(j0) * dk, dk, T(0), logits.data(), w);
+         job.keys + static_cast<size_t>(j0) * dk, dk, T(0), out, w);
     stats.flops += 2.0 * m * w * dk;
     for (int32_t i = 0; i < m; ++i) {
-      T* row = logits.data() + static_cast<size_t>(i) * w;
+      T* row = out + static_cast<size_t>(i) * w;
       on_row(i, row, internal::AddMax(kernels, row, job.log_counts + j0, w));
     }
   };
+  // With values to fit, the exps of this pass are kept (chunk at j0: [m, w] at m * j0, each
+  // row at the shift it was taken at) when they fit in kKeptExpBytes, so that the values'
+  // pass only rescales them.
+  const bool keep_exps = values && static_cast<int64_t>(m) * n * static_cast<int64_t>(sizeof(T)) <=
+                                       internal::kKeptExpBytes;
+  std::unique_ptr<T[]> kept_exps(keep_exps ? new T[static_cast<size_t>(m) * n] : nullptr);
+  std::vector<T> kept_shift(keep_exps ? static_cast<size_t>(m) * ((n + chunk - 1) / chunk) : 0);
+  const auto exps_of = [&](int32_t j0) {
+    return keep_exps ? kept_exps.get() + static_cast<size_t>(j0) * m : logits.data();
+  };
   for (int32_t j0 = 0; j0 < n; j0 += chunk) {
     const int32_t w = std::min(chunk, n - j0);
-    chunk_logits(j0, w, [&](int32_t i, T* row, T top) {
+    chunk_logits(j0, w, exps_of(j0), [&](int32_t i, T* row, T top) {
       if (top > shift[i]) {
         if (shift[i] != kNone) total[i] *= std::exp(shift[i] - top);
         shift[i] = top;
@@ -311,6 +327,7 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
         mass[at(b, i)] += sum;
         total[i] += sum;
       });
+      if (keep_exps) kept_shift[static_cast<size_t>(j0 / chunk) * m + i] = shift[i];
     });
   }
   for (int32_t i = 0; i < m; ++i) {
@@ -524,21 +541,33 @@ HeadFitStats FitHead(const HeadFitJob<T>& job) {
       }
     }
   }
-  // The second pass: E over chunks again (at the final shifts), S_b^T E_b V_b per block.
+  // The second pass: E over chunks again at the final shifts (the kept exps rescaled, or
+  // computed again), S_b^T E_b V_b per block.
   std::vector<T> projected;
   for (int32_t j0 = 0; j0 < n; j0 += chunk) {
     const int32_t w = std::min(chunk, n - j0);
-    chunk_logits(j0, w, [&](int32_t i, T* row, T /*top*/) {
-      internal::ExpSubSum(kernels, row, shift[i], w);
-    });
+    T* const exps = exps_of(j0);
+    if (keep_exps) {
+      for (int32_t i = 0; i < m; ++i) {
+        const T taken_at = kept_shift[static_cast<size_t>(j0 / chunk) * m + i];
+        if (taken_at == shift[i]) continue;
+        const T factor = std::exp(taken_at - shift[i]);
+        T* row = exps + static_cast<size_t>(i) * w;
+        for (int32_t j = 0; j < w; ++j) row[j] *= factor;
+      }
+    } else {
+      chunk_logits(j0, w, exps, [&](int32_t i, T* row, T /*top*/) {
+        internal::ExpSubSum(kernels, row, shift[i], w);
+      });
+    }
     segments(j0, w, [&](int32_t b, int32_t lo, int32_t hi) {
       BlockValues& bv = value_blocks[b];
       const int32_t cb = bv.count, seg = hi - lo;
       if (cb == 0) return;
       projected.resize(static_cast<size_t>(cb) * seg);
       for (int split = 0; split < 2; ++split) {
-        Gemm(true, false, cb, seg, m, T(1), bv.scaled[split].data(), cb, logits.data() + lo, w,
-             T(0), projected.data(), seg);
+        Gemm(true, false, cb, seg, m, T(1), bv.scaled[split].data(), cb, exps + lo, w, T(0),
+             projected.data(), seg);
         Gemm(false, false, cb, dv, seg, T(1), projected.data(), seg,
              job.values + static_cast<size_t>(j0 + lo) * dv, dv, T(1), bv.cross[split].data(),
              dv);

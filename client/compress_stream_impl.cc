@@ -392,6 +392,7 @@ void GrpcCompressStream::HandleResponse() {
       layer_of_.erase(error.job_id());
       result.status = StatusFromJobError(error);
       region_targets_.erase(error.job_id());
+      StopSendingLocked(error.job_id());
       completed_.push_back(std::move(result));
       changed_.notify_all();
       return;
@@ -418,7 +419,15 @@ void GrpcCompressStream::FinishJobLocked(uint64_t job_id) {
   partial_.erase(it);
   layer_of_.erase(job_id);
   region_targets_.erase(job_id);
+  StopSendingLocked(job_id);
   changed_.notify_all();
+}
+
+void GrpcCompressStream::StopSendingLocked(uint64_t job_id) {
+  // The server drops slabs of a job it has answered; a message already in request_ is a copy.
+  std::erase_if(outgoing_, [job_id](const Outgoing& out) {
+    return !out.is_cancel && out.job_id == job_id;
+  });
 }
 
 }  // namespace centroidkv::client

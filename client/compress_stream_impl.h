@@ -70,6 +70,9 @@ class GrpcCompressStream final
   // The StartJob spans of a job by reference to shared memory.
   static void AddRegionSpans(const LayerJob& job, v1::StartJob* start);
   void FinishJobLocked(uint64_t job_id);
+  // Drops what is left to send of a job that has been answered: its buffers are the
+  // caller's again once Next() returns its result.
+  void StopSendingLocked(uint64_t job_id);
   void ReleaseHoldLocked(bool* release);
 
   const ClientOptions options_;

@@ -201,6 +201,39 @@ TEST_F(ClientTest, HalfOutputDTypesAreTheFloat32ResultRoundedOnce) {
   }
 }
 
+// A job the server refuses at its StartJob is answered while its slabs are still going out;
+// once Next() has returned the error, the rest is not sent and its buffers are the caller's
+// (ASan sees a read of the freed buffers otherwise).
+TEST_F(ClientTest, ARefusedJobsBuffersAreFreeOnceItsErrorIsReturned) {
+  RandomLayerSpec big{.num_heads = 4, .num_tokens = 4096, .key_dim = 64, .value_dim = 64,
+      .seed = 43};
+  auto refused_layer = std::make_unique<RandomLayer>(RandomLayer::Generate(big));
+  ClientOptions options = Options();
+  options.slab_bytes = 16 << 10;  // 512 slabs for the keys alone
+  std::unique_ptr<Client> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  std::unique_ptr<CompressStream> stream = client->OpenStream();
+  LayerJob refused;
+  refused.layer = refused_layer->view();
+  refused.options.chunk_size = 1;
+  ASSERT_TRUE(stream->Submit(refused).ok());
+  absl::StatusOr<LayerResult> error = stream->Next();
+  ASSERT_TRUE(error.ok()) << error.status();
+  EXPECT_EQ(error->status.code(), absl::StatusCode::kInvalidArgument) << error->status;
+  refused_layer.reset();
+  // The stream goes on with the next job.
+  const RandomLayer layer = RandomLayer::Generate(
+      {.num_heads = 2, .num_tokens = 300, .key_dim = 16, .value_dim = 16, .seed = 44});
+  LayerJob good;
+  good.layer = layer.view();
+  ASSERT_TRUE(stream->Submit(good).ok());
+  absl::StatusOr<LayerResult> got = stream->Next();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->status.ok()) << got->status;
+  ExpectSameAsEngine(EngineResult(good), DType::kFloat32, *got);
+  EXPECT_TRUE(stream->Close().ok());
+}
+
 TEST_F(ClientTest, TokenMajorGivesTheSameResultAsHeadMajor) {
   RandomLayerSpec spec{.num_heads = 4, .num_tokens = 150, .key_dim = 16, .value_dim = 8,
       .with_counts = true, .prototypes = 4, .seed = 43};

@@ -84,6 +84,11 @@ absl::Status ClusterEngine::Run(const LayerView& layer, const CompressOptions& o
   // The widened input's scratch leaves the result while the job runs (the stages below may
   // clear it), and goes back only to a result that is reused (CompressInto).
   std::vector<float> scratch = std::move(result->fp8_input_scratch);
+  // Only the stages above the backend write these, and a backend that reuses the result's
+  // arrays leaves them: a reused result must not keep an earlier fitted or budgeted job's.
+  result->log_weights.clear();
+  result->head_budgets.clear();
+  result->head_exact_entries.clear();
   const LayerView input = stages.widen_fp8_input ? WidenFp8Layer(*this, layer, &scratch) : layer;
 
   // The stages below the row target see it through the plan only; the regular jobs that

@@ -59,6 +59,40 @@ struct PrefetchRanges {
   int64_t bytes[2];
 };
 
+// Cooperative cancellation inside the match kernels, whose work on one chunk grows with its
+// length squared: a kernel given a StopCheck asks stopped(context) between blocks of work,
+// about every StopPoller::kWork multiply-adds, and returns early once it says true; its
+// outputs are then unspecified and the caller drops them. stopped() may be called from
+// several threads at once.
+struct StopCheck {
+  bool (*stopped)(const void* context);
+  const void* context;
+};
+
+// Counts a kernel's work and asks its StopCheck (null: never stops) once per kWork.
+class StopPoller {
+ public:
+  // ~1 ms of one core's float multiply-adds at the scalar level, ~0.1 ms with AVX-512.
+  static constexpr int64_t kWork = int64_t{1} << 24;
+
+  explicit StopPoller(const StopCheck* check) : check_(check) {}
+
+  // Counts `work` multiply-adds about to be done; true once the check has said stop.
+  bool Stopped(int64_t work) {
+    if (check_ == nullptr) return false;
+    left_ -= work;
+    if (left_ > 0) return false;
+    left_ = kWork;
+    stopped_ = stopped_ || check_->stopped(check_->context);
+    return stopped_;
+  }
+
+ private:
+  const StopCheck* check_;
+  int64_t left_ = 0;  // the first call asks
+  bool stopped_ = false;
+};
+
 // The near ties of one source on a matrix engine (KernelTable::match_bf16x3): when its second
 // score is within the tie window of its best, every destination scoring within the window
 // of the best, in increasing order; count 0 when there is no near tie, and kMax + 1 when
@@ -98,10 +132,11 @@ struct KernelTable {
   // RoundUp(a_count, row_block) rows; rows past a_count are ignored): its dot products with
   // the b_count packed destinations, scaled by a_inverse_norms[i * norm_stride], and their
   // top two, fused (the a_count x b_count score matrix is never stored). `prefetch` (may be
-  // null) is brought into L2 along the way.
+  // null) is brought into L2 along the way; `stop` (may be null) as StopCheck says.
   void (*match_rows)(const float* a, int64_t a_stride, const float* a_inverse_norms,
                      int64_t norm_stride, int32_t a_count, const float* panels, int32_t b_count,
-                     int32_t dim, const PrefetchRanges* prefetch, RowMatch* out);
+                     int32_t dim, const PrefetchRanges* prefetch, const StopCheck* stop,
+                     RowMatch* out);
 
   // The b_count scores of one row `a` (scaled by a_inverse_norm) against the packed
   // destinations, computed with the same arithmetic as match_rows.
@@ -156,11 +191,12 @@ struct KernelTable {
   // `tie_window` (a destination qualifies when its score >= best - tie_window, in double).
   // Scratch, each at least RoundUp(length, 64) * 2 * RoundUp(dim, 32) elements and 64-byte
   // aligned: a_split, b_split; `scores` at least 32 * RoundUp(length, 64) floats, aligned.
-  // `prefetch` (may be null) is brought into L2 meanwhile.
+  // `prefetch` (may be null) is brought into L2 meanwhile; `stop` (may be null) as StopCheck
+  // says.
   void (*match_bf16x3)(const RowBlock* rows, int64_t first, int32_t length, int32_t dim,
                        float* group, float* group_norms, uint16_t* a_split, uint16_t* b_split,
-                       float* scores, const PrefetchRanges* prefetch, double tie_window,
-                       RowMatch* out, NearTies* ties);
+                       float* scores, const PrefetchRanges* prefetch, const StopCheck* stop,
+                       double tie_window, RowMatch* out, NearTies* ties);
 
   // Matching in 16-bit integers (AVX2 vpmaddwd, AVX-512 VNNI vpdpwssd: twice the
   // multiply-adds per instruction of float FMAs), null where the level has none; ChunkMatcher
@@ -175,11 +211,11 @@ struct KernelTable {
   // `tie_window` (as match_bf16x3). Scratch, 64-byte aligned, at least
   // (RoundUp(sources, row_block) + RoundUp(destinations, 16)) * RoundUp(dim, 2) elements for
   // a_quant and RoundUp(destinations, 16) * RoundUp(dim, 2) for b_panels (panels of 8
-  // destinations on AVX2, 16 on AVX-512). `prefetch` (may
-  // be null) is brought into L2 meanwhile.
+  // destinations on AVX2, 16 on AVX-512). `prefetch` (may be null) is brought into L2
+  // meanwhile; `stop` (may be null) as StopCheck says.
   void (*match_int16)(const float* tile, const float* inverse_norms, int32_t length, int32_t dim,
                       int16_t* a_quant, int16_t* b_panels, const PrefetchRanges* prefetch,
-                      double tie_window, RowMatch* out, NearTies* ties);
+                      const StopCheck* stop, double tie_window, RowMatch* out, NearTies* ties);
 
   // The shortest chunk (rows) that match_int16 runs: shorter ones do not pay for rounding
   // and packing their rows (the per-level values below, measured).

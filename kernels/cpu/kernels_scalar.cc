@@ -104,12 +104,18 @@ float Dot(const float* a, const float* panels, int32_t b, int32_t dim) {
 void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, int64_t norm_stride,
                int32_t a_count, const float* panels, int32_t b_count, int32_t dim,
                const PrefetchRanges* /*prefetch: the portable kernels leave it to the CPU*/,
-               RowMatch* out) {
+               const StopCheck* stop, RowMatch* out) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int32_t kStopBlock = 1024;  // destinations between two polls
+  StopPoller poller(stop);
   for (int32_t i = 0; i < a_count; ++i) {
     const float* row = a + i * a_stride;
     RowMatch match{0, kNegInf, kNegInf};
     for (int32_t b = 0; b < b_count; ++b) {
+      if (b % kStopBlock == 0 &&
+          poller.Stopped(int64_t{std::min(kStopBlock, b_count - b)} * dim)) {
+        return;
+      }
       const float score = Dot(row, panels, b, dim);
       if (score > match.first) {
         match.second = match.first;

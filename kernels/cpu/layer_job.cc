@@ -83,6 +83,10 @@ LayerJob::LayerJob(const KernelTable& kernels, ScratchPool* scratch, const Layer
       plan_(plan),
       layer_(layer),
       control_(control),
+      stop_{[](const void* context) {
+              return static_cast<const CompressControl*>(context)->IsCancelled();
+            },
+            &control},
       out_(out),
       input_type_(ElemTypeOf(layer.dtype)),
       input_element_bytes_(DTypeSize(layer.dtype)),
@@ -409,8 +413,9 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                     [&](const tbb::blocked_range<size_t>& range) {
                       ChunkScratch& scratch = scratch_->local();
                       for (size_t i = range.begin(); i != range.end(); ++i) {
-                        // Per chunk: a chunk's work is bounded (EngineLimits::max_chunk_size),
-                        // so a cancelled job stops within one chunk per thread.
+                        // Per chunk, and inside the matching (StopCheck) and merging of
+                        // one: a cancelled job stops within about a millisecond's work per
+                        // thread whatever the chunk size.
                         if (control_.IsCancelled()) return;
                         Head& head = heads_[tasks[i].head];
                         if (match) {
@@ -425,6 +430,8 @@ void LayerJob::RunChunks(bool match, bool merge, bool fused) {
                             continue;
                           }
                         }
+                        // A match cut short leaves its edges unspecified: no merge.
+                        if (match && control_.IsCancelled()) return;
                         if (merge) MergeChunk(head, tasks[i].chunk, fused, scratch);
                       }
                     });

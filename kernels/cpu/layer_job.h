@@ -235,6 +235,7 @@ class LayerJob {
   const LayerPlan& plan_;
   const LayerView layer_;  // a copy: a view is a few pointers, and callers pass temporaries
   const CompressControl& control_;
+  const StopCheck stop_;  // control_.IsCancelled(), for the match kernels
   CompressResult* out_;
 
   std::vector<Head> heads_;

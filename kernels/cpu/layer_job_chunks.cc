@@ -50,9 +50,11 @@ bool LayerJob::MatchChunk(Head& head, int32_t chunk, bool fused, bool check_keys
   const int32_t sources = (length + 1) / 2;
   GrowScratch(&scratch.matches, static_cast<size_t>(sources));
   if (!scratch.matcher.Match(kernels_, Keys(head), first, length, key_dim_,
-                             scratch.matches.data(), &next, check_keys)) {
+                             scratch.matches.data(), &next, check_keys, &stop_)) {
     return false;
   }
+  // Stopped inside the kernel (the matches are unspecified); RunChunks sees it too.
+  if (control_.IsCancelled()) return true;
   if (!ResolveChunkEdges(scratch.matches.data(), &scratch.matcher, first, floor_, bound_,
                          Scorer(head), edges)) {
     bad_input_.store(true);  // the keys changed while the job read them (BadInput)
@@ -128,7 +130,13 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
     rows.output_values = &scratch.value_writer;
   }
   int64_t survivors = 0;
+  constexpr int32_t kRowsBetweenChecks = 4096;  // a few hundred microseconds of merging
+  bool stopped = false;
   for (int32_t offset = 0; offset < length; ++offset) {
+    if (offset % kRowsBetweenChecks == 0 && offset > 0 && control_.IsCancelled()) {
+      stopped = true;
+      break;
+    }
     if (offset % 2 == 0 && edges[offset / 2].kept) continue;  // merged into its destination
     const int64_t row = first + offset;
     const int64_t new_row = start + survivors;
@@ -146,6 +154,14 @@ void LayerJob::MergeChunk(Head& head, int32_t chunk, bool fused, ChunkScratch& s
     WriteRow(head, rows, offset, new_row, survivors, scratch.terms, count);
     if (with_assignment_) head.remap[row] = static_cast<int32_t>(new_row);
     ++survivors;
+  }
+  if (stopped) {  // cancelled: Run() drops the job and its half-written rows
+    if (head.sink == Sink::kOutput) {
+      scratch.key_writer.Finish();
+      scratch.value_writer.Finish();
+      FenceStreamedStores();
+    }
+    return;
   }
   if (with_assignment_) {
     for (int32_t i = 0; i < (length + 1) / 2; ++i) {

@@ -54,7 +54,8 @@ double MatchErrorBound(const KernelTable& kernels, int32_t dim, int32_t chunk) {
 
 bool ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64_t first,
                          int32_t length, int32_t dim, RowMatch* out,
-                         const PrefetchRanges* prefetch, bool check_finite) {
+                         const PrefetchRanges* prefetch, bool check_finite,
+                         const StopCheck* stop) {
   assert(length >= 2);
   kernels_ = &kernels;
   dim_ = dim;
@@ -86,7 +87,7 @@ bool ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
     Reserve(&near_ties_, sources_);
     kernels.match_bf16x3(&rows, first, length, dim, tile_.data(), inverse_norms_.data(),
                          AlignToLine(split_a_.data()), AlignToLine(split_b_.data()),
-                         AlignToLine(score_block_.data()), prefetch,
+                         AlignToLine(score_block_.data()), prefetch, stop,
                          2.0 * MatchErrorBound(kernels, dim), out, near_ties_.data());
     near_ties_valid_ = true;
     tile_widened_ = false;  // widened and packed on demand, for Rescore()
@@ -117,7 +118,7 @@ bool ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
     Reserve(&near_ties_, sources_);
     kernels.match_int16(tile_.data(), inverse_norms_.data(), length, dim,
                         AlignToLine(quant_a_.data()), AlignToLine(quant_b_.data()), prefetch,
-                        2.0 * MatchErrorBound(kernels, dim), out, near_ties_.data());
+                        stop, 2.0 * MatchErrorBound(kernels, dim), out, near_ties_.data());
     near_ties_valid_ = true;
     panels_packed_ = false;  // packed on demand, for Rescore()
     return true;
@@ -127,7 +128,7 @@ bool ChunkMatcher::Match(const KernelTable& kernels, const RowBlock& rows, int64
   panels_packed_ = true;
   near_ties_valid_ = false;
   kernels.match_rows(tile_.data(), pair_stride, inverse_norms_.data(), 2, sources_, panels_.data(),
-                     destinations_, dim, prefetch, out);
+                     destinations_, dim, prefetch, stop, out);
   return true;
 }
 

@@ -130,9 +130,11 @@ class ChunkMatcher {
   // a job's first pass, fused with the widening: a row's float sum of squares is finite
   // exactly when its elements are, unless it overflows, and only then are the elements
   // tested one by one): false, and nothing matched, when one holds an Inf or a NaN.
+  // `stop` (may be null): the kernels return early once it says stop (StopCheck); `out` is
+  // then unspecified.
   bool Match(const KernelTable& kernels, const RowBlock& rows, int64_t first, int32_t length,
              int32_t dim, RowMatch* out, const PrefetchRanges* prefetch = nullptr,
-             bool check_finite = false);
+             bool check_finite = false, const StopCheck* stop = nullptr);
 
   // After Match(): the float scores of source i against every destination (index k), with
   // the arithmetic of match_rows (on a matrix engine too: those scores are within

@@ -134,5 +134,45 @@ TEST(ServerMainTest, SigtermDuringALongJobExitsZeroEveryTime) {
   std::cout << kRuns << " runs exited 0; slowest exit " << slowest_exit << " s after SIGTERM\n";
 }
 
+// At the largest chunk limit a server accepts, a cpu job whose one chunk is its whole
+// length (32768 x 32768 x 64 matching: seconds of CPU) stops inside that chunk: from a
+// CancelJob on the server uses < 50 ms of CPU, and after SIGTERM (another such job, grace
+// 0.2 s) the process exits 0 within 3 s.
+TEST(ServerMainTest, JobsAtTheLargestChunkLimitStopInsideTheirChunk) {
+  static const test::RandomLayer layer =
+      test::RandomLayer::Generate(test::Spec(1, 65536, 64, 64, 17));
+  CompressOptions options;
+  options.chunk_size = 65536;
+  options.sink_tokens = 0;
+  options.recent_tokens = 0;
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--listen", "127.0.0.1:0", "--threads", "2", "--grace-period",
+                            "0.2", "--max-chunk-size", "4194304"}))
+      << server.Log();
+  auto stub = MakeStub(server.target());
+  RawStream stream(stub.get());
+  double base = server.CpuSeconds();
+  ASSERT_TRUE(stream.SendJob(1, layer.view(), options, 1 << 20, v1::BACKEND_CPU));
+  ASSERT_TRUE(WaitForCpu(server, base, 0.3)) << server.Log();
+  v1::CompressRequest cancel;
+  cancel.mutable_cancel_job()->set_job_id(1);
+  base = server.CpuSeconds();
+  ASSERT_TRUE(stream.Write(cancel));  // a cancelled job gets no reply
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_LT(server.CpuSeconds() - base, 0.05) << "CPU seconds in the 300 ms after the CancelJob";
+
+  base = server.CpuSeconds();
+  ASSERT_TRUE(stream.SendJob(2, layer.view(), options, 1 << 20, v1::BACKEND_CPU));
+  ASSERT_TRUE(WaitForCpu(server, base, 0.3)) << server.Log();
+  const auto signalled = Clock::now();
+  server.Signal(SIGTERM);
+  ASSERT_TRUE(server.WaitExit(std::chrono::seconds(30))) << server.Log();
+  const double exit_seconds = std::chrono::duration<double>(Clock::now() - signalled).count();
+  ASSERT_TRUE(WIFEXITED(server.exit_status())) << server.Log();
+  EXPECT_EQ(WEXITSTATUS(server.exit_status()), 0) << server.Log();
+  EXPECT_LT(exit_seconds, 3.0) << server.Log();
+  stream.Finish();
+}
+
 }  // namespace
 }  // namespace centroidkv::service::testing

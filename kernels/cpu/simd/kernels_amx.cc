@@ -98,15 +98,18 @@ void ToVnni(const uint16_t* rows, int32_t padded, int32_t slices, uint16_t* vnni
 
 // Scores of sources s0 .. s0 + 31 against every (padded) destination into scores[32][b_pad]:
 // for each 32 x 32 block, the products hi.hi', hi.lo', lo.hi' over the parts' slices.
-void ScoreBlock(const uint16_t* a_rows, const uint16_t* vnni, int32_t b_pad, int32_t part,
-                float* scores, LinePrefetcher* prefetcher) {
+// Returns false, the scores unfinished, when `poller` says stop.
+bool ScoreBlock(const uint16_t* a_rows, const uint16_t* vnni, int32_t b_pad, int32_t part,
+                float* scores, LinePrefetcher* prefetcher, StopPoller* poller) {
   const int32_t part_slices = part / kTileDepth;
   const int32_t slices = 2 * part_slices;                    // per destination block
   const int64_t a_stride = 2 * static_cast<int64_t>(part) * 2;  // bytes
   const int64_t s_stride = static_cast<int64_t>(b_pad) * 4;     // bytes
   const uint16_t* a0 = a_rows;
   const uint16_t* a1 = a_rows + static_cast<int64_t>(kTileRows) * 2 * part;
+  const int64_t block_work = int64_t{kBlock} * kBlock * 3 * part;
   for (int32_t d0 = 0; d0 < b_pad; d0 += kBlock) {
+    if (poller->Stopped(block_work)) return false;
     const uint16_t* b0 = vnni + static_cast<int64_t>(d0 / kTileRows) * slices * 512;
     const uint16_t* b1 = b0 + static_cast<int64_t>(slices) * 512;
     const int64_t lo = part_slices * 512;  // the destinations' lo slices, after their hi ones
@@ -152,6 +155,7 @@ void ScoreBlock(const uint16_t* a_rows, const uint16_t* vnni, int32_t b_pad, int
     _tile_stored(2, bottom, s_stride);
     _tile_stored(3, bottom + kTileRows, s_stride);
   }
+  return true;
 }
 
 // The top two of one source's scores over b_count destinations (lowest index on ties), and
@@ -197,8 +201,8 @@ constexpr int32_t kGroup = 32;  // even: a row's parity is its row number's
 
 void MatchBf16x3(const RowBlock* rows, int64_t first, int32_t length, int32_t dim, float* group,
                  float* group_norms, uint16_t* a_split, uint16_t* b_split, float* scores,
-                 const PrefetchRanges* prefetch, double tie_window, RowMatch* out,
-                 NearTies* ties) {
+                 const PrefetchRanges* prefetch, const StopCheck* stop, double tie_window,
+                 RowMatch* out, NearTies* ties) {
   const int32_t sources = (length + 1) / 2, destinations = length / 2;
   const int32_t a_pad = RoundUp(sources, kBlock), b_pad = RoundUp(destinations, kBlock);
   const int32_t part = RoundUp(dim, kTileDepth);
@@ -221,9 +225,12 @@ void MatchBf16x3(const RowBlock* rows, int64_t first, int32_t length, int32_t di
   ConfigureTiles();
   LinePrefetcher prefetcher(prefetch, static_cast<int64_t>(a_pad / kBlock) * (b_pad / kBlock) *
                                           3 * part / kTileDepth);
+  StopPoller poller(stop);
   for (int32_t s0 = 0; s0 < sources; s0 += kBlock) {
-    ScoreBlock(a_split + static_cast<int64_t>(s0) * 2 * part, b_split, b_pad, part, scores,
-               &prefetcher);
+    if (!ScoreBlock(a_split + static_cast<int64_t>(s0) * 2 * part, b_split, b_pad, part, scores,
+                    &prefetcher, &poller)) {
+      break;  // the tiles are released below
+    }
     for (int32_t i = 0; i < kBlock && s0 + i < sources; ++i) {
       out[s0 + i] =
           TopTwo(scores + static_cast<int64_t>(i) * b_pad, destinations, tie_window, ties + s0 + i);

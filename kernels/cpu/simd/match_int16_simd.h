@@ -206,7 +206,7 @@ void FindNearTies(const RowMatch& match, typename Q::I m1, typename Q::I m2, typ
 template <class Q>
 void MatchInt16(const float* tile, const float* inverse_norms, int32_t length, int32_t dim,
                 int16_t* a_quant, int16_t* b_panels, const PrefetchRanges* prefetch,
-                double tie_window, RowMatch* out, NearTies* ties) {
+                const StopCheck* stop, double tie_window, RowMatch* out, NearTies* ties) {
   using I = typename Q::I;
   constexpr int MR = Q::kRowBlock;
   constexpr int NR = Q::kPanelBlock;
@@ -235,6 +235,8 @@ void MatchInt16(const float* tile, const float* inverse_norms, int32_t length, i
   const int64_t spans = (pairs + LinePrefetcher::kSpan / 2 - 1) / (LinePrefetcher::kSpan / 2);
   LinePrefetcher prefetcher(prefetch, (a_rows / MR) * ((num_panels + NR - 1) / NR) * spans);
   const I min_score = Q::Set1I(kMinScore);
+  StopPoller poller(stop);
+  const int64_t tile_work = int64_t{MR} * NR * kLanes * pairs;  // two int16 products each
   for (int32_t r0 = 0; r0 < sources; r0 += MR) {
     I m1[MR], m2[MR], idx[MR];
     for (int i = 0; i < MR; ++i) {
@@ -245,6 +247,7 @@ void MatchInt16(const float* tile, const float* inverse_norms, int32_t length, i
     const int16_t* rows = a_quant + static_cast<int64_t>(r0) * padded;
     int32_t p = 0;
     for (; p + NR <= num_panels; p += NR) {
+      if (poller.Stopped(tile_work)) return;
       MatchTile<Int16TileArith<Q>, MR, NR>(rows, padded, pairs, b_panels + p * panel_stride,
                                            p * kLanes, destinations, m1, m2, idx, &prefetcher);
     }

@@ -296,7 +296,7 @@ __attribute__((always_inline)) inline void MatchRest(int32_t rest, const typenam
 template <class V>
 void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, int64_t norm_stride,
                int32_t a_count, const float* panels, int32_t b_count, int32_t dim,
-               const PrefetchRanges* prefetch, RowMatch* out) {
+               const PrefetchRanges* prefetch, const StopCheck* stop, RowMatch* out) {
   using F = typename V::F;
   using I = typename V::I;
   constexpr int32_t W = V::kW;
@@ -307,6 +307,8 @@ void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, i
   const int64_t row_blocks = (a_count + MR - 1) / MR;
   const int64_t spans = (dim + LinePrefetcher::kSpan - 1) / LinePrefetcher::kSpan;
   LinePrefetcher prefetcher(prefetch, row_blocks * ((num_panels + NR - 1) / NR) * spans);
+  StopPoller poller(stop);
+  const int64_t tile_work = int64_t{MR} * NR * W * dim;
   for (int32_t r0 = 0; r0 < a_count; r0 += MR) {
     F m1[MR], m2[MR];
     I idx[MR];
@@ -318,6 +320,7 @@ void MatchRows(const float* a, int64_t a_stride, const float* a_inverse_norms, i
     const float* rows = a + r0 * a_stride;
     int32_t p = 0;
     for (; p + NR <= num_panels; p += NR) {
+      if (poller.Stopped(tile_work)) return;
       MatchTile<FloatTileArith<V>, MR, NR>(rows, a_stride, dim, panels + p * panel_stride, p * W,
                                            b_count, m1, m2, idx, &prefetcher);
     }

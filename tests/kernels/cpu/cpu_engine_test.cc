@@ -7,9 +7,13 @@
 // the SPEC properties and the golden cases through EngineSet.
 #include "kernels/cpu/cpu_engine.h"
 
+#include <time.h>
+
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "centroidkv/kernels/engine_factory.h"
@@ -381,6 +385,49 @@ TEST_P(CpuEngineTest, CompressIntoReusesAnyEarlierResult) {
       EXPECT_EQ(reused.value_dim, expected.value_dim);
       ExpectBitIdentical(expected, reused);
     }
+  }
+}
+
+// The process's CPU time (every thread).
+double ProcessCpuSeconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+// One chunk as long as the layer (32768 sources x 32768 destinations x 64 dims: seconds of
+// matching at any level), cancelled 100 ms in by its flag and, separately, by its deadline:
+// the engine returns CANCELLED having used at most 50 ms of CPU after the cancel, because
+// the match kernels poll the job's control inside the chunk (StopCheck).
+TEST_P(CpuEngineTest, CancelStopsTheCpuInsideAChunk) {
+  EngineLimits limits;
+  limits.max_chunk_size = 1 << 22;  // the largest a server accepts (--max-chunk-size)
+  const CpuEngine engine(limits, CpuEngineOptions{GetParam()});
+  const RandomLayer layer = RandomLayer::Generate(Spec(1, 65536, 64, 64, 31));
+  CompressOptions options;
+  options.chunk_size = 65536;
+  options.sink_tokens = 0;
+  options.recent_tokens = 0;
+  for (const bool by_deadline : {false, true}) {
+    SCOPED_TRACE(by_deadline ? "deadline" : "cancel flag");
+    std::atomic<bool> cancelled{false};
+    CompressControl control;
+    control.cancelled = &cancelled;
+    constexpr auto kRunFor = std::chrono::milliseconds(100);
+    if (by_deadline) control.deadline = std::chrono::steady_clock::now() + kRunFor;
+    absl::StatusOr<CompressResult> result;
+    std::thread job([&] { result = engine.Compress(layer.view(), options, control); });
+    std::this_thread::sleep_for(kRunFor);
+    const double cpu_at_cancel = ProcessCpuSeconds();
+    const auto wall_at_cancel = std::chrono::steady_clock::now();
+    if (!by_deadline) cancelled.store(true);
+    job.join();
+    const double cpu_after = ProcessCpuSeconds() - cpu_at_cancel;
+    const double wall_after =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_at_cancel).count();
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+    EXPECT_LT(cpu_after, 0.05) << "CPU seconds used after the cancel";
+    EXPECT_LT(wall_after, 1.0) << "seconds to return after the cancel";
   }
 }
 

@@ -13,8 +13,8 @@ struct EngineLimits {
   int32_t max_dim = 4096;        // key_dim and value_dim
   int64_t max_layer_elements = int64_t{1} << 31;  // H * n * (dk + dv)
   // Largest CompressOptions::chunk_size (RESOURCE_EXHAUSTED above it). Matching costs
-  // about n * C * key_dim / 4 per head and pass, so this bounds one job's work, and one
-  // chunk's (the interval at which backends check for cancellation: tens of ms at 4096).
+  // about n * C * key_dim / 4 per head and pass, so this bounds one job's work. Cancellation
+  // does not depend on it: the cpu backend checks inside a chunk's matching and merging.
   int32_t max_chunk_size = 4096;
 };
 

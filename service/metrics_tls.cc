@@ -1,11 +1,10 @@
-// The metrics port's TLS: the policy (MetricsTlsFor) and an httplib::SSLServer whose
+// The metrics port's TLS: the policy (MetricsTlsFor) and an OpenSSL context whose
 // certificate is chosen per handshake (SSL_CTX_set_cert_cb) from a key pair re-read from
 // its files when due.
 #include "service/metrics_tls.h"
 
 #include <arpa/inet.h>
 #include <grpc/support/log.h>
-#include <httplib.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
@@ -86,6 +85,8 @@ absl::StatusOr<std::shared_ptr<const KeyPair>> ParsePair(std::string cert_text,
   return std::shared_ptr<const KeyPair>(std::move(pair));
 }
 
+}  // namespace
+
 // The pair served, re-read from its files at most every `refresh`.
 class ReloadingKeyPair {
  public:
@@ -138,6 +139,8 @@ class ReloadingKeyPair {
   std::chrono::steady_clock::time_point next_check_;
 };
 
+namespace {
+
 // SSL_CTX_set_cert_cb: presents the current pair on this connection.
 int PresentCurrentPair(SSL* ssl, void* arg) {
   const std::shared_ptr<const KeyPair> pair = static_cast<ReloadingKeyPair*>(arg)->Current();
@@ -148,26 +151,6 @@ int PresentCurrentPair(SSL* ssl, void* arg) {
   }
   return 1;
 }
-
-bool ConfigureContext(SSL_CTX& context, ReloadingKeyPair* pair) {
-  SSL_CTX_set_min_proto_version(&context, TLS1_2_VERSION);
-  SSL_CTX_set_options(&context, SSL_OP_NO_COMPRESSION);
-  SSL_CTX_set_cert_cb(&context, PresentCurrentPair, pair);
-  return true;
-}
-
-// The SSLServer and the pair its handshakes read (the server holds it alive).
-class TlsMetricsHttpServer : public httplib::SSLServer {
- public:
-  explicit TlsMetricsHttpServer(std::shared_ptr<ReloadingKeyPair> pair)
-      : httplib::SSLServer([raw = pair.get()](SSL_CTX& context) {
-          return ConfigureContext(context, raw);
-        }),
-        pair_(std::move(pair)) {}
-
- private:
-  std::shared_ptr<ReloadingKeyPair> pair_;
-};
 
 }  // namespace
 
@@ -202,15 +185,36 @@ absl::StatusOr<std::optional<MetricsTlsFiles>> MetricsTlsFor(const ServerOptions
   return files;
 }
 
-absl::StatusOr<std::unique_ptr<httplib::Server>> MakeTlsMetricsHttpServer(
+absl::StatusOr<std::unique_ptr<MetricsTlsContext>> MetricsTlsContext::Create(
     const MetricsTlsFiles& files) {
   absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> pair = ReloadingKeyPair::Load(files);
   if (!pair.ok()) return pair.status();
-  auto server = std::make_unique<TlsMetricsHttpServer>(*std::move(pair));
-  if (!server->is_valid()) {
+  std::unique_ptr<MetricsTlsContext> tls(new MetricsTlsContext());
+  tls->pair_ = *std::move(pair);
+  tls->context_ = SSL_CTX_new(TLS_server_method());
+  if (tls->context_ == nullptr) {
+    ERR_clear_error();
     return absl::InternalError("metrics_listen: cannot set up the TLS context");
   }
-  return std::unique_ptr<httplib::Server>(std::move(server));
+  SSL_CTX_set_min_proto_version(tls->context_, TLS1_2_VERSION);
+  SSL_CTX_set_options(tls->context_, SSL_OP_NO_COMPRESSION);
+  SSL_CTX_set_mode(tls->context_,
+                   SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  SSL_CTX_set_cert_cb(tls->context_, PresentCurrentPair, tls->pair_.get());
+  return tls;
+}
+
+MetricsTlsContext::~MetricsTlsContext() { SSL_CTX_free(context_); }
+
+SSL* MetricsTlsContext::NewConnection(int fd) const {
+  SSL* ssl = SSL_new(context_);
+  if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1) {
+    SSL_free(ssl);
+    ERR_clear_error();
+    return nullptr;
+  }
+  SSL_set_accept_state(ssl);
+  return ssl;
 }
 
 }  // namespace centroidkv::service

@@ -8,8 +8,8 @@
 // --metrics-plaintext keeps plain HTTP, and is accepted with TLS only on a loopback
 // address (a scraper in the same pod or host).
 //
-// Thread-safety: the server's handshakes may run on several threads; the key pair is
-// swapped under a mutex.
+// Thread-safety: handshakes may run on several threads; the key pair is swapped under a
+// mutex.
 #pragma once
 
 #include <chrono>
@@ -20,9 +20,8 @@
 #include "absl/status/statusor.h"
 #include "service/server_options.h"
 
-namespace httplib {
-class Server;
-}  // namespace httplib
+struct ssl_st;
+struct ssl_ctx_st;
 
 namespace centroidkv::service {
 
@@ -41,10 +40,28 @@ absl::StatusOr<std::optional<MetricsTlsFiles>> MetricsTlsFor(const ServerOptions
 // True for 127.0.0.0/8, ::1 and localhost ("HOST:PORT", IPv6 in brackets).
 bool IsLoopbackAddress(const std::string& address);
 
-// An HTTPS server (cpp-httplib's SSLServer) presenting the pair in `files`, re-read as
-// described above. InvalidArgument naming tls_cert / tls_key when the files do not load
-// at start.
-absl::StatusOr<std::unique_ptr<httplib::Server>> MakeTlsMetricsHttpServer(
-    const MetricsTlsFiles& files);
+class ReloadingKeyPair;  // metrics_tls.cc
+
+// The OpenSSL context of the metrics port: TLS 1.2 or later, presenting the pair in `files`,
+// re-read as described above, on every new connection.
+class MetricsTlsContext {
+ public:
+  // InvalidArgument naming tls_cert / tls_key when the files do not load.
+  static absl::StatusOr<std::unique_ptr<MetricsTlsContext>> Create(const MetricsTlsFiles& files);
+  ~MetricsTlsContext();
+  MetricsTlsContext(const MetricsTlsContext&) = delete;
+  MetricsTlsContext& operator=(const MetricsTlsContext&) = delete;
+
+  // A server-side TLS connection over the non-blocking socket `fd` (not owned; the handshake
+  // runs within the first reads and writes), with partial writes enabled; null when OpenSSL
+  // cannot make one. The caller frees it with SSL_free.
+  ssl_st* NewConnection(int fd) const;
+
+ private:
+  MetricsTlsContext() = default;
+
+  std::shared_ptr<ReloadingKeyPair> pair_;  // read by the context's certificate callback
+  ssl_ctx_st* context_ = nullptr;
+};
 
 }  // namespace centroidkv::service

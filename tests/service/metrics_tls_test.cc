@@ -4,7 +4,11 @@
 // certificate is served without a restart; --metrics-plaintext is refused off loopback.
 #include "service/metrics_tls.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -12,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "service/server.h"
@@ -80,6 +85,35 @@ TEST_F(MetricsTlsTest, WithTlsMetricsAreServedOverHttpsOnly) {
   EXPECT_FALSE(PlainHttpAnswers(port)) << "/metrics answered plain HTTP with TLS on";
   EXPECT_EQ(ScrapeHttps(port, pki_->Pem("other-ca")), "")
       << "a scraper trusting another CA accepted the certificate";
+}
+
+// 200 connections that never start their handshake (or stop half-way through the
+// ClientHello) do not delay an HTTPS scrape: the handshakes run on the poll loop too.
+TEST_F(MetricsTlsTest, HalfOpenConnectionsDoNotDelayAnHttpsScrape) {
+  auto server = Server::Start(TlsOptions(pki_->Pem("server"), pki_->Key("server")));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->metrics_port();
+  std::vector<int> half_open;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+    // A TLS record header announcing a ClientHello, then nothing.
+    if (i % 2 == 0) {
+      ASSERT_EQ(write(fd, "\x16\x03\x01\x02\x00", 5), 5);
+    }
+    half_open.push_back(fd);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string body = ScrapeHttps(port, pki_->Pem("ca"));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(body.find("# TYPE centroidkv_queue_depth gauge"), std::string::npos) << body;
+  EXPECT_LT(seconds, 1.0) << "an HTTPS scrape waited behind half-open connections";
+  for (int fd : half_open) close(fd);
 }
 
 TEST_F(MetricsTlsTest, RotatedCertificateIsServedWithoutARestart) {

@@ -58,6 +58,18 @@ SlabAssembler::SlabAssembler(uint64_t job_id, std::vector<Tensor> tensors, const
   for (Tensor& tensor : tensors) tensors_.push_back(Progress{std::move(tensor), 0});
 }
 
+uint64_t SlabAssembler::received_bytes() const {
+  uint64_t received = 0;
+  for (const Progress& progress : tensors_) received += progress.received;
+  return received;
+}
+
+uint64_t SlabAssembler::total_bytes() const {
+  uint64_t total = 0;
+  for (const Progress& progress : tensors_) total += progress.tensor.bytes;
+  return total;
+}
+
 absl::Status SlabAssembler::Add(const v1::TensorSlab& slab) {
   // The tensor's name only on the error paths: Add runs once per slab on both ends.
   auto name = [&slab]() -> std::string {

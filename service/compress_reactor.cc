@@ -56,6 +56,7 @@ CompressReactor::CompressReactor(ServiceContext* context, std::unique_ptr<Caller
                  &actions);
     } else {
       read_in_flight_ = true;
+      read_started_ = std::chrono::steady_clock::now();
       ++calls_in_progress_;
       actions.start_read = true;
     }
@@ -78,6 +79,7 @@ void CompressReactor::OnReadDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
     read_in_flight_ = false;
     last_activity_ = std::chrono::steady_clock::now();
+    read_wait_ += last_activity_ - read_started_;
     if (ok) context_->metrics.BytesIn(read_buffer_.Length());
     if (finish_requested_) {
       read_buffer_.Clear();  // the stream is ending; drop whatever arrived
@@ -95,6 +97,7 @@ void CompressReactor::OnReadDone(bool ok) {
     } else if (!waiting_.has_value() && !finish_requested_ && !read_in_flight_) {
       // (AdmitWaitingJob may already have started the next read.)
       read_in_flight_ = true;
+      read_started_ = std::chrono::steady_clock::now();
       ++calls_in_progress_;
       actions.start_read = true;
     }
@@ -187,6 +190,32 @@ void CompressReactor::CheckTimeouts(std::chrono::steady_clock::time_point now) {
         FailReceivingJob(it, status, &actions);
       }
       it = next;
+    }
+    // Earned reservations (ServerOptions::min_receive_bytes_per_second): only while
+    // another job waits for the budget.
+    const double rate = static_cast<double>(options.min_receive_bytes_per_second);
+    if (rate > 0 && !receiving_.empty() && context_->budget.HasWaiters()) {
+      const std::chrono::steady_clock::duration read_wait = ReadWaitSoFar(now);
+      for (auto it = receiving_.begin(); it != receiving_.end();) {
+        auto next = std::next(it);
+        const IncomingJob& job = *it->second.job;
+        const double waited = seconds(read_wait - it->second.read_wait_at_admission);
+        const double owed = rate * waited - static_cast<double>(options.receive_slack_bytes);
+        if (static_cast<double>(job.received_bytes()) < owed) {
+          const absl::Status status = FieldError(
+              absl::StatusCode::kResourceExhausted, {job.FirstMissingField()},
+              absl::StrCat("job ", it->first, " received ", job.received_bytes(), " of ",
+                           job.input_bytes(), " bytes in ", waited,
+                           " s of waiting on its stream, below the server's "
+                           "min_receive_bytes_per_second of ",
+                           options.min_receive_bytes_per_second,
+                           " while other jobs wait for memory; its reserved memory goes to "
+                           "them (missing ",
+                           job.MissingTensors(), ")"));
+          FailReceivingJob(it, status, &actions);
+        }
+        it = next;
+      }
     }
     if (!finish_requested_ && Idle() && now - last_activity_ > options.idle_stream_timeout) {
       FailStream(absl::DeadlineExceededError(absl::StrCat(
@@ -318,6 +347,7 @@ void CompressReactor::AdmitWaitingJob(Actions* actions) {
   }
   stream_bytes_ += footprint;
   waiting_->admitted = std::chrono::steady_clock::now();
+  waiting_->read_wait_at_admission = ReadWaitSoFar(waiting_->admitted);
   const uint64_t job_id = waiting_->job->job_id();
   try {
     waiting_->job->AllocateInput();  // only now: a job waiting for memory holds none
@@ -343,9 +373,15 @@ void CompressReactor::AdmitWaitingJob(Actions* actions) {
   StartReadIfIdle(actions);
 }
 
+std::chrono::steady_clock::duration CompressReactor::ReadWaitSoFar(
+    std::chrono::steady_clock::time_point now) const {
+  return read_wait_ + (read_in_flight_ ? now - read_started_ : std::chrono::steady_clock::duration{});
+}
+
 void CompressReactor::StartReadIfIdle(Actions* actions) {
   if (!read_in_flight_ && !reads_done_ && !finish_requested_) {
     read_in_flight_ = true;
+    read_started_ = std::chrono::steady_clock::now();
     ++calls_in_progress_;
     actions->start_read = true;
   }

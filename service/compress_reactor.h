@@ -50,7 +50,9 @@ class CompressReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   // Fails (a DEADLINE_EXCEEDED JobError) each job incomplete for longer than
   // incomplete_job_timeout since its memory was reserved, releasing that memory; ends the
   // stream with DEADLINE_EXCEEDED if it has been idle (no job, no traffic) for longer than
-  // idle_stream_timeout. StreamWatchdog calls it.
+  // idle_stream_timeout. While the shared budget has a waiter, also fails (RESOURCE_EXHAUSTED)
+  // each receiving job that has not earned its reservation
+  // (ServerOptions::min_receive_bytes_per_second). StreamWatchdog calls it.
   void CheckTimeouts(std::chrono::steady_clock::time_point now);
 
   void Ref();
@@ -68,6 +70,7 @@ class CompressReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     std::unique_ptr<IncomingJob> job;
     const ClusterEngine* engine = nullptr;
     std::chrono::steady_clock::time_point admitted;  // when its footprint was reserved
+    std::chrono::steady_clock::duration read_wait_at_admission{};  // ReadWaitSoFar then
   };
   struct Output {  // one job's reply: a result, or an error message
     std::unique_ptr<ResultEncoder> encoder;
@@ -88,6 +91,9 @@ class CompressReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   // admits it and resumes reading. A job that can never fit gets a JobError.
   void AdmitWaitingJob(Actions* actions);
   void StartReadIfIdle(Actions* actions);
+  // The time the stream's reads have waited on the client since it opened (a read started
+  // and not yet done), up to `now`.
+  std::chrono::steady_clock::duration ReadWaitSoFar(std::chrono::steady_clock::time_point now) const;
   void OnBudgetAvailable();
   // A job that failed before computing: JobError, and its later slabs are dropped.
   void RejectJob(uint64_t job_id, const absl::Status& status, Actions* actions);
@@ -143,6 +149,8 @@ class CompressReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   std::chrono::steady_clock::time_point last_activity_ = std::chrono::steady_clock::now();
   bool reads_done_ = false;
   bool read_in_flight_ = false;
+  std::chrono::steady_clock::time_point read_started_;  // of the read in flight
+  std::chrono::steady_clock::duration read_wait_{};     // of the reads done
   bool write_in_flight_ = false;
   bool draining_ = false;
   bool finish_requested_ = false;

@@ -57,6 +57,9 @@ class IncomingJob {
   std::string MissingTensors() const { return slabs_->MissingTensors(); }
   // The first of them as a JobError field: "keys", "values", "counts", "scores", "queries".
   const char* FirstMissingField() const { return slabs_->FirstMissingField(); }
+  // Input bytes received so far, and expected in all.
+  uint64_t received_bytes() const { return slabs_->received_bytes(); }
+  uint64_t input_bytes() const { return slabs_->total_bytes(); }
   int32_t priority() const { return job_.priority; }
   // From StartJob.timeout_ms, counted from Create(); nullopt = none.
   std::optional<std::chrono::steady_clock::time_point> deadline() const { return deadline_; }

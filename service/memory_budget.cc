@@ -34,6 +34,11 @@ MemoryBudget::WaiterId MemoryBudget::Wait(std::function<void()> wake) {
   return id;
 }
 
+bool MemoryBudget::HasWaiters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !waiters_.empty();
+}
+
 bool MemoryBudget::CancelWait(WaiterId id) {
   std::lock_guard<std::mutex> lock(mu_);
   return waiters_.erase(id) > 0;

@@ -32,6 +32,8 @@ class MemoryBudget {
   // Removes a waiter that has not been woken yet; returns false if it was already taken
   // by a Release (its wake function has run or is about to run).
   bool CancelWait(WaiterId id);
+  // Whether some reservation is waiting for bytes (the budget is contended).
+  bool HasWaiters() const;
 
  private:
   const uint64_t capacity_;

@@ -123,9 +123,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->context_->regions.SetPeerLookup(
         [raw](const std::string& peer) { return raw->CredentialsOfPeer(peer); });
   }
+  MemoryBudget* budget = &server->context_->budget;
   server->watchdog_ = std::make_unique<StreamWatchdog>(
       &server->context_->streams,
-      StreamWatchdog::TickFor(options.incomplete_job_timeout, options.idle_stream_timeout));
+      StreamWatchdog::TickFor(options.incomplete_job_timeout, options.idle_stream_timeout),
+      [budget] { return budget->HasWaiters(); });
   grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);

@@ -100,6 +100,16 @@ void AddFlags(CLI::App& app, ServerOptions& options, DurationFlags& durations) {
                  "is reserved meanwhile); later, the job fails with DEADLINE_EXCEEDED")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--min-receive-rate", options.min_receive_bytes_per_second,
+                 "Bytes per second a job must receive while the server waits on its stream, "
+                 "less --receive-slack, to keep its reserved memory while another job waits "
+                 "for memory; below it the job fails with RESOURCE_EXHAUSTED (0: off)")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--receive-slack", options.receive_slack_bytes,
+                 "Bytes a job may lag behind --min-receive-rate")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--idle-stream-timeout", durations.idle_stream_seconds,
                  "Seconds a stream may stay idle (nothing read, written or in flight) before "
                  "it is ended with DEADLINE_EXCEEDED")

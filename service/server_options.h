@@ -113,6 +113,17 @@ struct ServerOptions {
   // nothing read, written or in flight for idle_stream_timeout ends with DEADLINE_EXCEEDED.
   std::chrono::milliseconds incomplete_job_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds idle_stream_timeout{std::chrono::minutes(10)};
+  // Earned reservations: while another job waits for the shared budget, a job still
+  // receiving its slabs must have received at least
+  //   min_receive_bytes_per_second * (time the server's reader waited on its stream since
+  //   the job's memory was reserved) - receive_slack_bytes
+  // or it fails with a RESOURCE_EXHAUSTED JobError naming its first missing tensor, and its
+  // reservation goes to the waiting job (a client that reserves and does not send cannot
+  // hold the budget hostage). Only time the reader waits on the client counts: not time the
+  // server spends elsewhere, nor time the stream's reading is paused by the server.
+  // 0 turns it off.
+  uint64_t min_receive_bytes_per_second = uint64_t{16} << 20;
+  uint64_t receive_slack_bytes = uint64_t{4} << 20;
 
   // On SIGTERM: time to finish in-flight jobs before the remaining streams are cancelled.
   // Kubernetes' terminationGracePeriodSeconds must exceed it (deploy/ checks this).

@@ -2,14 +2,19 @@
 #include "service/stream_watchdog.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "service/compress_reactor.h"
 #include "service/service_context.h"
 
 namespace centroidkv::service {
 
-StreamWatchdog::StreamWatchdog(StreamRegistry* streams, std::chrono::milliseconds tick)
-    : streams_(streams), tick_(tick), thread_([this] { Run(); }) {}
+StreamWatchdog::StreamWatchdog(StreamRegistry* streams, std::chrono::milliseconds tick,
+                               std::function<bool()> contended)
+    : streams_(streams),
+      tick_(tick),
+      contended_(std::move(contended)),
+      thread_([this] { Run(); }) {}
 
 StreamWatchdog::~StreamWatchdog() {
   {
@@ -29,11 +34,16 @@ std::chrono::milliseconds StreamWatchdog::TickFor(
 }
 
 void StreamWatchdog::Run() {
+  const std::chrono::milliseconds step = contended_ ? std::min(tick_, kContendedTick) : tick_;
+  auto next_visit = std::chrono::steady_clock::now() + tick_;
   std::unique_lock<std::mutex> lock(mu_);
-  while (!wake_.wait_for(lock, tick_, [this] { return stop_; })) {
+  while (!wake_.wait_for(lock, step, [this] { return stop_; })) {
     lock.unlock();
     const auto now = std::chrono::steady_clock::now();
-    streams_->ForEach([now](CompressReactor* reactor) { reactor->CheckTimeouts(now); });
+    if (now >= next_visit || (contended_ && contended_())) {
+      next_visit = now + tick_;
+      streams_->ForEach([now](CompressReactor* reactor) { reactor->CheckTimeouts(now); });
+    }
     lock.lock();
   }
 }

@@ -2,12 +2,15 @@
 // to fail its jobs that have been incomplete (reserved memory, slabs still missing) for
 // longer than ServerOptions::incomplete_job_timeout, and to end itself if it has been idle
 // (nothing read or written, no job) for longer than idle_stream_timeout. So reserved-but-unfilled space
-// expires and an abandoned stream does not hold a slot for ever.
+// expires and an abandoned stream does not hold a slot for ever. While `contended()` says
+// a job waits for memory, the streams are visited every kContendedTick instead, so that
+// reservations not earned (ServerOptions::min_receive_bytes_per_second) yield soon.
 // Thread-safe; the destructor stops and joins the thread.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -17,7 +20,11 @@ class StreamRegistry;
 
 class StreamWatchdog {
  public:
-  StreamWatchdog(StreamRegistry* streams, std::chrono::milliseconds tick);
+  static constexpr std::chrono::milliseconds kContendedTick{20};
+
+  // `contended` (may be empty): asked every kContendedTick.
+  StreamWatchdog(StreamRegistry* streams, std::chrono::milliseconds tick,
+                 std::function<bool()> contended = {});
   ~StreamWatchdog();
   StreamWatchdog(const StreamWatchdog&) = delete;
   StreamWatchdog& operator=(const StreamWatchdog&) = delete;
@@ -32,6 +39,7 @@ class StreamWatchdog {
 
   StreamRegistry* const streams_;
   const std::chrono::milliseconds tick_;
+  const std::function<bool()> contended_;
   std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;

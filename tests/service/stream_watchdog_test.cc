@@ -1,7 +1,8 @@
 // Timeouts on a real loopback server: a job whose slabs stop coming fails with a
 // DEADLINE_EXCEEDED JobError naming the missing tensor and gives its reservation back (the
 // stream goes on); clients that only announce big jobs (holding the budget) delay another
-// client's job by at most the timeout; an idle stream ends.
+// client's job by at most the timeout, and while another job waits for memory they lose
+// reservations they do not earn by sending; an idle stream ends.
 #include "service/stream_watchdog.h"
 
 #include <gtest/gtest.h>
@@ -73,6 +74,7 @@ TEST(StreamWatchdogTest, ReservationHogsDelayAnotherJobByAtMostTheTimeout) {
   options.worker_threads = 2;
   options.max_total_bytes = 20 << 20;  // two of the hogs' jobs fit, the third waits
   options.incomplete_job_timeout = kTimeout;
+  options.min_receive_bytes_per_second = 0;  // the timeout alone (the next test: both)
   auto server = StartLoopbackServer(options);
   ASSERT_NE(server, nullptr);
   auto stub = MakeStub(server->target());
@@ -101,6 +103,65 @@ TEST(StreamWatchdogTest, ReservationHogsDelayAnotherJobByAtMostTheTimeout) {
     EXPECT_EQ(expired.error().code(), static_cast<int32_t>(absl::StatusCode::kDeadlineExceeded));
     EXPECT_TRUE(hog->Finish().ok());
   }
+  EXPECT_EQ(server->context().budget.used(), 0u);
+}
+
+// 16 streams each reserve a job's memory, send one 64 KiB slab and go quiet; the budget
+// holds two such jobs. An honest job on another stream still completes within twice its
+// time alone (plus the watchdog's ticks): while it waits, each hog's reservation is not
+// earned (16 MiB/s of waiting less a 256 KiB slack) and goes to it; each hog gets
+// RESOURCE_EXHAUSTED naming the tensor it did not send, and its stream goes on.
+TEST(StreamWatchdogTest, ReservationsNotEarnedYieldToAWaitingJob) {
+  ServerOptions options;
+  options.worker_threads = 2;
+  options.max_total_bytes = 20 << 20;
+  options.receive_slack_bytes = 256 << 10;
+  auto server = StartLoopbackServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = MakeStub(server->target());
+  const LayerView view = BigLayer().view();
+  auto run_honest = [&](uint64_t job_id) {
+    const auto start = Clock::now();
+    RawStream honest(stub.get());
+    EXPECT_TRUE(honest.SendJob(job_id, view, Options(), 1 << 20));
+    std::vector<v1::CompressResponse> responses;
+    EXPECT_TRUE(honest.Finish(&responses).ok());
+    EXPECT_EQ(DecodeResults(responses).count(job_id), 1u);
+    return SecondsSince(start);
+  };
+  const double alone = run_honest(6);
+  constexpr int kHogs = 16;
+  std::vector<std::unique_ptr<RawStream>> hogs;
+  for (int i = 0; i < kHogs; ++i) {
+    hogs.push_back(std::make_unique<RawStream>(stub.get()));
+    ASSERT_TRUE(hogs.back()->Write(StartJobRequest(1, view, Options())));
+    ASSERT_TRUE(hogs.back()->Write(SlabRequest(1, v1::TENSOR_KEYS, 0, view.keys, 1 << 16)));
+  }
+  while (server->context().budget.used() < (16u << 20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double contended = run_honest(7);
+  EXPECT_LT(contended, 2 * alone + 0.5)
+      << "alone " << alone << " s: the honest job waited behind the reservations";
+  // Hogs that held a reservation while a job waited lost it; the others may still wait.
+  int refused = 0;
+  for (auto& hog : hogs) {
+    std::vector<v1::CompressResponse> responses;
+    EXPECT_TRUE(hog->Finish(&responses).ok());
+    ASSERT_EQ(responses.size(), 1u);
+    ASSERT_TRUE(responses[0].has_error());
+    const v1::JobError& error = responses[0].error();
+    if (error.code() == static_cast<int32_t>(absl::StatusCode::kResourceExhausted)) {
+      ++refused;
+      EXPECT_EQ(error.field(), "keys") << error.message();
+      EXPECT_NE(error.message().find("min_receive_bytes_per_second"), std::string::npos)
+          << error.message();
+    } else {  // ended by the half-close, short of its slabs
+      EXPECT_EQ(error.code(), static_cast<int32_t>(absl::StatusCode::kFailedPrecondition))
+          << error.message();
+    }
+  }
+  EXPECT_GE(refused, 2) << "the two hogs holding the budget kept it";
   EXPECT_EQ(server->context().budget.used(), 0u);
 }
 

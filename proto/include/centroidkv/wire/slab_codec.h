@@ -76,6 +76,9 @@ class SlabAssembler {
   std::string MissingTensors() const;
   // The first of them by its field ("keys", ...); "" when complete.
   const char* FirstMissingField() const;
+  // Bytes received so far, and expected in all, over every tensor.
+  uint64_t received_bytes() const;
+  uint64_t total_bytes() const;
 
  private:
   struct Progress {

@@ -157,14 +157,18 @@ void Server::Shutdown() {
     // Let every stream finish its jobs and end by itself, then linger briefly: closing a
     // connection while its client is still reading (and acknowledging with window
     // updates) resets it, and the client would lose the last results.
-    if (context_->streams.WaitEmpty(grace)) {
+    const bool all_ended = context_->streams.WaitEmpty(grace);
+    if (all_ended) {
       std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(kLinger, grace));
     }
-    // Stop accepting calls, cancel what remains at the end of the grace period.
+    // Stop accepting calls, cancel what remains at the end of the grace period. Once every
+    // stream has ended nothing is left to wait for: at once, since a graceful close would
+    // wait seconds on idle connections whose clients poll nothing (gRPC's GOAWAY ping).
     const auto left = grace - std::chrono::duration_cast<std::chrono::milliseconds>(
                                   std::chrono::steady_clock::now() - start);
-    grpc_server_->Shutdown(std::chrono::system_clock::now() +
-                           std::max(left, std::chrono::milliseconds(0)));
+    grpc_server_->Shutdown(
+        std::chrono::system_clock::now() +
+        (all_ended ? std::chrono::milliseconds(0) : std::max(left, std::chrono::milliseconds(0))));
     TsanHappensAfter(context_.get());  // every reactor's OnDone has returned (its comment)
     // Every stream has ended (gRPC cancelled the rest, which cancelled their jobs); jobs
     // still computing belong to nobody. Cancel any left and wait: the engines check the flag

@@ -33,18 +33,11 @@ HOG_SHAPE = (8, 524288, 8)
 HONEST_SHAPE = (8, 262144, 8)
 
 
-def peak_rss_bytes(pid: int) -> int:
+def status_bytes(pid: int, field: str) -> int:
+    """A memory line of /proc/PID/status ("VmRSS", "VmHWM": the peak), in bytes."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -127,7 +120,7 @@ def run_leg(args, label: str, extra_flags: list) -> list:
                 channel = grpc.insecure_channel(target)
                 hogs = [Hog(channel, 1) for _ in range(hogs_asked)]
                 time.sleep(1.0)  # the first hogs reserve, the rest wait for memory
-                held = max(held, rss_bytes(server.pid))
+                held = max(held, status_bytes(server.pid, "VmRSS"))
                 try:
                     times.append(honest_seconds(client, keys, values))
                 except centroidkv.CompressError as error:
@@ -143,7 +136,7 @@ def run_leg(args, label: str, extra_flags: list) -> list:
                    "honest_with_hogs_s": round(median, 3), "ratio": round(median / alone, 2),
                    "honest_with_hogs_max_s": round(max(times), 3),
                    "hog_outcomes": outcomes, "rss_with_hogs_bytes": held,
-                   "peak_rss_bytes": peak_rss_bytes(server.pid)}
+                   "peak_rss_bytes": status_bytes(server.pid, "VmHWM")}
             rows.append(row)
             print(f"  {hogs_asked} hogs: honest job median {median:.3f} s ({row['ratio']}x "
                   f"alone), max {max(times):.3f} s; hogs {outcomes}; server RSS "
